@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` (the offline study) and `make test` (the test suite).
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+RUNS    ?= runs/demo
+
+.PHONY: venv demo demo-quick test test-fast smoke bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/ci.txt requirements/nodeps.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements/ci.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements/nodeps.txt
+	touch $(STAMP)
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --out $(RUNS)
+
+demo-quick: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --quick --out runs/demo-quick
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not smoke"
+
+bench: $(STAMP)
+	$(BIN)/python bench/limit.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

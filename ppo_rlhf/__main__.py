@@ -1,0 +1,3 @@
+from ppo_rlhf.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""The `ppo-rlhf` command line. Each subcommand lives in its own module, imported only when it runs,
+so `ppo-rlhf memory` never pays for importing transformers.
+
+A command module provides `add_arguments(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ppo_rlhf.errors import UsageError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "toy": ("ppo_rlhf.toy", "the six-token bandit experiments of section 8.3/8.4"),
+    "memory": ("ppo_rlhf.memory", "memory of the four RLHF models (section 8.7)"),
+    "prompts": ("ppo_rlhf.prompts", "build train and held-out prompt files"),
+    "pairs": ("ppo_rlhf.pairs", "sample reply pairs and label them with a gold judge"),
+    "reward-model": ("ppo_rlhf.reward_model", "train a Bradley-Terry reward model"),
+    "train": ("ppo_rlhf.trainer", "run PPO"),
+    "evaluate": ("ppo_rlhf.evaluate", "evaluate checkpoints on held-out prompts"),
+    "report": ("ppo_rlhf.report", "plots and a report page for runs and evaluations"),
+    "demo": ("ppo_rlhf.demo", "the whole offline study end to end"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ppo-rlhf", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == only:
+            importlib.import_module(module_name).add_arguments(command_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in COMMANDS:
+        parser = build_parser()
+        if command is None:
+            parser.print_help()
+            return 0 if argv and argv[0] in ("-h", "--help") else 2
+        parser.error(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}")
+    try:
+        args = build_parser(only=command).parse_args(argv)
+        module = importlib.import_module(COMMANDS[command][0])
+        return int(module.run(args) or 0)
+    except UsageError as error:
+        print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ppo-rlhf {command}: interrupted", file=sys.stderr)
+        return 130
