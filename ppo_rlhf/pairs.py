@@ -1,0 +1,136 @@
+"""Synthetic preference pairs (`ppo-rlhf pairs`): the Gao et al. (2022) set-up.
+
+The starting policy samples two replies per prompt, a gold judge scores both, and the better one becomes
+"chosen". A proxy reward model trained on these labels (reward_model.py) is what PPO optimises, and the same
+gold judge later measures how much of PPO's gain is real. Ties carry no preference and are skipped; so are
+pairs with a reply cut off at --reply-cap, since a reward model is only ever read at a closing EOS and the
+EOS rule of PPO scores cut-off replies itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.prompts import message_text, read_jsonl, read_prompts, write_jsonl
+
+PAIR_FIELDS = ("prompt", "chosen", "rejected", "score_chosen", "score_rejected")
+
+
+def pair_from_record(record: dict, where: str) -> dict:
+    """{"prompt", "chosen", "rejected"} strings from a record whose replies are strings or chat-message lists
+    (UltraFeedback binarized: the last assistant message; the prompt, if absent, is the last user message)."""
+    chosen = message_text(record.get("chosen"), "assistant")
+    rejected = message_text(record.get("rejected"), "assistant")
+    require(chosen is not None, f'{where}: "chosen" must be a string or a list of chat messages with an assistant turn')
+    require(rejected is not None, f'{where}: "rejected" must be a string or a list of chat messages with an assistant turn')
+    prompt = record.get("prompt")
+    if prompt is None:
+        prompt = message_text(record.get("chosen"), "user")
+    require(isinstance(prompt, str) and prompt.strip() != "", f'{where}: needs a non-empty "prompt" string')
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+
+def read_pairs(path: str | Path) -> list[dict]:
+    """Pairs of a JSONL file; the optional scores, if present, must be numbers."""
+    pairs = []
+    for number, row in read_jsonl(path):
+        where = f"{path}:{number}"
+        pair = pair_from_record(row, where)
+        for field in ("score_chosen", "score_rejected"):
+            if field in row:
+                value = row[field]
+                require(isinstance(value, (int, float)) and not isinstance(value, bool), f'{where}: "{field}" must be a number')
+                pair[field] = float(value)
+        pairs.append(pair)
+    return pairs
+
+
+def make_pairs(
+    prompts: list[str] | str | Path,
+    out_path: str | Path,
+    model: str = "smollm2",
+    judge_spec: str = "gold",
+    reply_cap: int = 128,
+    temperature: float = 0.7,
+    seed: int = 0,
+    batch_size: int = 16,
+) -> dict:
+    """Sample two replies per prompt, label them with the judge, write the pairs JSONL; return the counts."""
+    import torch
+
+    from ppo_rlhf.judges import make_judge
+    from ppo_rlhf.models import load_causal_lm, load_tokenizer
+    from ppo_rlhf.rollout import generate_rollout
+
+    if not isinstance(prompts, list):
+        prompts = read_prompts(prompts)
+    require(bool(prompts), "no prompts to make pairs from")
+    require(reply_cap >= 1 and temperature > 0, "--reply-cap must be >= 1 and --temperature > 0")
+    require(batch_size >= 1, f"batch size must be >= 1, got {batch_size}")
+    judge = make_judge(judge_spec)
+    tokenizer = load_tokenizer(model)
+    policy = load_causal_lm(model)
+
+    torch.manual_seed(seed)
+    doubled = [p for p in prompts for _ in range(2)]  # rows 2i and 2i+1 answer prompt i
+    texts, lengths, finished = [], [], []
+    for start in tqdm(range(0, len(doubled), batch_size), desc="sampling reply pairs", unit="batch"):
+        rollout = generate_rollout(policy, tokenizer, doubled[start : start + batch_size], reply_cap, temperature)
+        texts += rollout.reply_texts
+        lengths += rollout.reply_lengths.tolist()
+        finished += rollout.finished.tolist()
+    scores = judge.score(doubled, texts)
+
+    rows, ties, unfinished, chosen_longer = [], 0, 0, 0
+    for i, prompt in enumerate(prompts):
+        a, b = 2 * i, 2 * i + 1
+        if not (finished[a] and finished[b]):
+            unfinished += 1
+            continue
+        if scores[a] == scores[b]:
+            ties += 1
+            continue
+        win, lose = (a, b) if scores[a] > scores[b] else (b, a)
+        chosen_longer += lengths[win] > lengths[lose]
+        rows.append(dict(zip(PAIR_FIELDS, (prompt, texts[win], texts[lose], scores[win], scores[lose]))))
+    if not rows:
+        raise UsageError(f"no usable pair among {len(prompts)} prompts ({ties} ties, {unfinished} cut off)")
+    write_jsonl(out_path, rows)
+    return {
+        "judge": judge.name,
+        "prompts": len(prompts),
+        "pairs": len(rows),
+        "ties": ties,
+        "cut_off": unfinished,
+        "mean_score_chosen": sum(r["score_chosen"] for r in rows) / len(rows),
+        "mean_score_rejected": sum(r["score_rejected"] for r in rows) / len(rows),
+        "chosen_longer_fraction": chosen_longer / len(rows),  # the length bias the labels carry
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", required=True, help='a {"prompt": ...} JSONL file (e.g. OUT/train.jsonl)')
+    parser.add_argument("--out", required=True, help="output pairs JSONL")
+    parser.add_argument("--model", default="smollm2", help="the starting policy that samples the replies")
+    parser.add_argument("--judge", default="gold", help="vader | nontoxic | gold | rm:PATH_OR_HUB_ID")
+    parser.add_argument("--reply-cap", type=int, default=128, help="longest reply in tokens")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=16, help="replies sampled at once")
+
+
+def run(args: argparse.Namespace) -> int:
+    info = make_pairs(
+        args.prompts, args.out, args.model, args.judge, args.reply_cap, args.temperature, args.seed, args.batch_size
+    )
+    print(
+        f"wrote {info['pairs']} pairs to {args.out} from {info['prompts']} prompts "
+        f"(skipped {info['ties']} ties, {info['cut_off']} with a cut-off reply); judge {info['judge']}: "
+        f"chosen {info['mean_score_chosen']:+.3f}, rejected {info['mean_score_rejected']:+.3f}, "
+        f"chosen longer in {info['chosen_longer_fraction']:.0%}"
+    )
+    return 0

@@ -1,0 +1,307 @@
+"""Plots and a report page for training runs and an evaluation (`ppo-rlhf report`).
+
+From each RUN_DIR/history.jsonl: the dashboard of spec 8.9/8.11 over iterations, one line per run, and a table
+of its averages over the first and the last five iterations (as in spec 8.10). From EVAL_DIR/evaluation.json
+(`ppo-rlhf evaluate`): gold and proxy change against KL to the start model, the over-optimisation picture of
+Gao et al. (2022), the summary table and the before/after examples. The page is written twice from the same
+blocks: report.md (next to the PNGs) and report.html (self-contained, images inline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ppo_rlhf.dashboard import DASHBOARD
+from ppo_rlhf.errors import UsageError, require
+
+EDGE_ITERATIONS = 5  # "first five and last five iterations"
+
+# A page is a list of blocks, rendered to Markdown and to HTML:
+# ("h2", text) | ("p", text) | ("table", header, rows) | ("img", file name, caption) | ("pre", text)
+Block = tuple
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The per-iteration dashboard dicts of a run (NaN allowed, as dashboard.history_line writes them)."""
+    run_dir = Path(run_dir)
+    require(run_dir.is_dir(), f"run directory {run_dir} not found")
+    path = run_dir / "history.jsonl"
+    require(path.is_file(), f"{run_dir} has no history.jsonl")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise UsageError(f"{path}:{number}: not valid JSON") from None
+    require(bool(rows), f"{path} is empty")
+    return rows
+
+
+def read_evaluation(eval_dir: Path) -> dict[str, Any]:
+    path = Path(eval_dir) / "evaluation.json"
+    require(path.is_file(), f"{path} not found (write it with ppo-rlhf evaluate --out {eval_dir})")
+    try:
+        evaluation = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise UsageError(f"{path}: not valid JSON") from None
+    is_evaluation = isinstance(evaluation, dict) and "summary" in evaluation
+    require(is_evaluation, f"{path} has no summary; is it from ppo-rlhf evaluate?")
+    return evaluation
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+# ---------------------------------------------------------------- plots
+
+
+def plot_dashboard(histories: dict[str, list[dict]], path: Path) -> Path:
+    """One panel per dashboard number, iterations on x, one line per run."""
+    from matplotlib.figure import Figure
+
+    columns = 4
+    rows = math.ceil(len(DASHBOARD) / columns)
+    figure = Figure(figsize=(4 * columns, 3 * rows), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    for axis, (key, label, _) in zip(axes, DASHBOARD):
+        for name, history in histories.items():
+            x = [row.get("iteration", i) for i, row in enumerate(history)]
+            axis.plot(x, [_number(row.get(key)) for row in history], marker=".", label=name)
+        axis.set_title(label)
+        axis.set_xlabel("iteration")
+        axis.grid(alpha=0.3)
+    for axis in axes[len(DASHBOARD) :]:
+        axis.set_axis_off()
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower right", title="run")
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def plot_overoptimisation(summary: list[dict], path: Path) -> Path:
+    """Gold and proxy change (95% bootstrap intervals) against KL to the start model, one series per run.
+
+    Every series starts at the start model, (0, 0): Gao et al.'s picture is gold rising with KL and then
+    falling while the proxy keeps rising.
+    """
+    from matplotlib.figure import Figure
+
+    start = next(s for s in summary if s["run"] is None)
+    runs: dict[str, list[dict]] = {}
+    for s in summary:
+        if s["run"] is not None:
+            runs.setdefault(s["run"], []).append(s)
+    figure = Figure(figsize=(11, 4.2), layout="constrained")
+    axes = figure.subplots(1, 2, sharex=True)
+    for axis, judge in zip(axes, ("gold", "proxy")):
+        for name, points in runs.items():
+            points = [start] + sorted(points, key=lambda s: s["iteration"])
+            changes = [s[f"{judge}_change"] for s in points]
+            means = [c["mean"] for c in changes]
+            errors = [[m - c["lo"] for m, c in zip(means, changes)], [c["hi"] - m for m, c in zip(means, changes)]]
+            kls = [s["kl"] for s in points]
+            axis.errorbar(kls, means, yerr=errors, marker="o", capsize=3, label=name)
+            for s, x, y in zip(points[1:], kls[1:], means[1:]):
+                axis.annotate(str(s["iteration"]), (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        axis.axhline(0.0, color="grey", linewidth=0.8)
+        axis.set_xlabel("KL to the start model (nats per reply)")
+        axis.set_ylabel(f"{judge} change (start-model sd)")
+        axis.set_title(f"{judge} change vs KL, 95% bootstrap intervals")
+        axis.grid(alpha=0.3)
+    axes[0].legend(title="run")
+    figure.savefig(path, dpi=100)
+    return path
+
+
+# ---------------------------------------------------------------- tables
+
+
+def _fmt(value: Any, spec: str) -> str:
+    number = _number(value)
+    return "nan" if math.isnan(number) else format(number, spec)
+
+
+def history_table(histories: dict[str, list[dict]]) -> tuple[list[str], list[list[str]]]:
+    """Each run's dashboard averaged over its first and its last EDGE_ITERATIONS iterations."""
+    header = ["run", "iterations"] + [label for _, label, _ in DASHBOARD]
+    rows = []
+    for name, history in histories.items():
+        edges = [("first", history[:EDGE_ITERATIONS]), ("last", history[-EDGE_ITERATIONS:])]
+        for which, part in edges:
+            cells = [name, f"{which} {len(part)}"]
+            for key, _, spec in DASHBOARD:
+                values = [v for v in (_number(row.get(key)) for row in part) if not math.isnan(v)]
+                cells.append(spec.format(sum(values) / len(values)).strip() if values else "nan")
+            rows.append(cells)
+    return header, rows
+
+
+def evaluation_table(summary: list[dict]) -> tuple[list[str], list[list[str]]]:
+    header = ["model", "proxy change [95% CI]", "gold change [95% CI]", "proxy with EOS rule", "finished",
+              "tokens", "KL", "distinct-2", "entropy", "length corr"]
+
+    def interval(c: dict) -> str:
+        return f"{_fmt(c['mean'], '+.3f')} [{_fmt(c['lo'], '+.3f')}, {_fmt(c['hi'], '+.3f')}]"
+
+    rows = [
+        [s["model"], interval(s["proxy_change"]), interval(s["gold_change"]), _fmt(s["proxy_eos"], "+.3f"),
+         _fmt(s["finished"], ".2f"), _fmt(s["tokens"], ".1f"), _fmt(s["kl"], ".2f"), _fmt(s["distinct_2"], ".3f"),
+         _fmt(s["entropy"], ".3f"), _fmt(s["length_corr"], "+.2f")]
+        for s in summary
+    ]
+    return header, rows
+
+
+def example_table(example: dict) -> tuple[list[str], list[list[str]]]:
+    header = ["model", "proxy", "gold", "tokens", "reply"]
+    rows = [[r["model"], _fmt(r["proxy"], "+.2f"), _fmt(r["gold"], "+.2f"), str(r["tokens"]), r["reply"]]
+            for r in example["replies"]]
+    return header, rows
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _md_text(text: str) -> str:
+    # replies are arbitrary text: keep "<tag>" from being read as HTML by a Markdown viewer
+    return html.escape(text, quote=False)
+
+
+def _md_cell(text: str) -> str:
+    return _md_text(text).replace("|", "\\|").replace("\n", "<br>")
+
+
+def render_markdown(title: str, blocks: list[Block]) -> str:
+    lines = [f"# {title}", ""]
+    for block in blocks:
+        kind = block[0]
+        if kind == "h2":
+            lines += [f"## {block[1]}", ""]
+        elif kind == "p":
+            lines += [_md_text(block[1]), ""]
+        elif kind == "table":
+            header, rows = block[1], block[2]
+            lines.append("| " + " | ".join(header) + " |")
+            lines.append("|" + "---|" * len(header))
+            lines += ["| " + " | ".join(_md_cell(cell) for cell in row) + " |" for row in rows]
+            lines.append("")
+        elif kind == "img":
+            lines += [f"![{block[2]}]({block[1]})", ""]
+        elif kind == "pre":
+            lines += ["```", block[1].rstrip("\n"), "```", ""]
+    return "\n".join(lines)
+
+
+STYLE = """body { font-family: sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
+td { white-space: pre-wrap; } img { max-width: 100%; } pre { background: #f6f6f6; padding: 1em; overflow-x: auto; }"""
+
+
+def render_html(title: str, blocks: list[Block], image_dir: Path) -> str:
+    """A self-contained page: the PNGs are inlined as base64 data URIs."""
+    escape = html.escape
+    parts = [f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{escape(title)}</title>",
+             f"<style>{STYLE}</style></head><body>", f"<h1>{escape(title)}</h1>"]
+    for block in blocks:
+        kind = block[0]
+        if kind == "h2":
+            parts.append(f"<h2>{escape(block[1])}</h2>")
+        elif kind == "p":
+            parts.append(f"<p>{escape(block[1])}</p>")
+        elif kind == "table":
+            header, rows = block[1], block[2]
+            parts.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>")
+            parts += ["<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows]
+            parts.append("</table>")
+        elif kind == "img":
+            data = base64.b64encode((image_dir / block[1]).read_bytes()).decode("ascii")
+            parts.append(f"<figure><img src='data:image/png;base64,{data}' alt='{escape(block[2])}'>"
+                         f"<figcaption>{escape(block[2])}</figcaption></figure>")
+        elif kind == "pre":
+            parts.append(f"<pre>{escape(block[1])}</pre>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- the report
+
+
+def _evaluation_blocks(evaluation: dict[str, Any], out_dir: Path) -> list[Block]:
+    summary = evaluation["summary"]
+    settings = evaluation.get("settings", {})
+    blocks: list[Block] = [("h2", "Held-out evaluation")]
+    if settings:
+        blocks.append(("p", f"{settings.get('n_prompts')} held-out prompts x {settings.get('replies_per_prompt')} "
+                            f"replies per model, sampling seed {settings.get('seed')}; proxy {settings.get('proxy')}, "
+                            f"gold {settings.get('gold')}. Scores in start-model standard deviations; changes are "
+                            "paired with the start model's reply to the same prompt."))
+    blocks.append(("table", *evaluation_table(summary)))
+    if any(s["run"] is not None for s in summary):
+        plot_overoptimisation(summary, out_dir / "overoptimisation.png")
+        blocks.append(("img", "overoptimisation.png", "gold and proxy change against KL to the start model"))
+    examples = evaluation.get("examples", [])
+    if examples:
+        blocks.append(("h2", "Before and after"))
+        for example in examples:
+            blocks.append(("p", f"PROMPT: {example['prompt']}"))
+            blocks.append(("table", *example_table(example)))
+    return blocks
+
+
+def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_dir: str | Path) -> Path:
+    """Write the PNGs, report.md and report.html into out_dir; return the path of report.html."""
+    require(bool(run_dirs) or eval_dir is not None, "give at least one RUN_DIR or --eval EVAL_DIR")
+    histories: dict[str, list[dict]] = {}
+    for run_dir in map(Path, run_dirs):
+        name = run_dir.resolve().name
+        require(name not in histories, f"two runs are named {name!r}; give their folders different names")
+        histories[name] = read_history(run_dir)
+    evaluation = read_evaluation(Path(eval_dir)) if eval_dir is not None else None
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    blocks: list[Block] = []
+    if histories:
+        plot_dashboard(histories, out_dir / "dashboard.png")
+        blocks += [
+            ("h2", "Training dashboard"),
+            ("img", "dashboard.png", "the dashboard over iterations, one line per run"),
+            ("table", *history_table(histories)),
+        ]
+    if evaluation is not None:
+        blocks += _evaluation_blocks(evaluation, out_dir)
+    for run_dir in map(Path, run_dirs):
+        table = run_dir / "token_table.txt"
+        if table.is_file():
+            blocks += [("h2", f"Per-token table: {run_dir.resolve().name}"), ("pre", table.read_text())]
+
+    title = "PPO report: " + ", ".join(histories) if histories else "PPO evaluation report"
+    (out_dir / "report.md").write_text(render_markdown(title, blocks))
+    page = out_dir / "report.html"
+    page.write_text(render_html(title, blocks, out_dir))
+    return page
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training run folders (with history.jsonl)")
+    parser.add_argument("--eval", dest="eval_dir", metavar="EVAL_DIR", help="a ppo-rlhf evaluate --out folder")
+    parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="folder for the PNGs, report.md, report.html")
+
+
+def run(args: argparse.Namespace) -> int:
+    page = write_report(args.run_dirs, args.eval_dir, args.out)
+    print(f"wrote {page}")
+    return 0

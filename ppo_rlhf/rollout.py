@@ -1,0 +1,287 @@
+"""Rollouts and the per-token quantities PPO needs: chat formatting, batched sampling, log-probs, values, scores.
+
+Tensor conventions (docs/DESIGN.md): sequences are RIGHT-padded [B, L]; per-token tensors are [B, L-1] and
+entry t is about choosing token t+1 after tokens 0..t. Masks come from known lengths, never from `token == pad`
+(for SmolLM2 pad == eos).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from peft import PeftModel
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+from ppo_rlhf.errors import require
+from ppo_rlhf.models import backbone_and_head
+
+
+def _template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    # return_dict=True: transformers 5 returns a BatchEncoding by default, 4.x a list; this works on both.
+    encoded = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=True
+    )
+    return list(encoded["input_ids"])
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+    """Token ids of a one-turn user prompt followed by the assistant header."""
+    return _template_ids(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True)
+
+
+def build_batch(
+    prompt_ids: list[list[int]], reply_ids: list[list[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids [B, L], attention_mask [B, L], action_mask [B, L-1]) with L the longest row."""
+    require(len(prompt_ids) == len(reply_ids) and len(prompt_ids) > 0, "need as many replies as prompts, at least one")
+    require(all(len(p) > 0 for p in prompt_ids), "every prompt needs at least one token")
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, reply_ids)]
+    width = max(max(lengths), 2)  # at least one per-token position
+    input_ids = torch.full((len(lengths), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(lengths), width), dtype=torch.long)
+    action_mask = torch.zeros((len(lengths), width - 1), dtype=torch.float32)
+    for row, (prompt, reply) in enumerate(zip(prompt_ids, reply_ids)):
+        input_ids[row, : lengths[row]] = torch.tensor(prompt + reply, dtype=torch.long)
+        attention_mask[row, : lengths[row]] = 1
+        # position t predicts token t+1: reply tokens sit at len(prompt) .. len(prompt)+len(reply)-1
+        action_mask[row, len(prompt) - 1 : lengths[row] - 1] = 1.0
+    return input_ids, attention_mask, action_mask
+
+
+@dataclass
+class Rollout:
+    """One reply per prompt, with the right-padded tensors PPO works on."""
+
+    prompts: list[str]
+    prompt_ids: list[list[int]]
+    reply_ids: list[list[int]]  # includes the closing EOS when finished
+    reply_texts: list[str]  # decoded without special tokens
+    finished: torch.Tensor  # [B] bool: emitted an EOS within the cap
+    input_ids: torch.Tensor  # [B, L] long, right-padded prompt + reply
+    attention_mask: torch.Tensor  # [B, L] long
+    action_mask: torch.Tensor  # [B, L-1] float, 1 where input_ids[:, t+1] is a reply token
+
+    @property
+    def reply_lengths(self) -> torch.Tensor:
+        return torch.tensor([len(r) for r in self.reply_ids], dtype=torch.long)
+
+    def select(self, index: list[int] | torch.Tensor | slice) -> Rollout:
+        """A subset of rows (list, tensor or slice), re-trimmed to its own longest sequence."""
+        rows = torch.arange(len(self.prompts))[index].reshape(-1).tolist()
+        width = max(max(len(self.prompt_ids[i]) + len(self.reply_ids[i]) for i in rows), 2)
+        return Rollout(
+            prompts=[self.prompts[i] for i in rows],
+            prompt_ids=[self.prompt_ids[i] for i in rows],
+            reply_ids=[self.reply_ids[i] for i in rows],
+            reply_texts=[self.reply_texts[i] for i in rows],
+            finished=self.finished[rows],
+            input_ids=self.input_ids[rows, :width],
+            attention_mask=self.attention_mask[rows, :width],
+            action_mask=self.action_mask[rows, : width - 1],
+        )
+
+
+def eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every token that ends a reply: the model's generation_config EOS ids plus the tokenizer's EOS."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = set(configured if isinstance(configured, list) else [configured]) | {tokenizer.eos_token_id}
+    ids.discard(None)
+    return sorted(ids)
+
+
+def _sampling_config(max_new_tokens: int, temperature: float, top_p: float, eos: list[int], pad: int):
+    # transformers fills every field we leave unset from the model's own generation_config (a hub model may
+    # ship repetition_penalty, top_k, min_p, ...), so set every distribution-changing field to its neutral value:
+    # the tokens must come from softmax(logits / temperature), the distribution token_logprobs computes.
+    return GenerationConfig(
+        do_sample=True,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=0,  # HF's default of 50 would truncate the distribution
+        min_p=0.0,
+        typical_p=1.0,
+        epsilon_cutoff=0.0,
+        eta_cutoff=0.0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        num_beams=1,
+        use_cache=True,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+
+
+@torch.no_grad()
+def generate_rollout(
+    policy: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int | None = None,
+    top_p: float = 1.0,
+) -> Rollout:
+    """Sample one reply per prompt and build the right-padded batch (CPU tensors).
+
+    Random numbers come from torch's global RNG. Tokens are drawn from softmax(logits / temperature), the
+    distribution token_logprobs computes, unless top_p < 1 truncates it.
+    """
+    require(len(prompts) > 0, "no prompts to generate from")
+    require(max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    require(temperature > 0, f"temperature must be > 0, got {temperature}")
+    require(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}")
+    batch_size = batch_size or len(prompts)
+    require(batch_size >= 1, f"batch_size must be >= 1, got {batch_size}")
+    policy.eval()
+    device = next(policy.parameters()).device
+    pad = tokenizer.pad_token_id
+    eos = eos_token_ids(policy, tokenizer)
+    config = _sampling_config(max_new_tokens, temperature, top_p, eos, pad)
+
+    prompt_ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
+    reply_ids: list[list[int]] = []
+    finished: list[bool] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompt_ids[start : start + batch_size]
+        width = max(len(p) for p in chunk)
+        # Left padding for generation, so every row's next token is appended at the same column.
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
+        out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        for row in out[:, width:].tolist():
+            # Cut at the first EOS (kept): HF pads finished rows with pad, which may equal EOS.
+            end = next((i for i, token in enumerate(row) if token in eos), None)
+            reply_ids.append(row if end is None else row[: end + 1])
+            finished.append(end is not None)
+
+    input_ids, attention_mask, action_mask = build_batch(prompt_ids, reply_ids, pad)
+    return Rollout(
+        prompts=list(prompts),
+        prompt_ids=prompt_ids,
+        reply_ids=reply_ids,
+        reply_texts=tokenizer.batch_decode(reply_ids, skip_special_tokens=True),
+        finished=torch.tensor(finished, dtype=torch.bool),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        action_mask=action_mask,
+    )
+
+
+def _body_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    # LoRA layers are injected in place, so the inner model's body and head run with the adapter
+    # (or without it inside `with policy.disable_adapter():`).
+    inner = model.base_model.model if isinstance(model, PeftModel) else model
+    # Models that transform logits after the head (Gemma 2 soft-capping, Cohere scaling) would need their own code.
+    plain_head = all(getattr(inner.config, key, None) is None for key in ("final_logit_softcapping", "logit_scale"))
+    require(plain_head, f"{type(inner).__name__} post-processes its logits; token_logprobs needs a plain LM head")
+    body = getattr(inner, inner.base_model_prefix, None) or inner.get_decoder()
+    return body, inner.get_output_embeddings()
+
+
+def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
+    logits = head(hidden).float() / temperature  # [B, C, V], only C positions at a time
+    logz = logits.logsumexp(-1)
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+    if not entropy:
+        return logprobs, None
+    return logprobs, logz - (torch.softmax(logits, -1) * logits).sum(-1)  # H = log Z - E_p[logit]
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    with_entropy: bool = False,
+    chunk_size: int | None = 64,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log pi(input_ids[:, t+1] | tokens 0..t) from logits / temperature, [B, L-1] (and the entropy, [B, L-1]).
+
+    The body runs once; the LM head and the softmax run over chunks of positions, so the full [B, L, V]
+    logits never exist at once. With gradients on, each chunk is checkpointed: only hidden states are kept
+    and the chunk's logits are recomputed in backward.
+    """
+    require(temperature > 0, f"temperature must be > 0, got {temperature}")
+    require(chunk_size is None or chunk_size >= 1, f"chunk_size must be >= 1 or None, got {chunk_size}")
+    body, head = _body_and_lm_head(model)
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    targets = input_ids[:, 1:]
+    step = chunk_size or hidden.shape[1]
+    logprobs, entropies = [], []  # entropies holds Nones unless with_entropy
+    for start in range(0, hidden.shape[1], step):
+        h, tgt = hidden[:, start : start + step], targets[:, start : start + step]
+        if chunk_size is not None and torch.is_grad_enabled() and h.requires_grad:
+            lp, ent = checkpoint(_chunk_logprobs, head, h, tgt, temperature, with_entropy, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(head, h, tgt, temperature, with_entropy)
+        logprobs.append(lp)
+        entropies.append(ent)
+    logprobs = torch.cat(logprobs, dim=1)
+    return (logprobs, torch.cat(entropies, dim=1)) if with_entropy else logprobs
+
+
+def sequence_values(value_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The score head at every position, [B, L-1]: entry t is V of the state before choosing token t+1."""
+    body, head = backbone_and_head(value_model)
+    hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return head(hidden)[..., 0].float()[:, :-1]
+
+
+def reward_inputs(
+    tokenizer: PreTrainedTokenizerBase, prompts: list[str], replies: list[str]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded chat-formatted (prompt, reply) conversations, each ending at the assistant's closing EOS."""
+    require(len(prompts) == len(replies) and len(prompts) > 0, "need as many replies as prompts, at least one")
+    rows = []
+    for prompt, reply in zip(prompts, replies):
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
+        ids = _template_ids(tokenizer, messages, add_generation_prompt=False)
+        # ChatML adds "\n" after <|im_end|>; the score must be read at <|im_end|> itself.
+        while len(ids) > 1 and tokenizer.decode(ids[-1:]).strip() == "":
+            ids.pop()
+        rows.append(ids)
+    width = max(len(ids) for ids in rows)
+    input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids in rows])
+    attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in rows])
+    return input_ids, attention_mask
+
+
+def reward_scores(
+    reward_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, batch_size: int | None = None
+) -> torch.Tensor:
+    """[B] float scores read at each row's last attention_mask == 1 position (gradients as the caller sets them).
+
+    We find that position from the mask: HF's own lookup searches for the pad token, which finds the
+    closing EOS when pad == eos.
+    """
+    body, head = backbone_and_head(reward_model)
+    batch_size = batch_size or len(input_ids)
+    scores = []
+    for start in range(0, len(input_ids), batch_size):
+        mask = attention_mask[start : start + batch_size]
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        last = (mask * positions).argmax(dim=1)
+        width = int(last.max()) + 1  # drop columns that are padding in every row of this sub-batch
+        hidden = body(input_ids=input_ids[start : start + batch_size, :width], attention_mask=mask[:, :width])
+        rows = torch.arange(len(mask), device=mask.device)
+        scores.append(head(hidden.last_hidden_state[rows, last])[:, 0].float())
+    return torch.cat(scores)
+
+
+@torch.no_grad()
+def score_texts(
+    reward_model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    replies: list[str],
+    batch_size: int = 16,
+) -> torch.Tensor:
+    """Reward-model scores [B] of (prompt, reply) texts."""
+    device = next(reward_model.parameters()).device
+    input_ids, attention_mask = reward_inputs(tokenizer, prompts, replies)
+    return reward_scores(reward_model, input_ids.to(device), attention_mask.to(device), batch_size).cpu()

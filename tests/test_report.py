@@ -1,0 +1,82 @@
+import json
+import math
+
+import pytest
+
+from ppo_rlhf.cli import main
+from ppo_rlhf.dashboard import DASHBOARD
+from ppo_rlhf.evaluate import before_after, format_evaluation, model_label, standardize_records, summarize
+from ppo_rlhf.report import history_table, write_report
+
+
+def fake_run(root, name, iterations=8, drift=1.0):
+    run = root / name
+    run.mkdir(parents=True)
+    lines = []
+    for i in range(iterations):
+        row = {key: 0.1 * i * drift for key, _, _ in DASHBOARD}
+        row.update(iteration=i, time_total=50.0, time_gen=6.0, ev=math.nan if i == 0 else -0.5 + 0.1 * i)
+        lines.append(json.dumps(row, allow_nan=True))
+    (run / "history.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def fake_evaluation(root):
+    records = []
+    for run, iteration, shift, kl in ((None, None, 0.0, 0.0), ("beta005", 10, 0.2, 2.7), ("beta005", 20, 0.1, 3.2),
+                                      ("nokl", 10, 0.15, 2.9), ("nokl", 20, -0.1, 5.6)):
+        for j in range(4):
+            for i in range(2):
+                records.append({
+                    "model": model_label(run, iteration), "run": run, "iteration": iteration,
+                    "prompt_index": j, "reply_index": i, "prompt": f"prompt <{j}> | x", "reply": f"reply {j} {i} {run}",
+                    "tokens": 10 + j, "finished": (i + j) % 3 != 0, "kl": kl + 0.1 * i, "entropy_sum": 8.0,
+                    "proxy_raw": j + i + shift, "gold_raw": j - i + 2 * shift * (i + 1),
+                })
+    standardize_records(records)
+    summary = summarize(records, n_boot=200)
+    examples = before_after(records, 2)
+    folder = root / "eval"
+    folder.mkdir()
+    (folder / "evaluation.json").write_text(json.dumps({"summary": summary, "examples": examples, "records": records}))
+    (folder / "evaluation.txt").write_text(format_evaluation(summary, examples, 8))
+    return folder
+
+
+def test_history_table_first_and_last_five(tmp_path):
+    run = fake_run(tmp_path, "beta005")
+    from ppo_rlhf.report import read_history
+
+    header, rows = history_table({"beta005": read_history(run)})
+    assert header[:3] == ["run", "iterations", "score"]
+    assert rows[0][:3] == ["beta005", "first 5", "+0.200"]  # mean of 0.0 .. 0.4
+    assert rows[1][:3] == ["beta005", "last 5", "+0.500"]  # mean of 0.3 .. 0.7
+
+
+def test_report_writes_pngs_and_self_contained_html(tmp_path):
+    runs = [fake_run(tmp_path, "beta005"), fake_run(tmp_path, "nokl", drift=2.0)]
+    (runs[0] / "token_table.txt").write_text("t token logp_old\n0 Hello -1.2\n")
+    out = tmp_path / "report"
+    page = write_report(runs, fake_evaluation(tmp_path), out)
+    assert page == out / "report.html"
+    for png in ("dashboard.png", "overoptimisation.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = page.read_text()
+    assert text.count("data:image/png;base64,") == 2 and "src='dashboard.png'" not in text
+    assert "prompt &lt;0&gt; | x" in text and "0 Hello -1.2" in text and "beta005 step 20" in text
+    markdown = (out / "report.md").read_text()
+    assert "![" in markdown and "(dashboard.png)" in markdown
+    assert "prompt &lt;0&gt; | x" in markdown and "reply 0 0 nokl |" in markdown
+
+
+def test_report_cli_and_errors(tmp_path, capsys):
+    run = fake_run(tmp_path, "beta005")
+    assert main(["report", str(run), "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "dashboard.png").is_file() and not (tmp_path / "r" / "overoptimisation.png").exists()
+    assert main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["report", str(run), "--eval", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    assert "evaluation.json not found" in capsys.readouterr().err
+    (run / "history.jsonl").write_text("{not json\n")
+    assert main(["report", str(run), "--out", str(tmp_path / "r")]) == 2
+    assert "history.jsonl:1: not valid JSON" in capsys.readouterr().err

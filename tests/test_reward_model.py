@@ -1,0 +1,103 @@
+import json
+import random
+
+import pytest
+
+from ppo_rlhf.cli import main
+from ppo_rlhf.models import load_sequence_classifier, load_tokenizer
+from ppo_rlhf.pairs import read_pairs
+from ppo_rlhf.reward_model import evaluate_pairs, load_pair_source, train_reward_model
+from test_prompts import eos_prone_policy
+
+WORDS = "the quick brown fox jumps over lazy dog cat king queen house story energy".split()
+
+
+def synthetic_pairs(n: int, seed: int = 0) -> list[dict]:
+    """A learnable preference: the chosen reply ends with "happy", the rejected one with "sad"; the words
+    before are random, so lengths vary independently of the label."""
+    rng = random.Random(seed)
+
+    def words() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6)))
+
+    return [{"prompt": f"Tell me a story {i}.", "chosen": f"{words()} happy", "rejected": f"{words()} sad"} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, tokenizer):
+    return str(eos_prone_policy(tokenizer, tmp_path_factory.mktemp("base") / "base", extra=0.0))
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in synthetic_pairs(48)))
+    return path
+
+
+def test_learns_a_synthetic_preference_and_reloads(tmp_path, base, pairs_file):
+    out = tmp_path / "rm"
+    info = train_reward_model(pairs_file, base=base, out_dir=out, epochs=2, lr=3e-2, batch_size=8, lora_rank=4,
+                              heldout_fraction=0.25, seed=0, max_length=128)
+    assert info["train_pairs"] == 36 and info["heldout_pairs"] == 12 and info["dropped_too_long"] == 0
+    # The random head already leans the right way (accuracy ~1 at margin ~0): training must widen the margin.
+    assert info["after"]["accuracy"] >= 0.9
+    assert info["after"]["mean_margin"] > info["before"]["mean_margin"] + 1.0
+    assert -1 <= info["after"]["length_corr"] <= 1
+    assert info["train_loss"][-1] < info["train_loss"][0]
+    assert (out / "adapter_config.json").is_file() and (out / "tokenizer_config.json").is_file()
+    assert json.loads((out / "rm_info.json").read_text())["after"] == info["after"]
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == base
+    assert not list(tmp_path.glob(".rm*"))  # no temporary folder left behind
+
+    # Reloaded through models (LoRA merged), the held-out pairs score as they did at the end of training.
+    heldout = read_pairs(pairs_file)
+    random.Random(0).shuffle(heldout)
+    again = evaluate_pairs(load_sequence_classifier(str(out)), load_tokenizer(str(out)), heldout[:12], batch_size=8)
+    assert again["accuracy"] == info["after"]["accuracy"]
+    assert again["mean_margin"] == pytest.approx(info["after"]["mean_margin"], abs=1e-4)
+
+
+def test_drops_pairs_over_max_length(tmp_path, base, pairs_file):
+    from ppo_rlhf.errors import UsageError
+
+    with pytest.raises(UsageError, match="fit in --max-length 5"):
+        train_reward_model(pairs_file, base=base, out_dir=tmp_path / "rm", max_length=5)
+
+
+def ultrafeedback_rows(n: int) -> dict:
+    rows = {"prompt": [], "chosen": [], "rejected": [], "score_chosen": [], "score_rejected": []}
+    for pair in synthetic_pairs(n, seed=1):
+        user = {"role": "user", "content": pair["prompt"]}
+        rows["prompt"].append(pair["prompt"])
+        rows["chosen"].append([user, {"role": "assistant", "content": pair["chosen"]}])
+        rows["rejected"].append([user, {"role": "assistant", "content": pair["rejected"]}])
+        rows["score_chosen"].append(8.0)
+        rows["score_rejected"].append(3.0)
+    return rows
+
+
+def test_ultrafeedback_style_dataset(tmp_path, base, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    calls = []
+
+    def fake_load(name, split):
+        calls.append((name, split))
+        return datasets.Dataset.from_dict(ultrafeedback_rows(12))
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    source = "hf:HuggingFaceH4/ultrafeedback_binarized:train_prefs"
+    pairs = load_pair_source(source)
+    assert calls == [("HuggingFaceH4/ultrafeedback_binarized", "train_prefs")]
+    assert pairs[0] == {k: v for k, v in synthetic_pairs(12, seed=1)[0].items()}
+    code = main(["reward-model", "train", "--pairs", source, "--base", base, "--out", str(tmp_path / "rm"),
+                 "--epochs", "1", "--lora-rank", "2", "--heldout-fraction", "0.25"])
+    assert code == 0
+    assert json.loads((tmp_path / "rm/rm_info.json").read_text())["pairs"] == 12
+
+
+def test_bad_arguments(tmp_path, base, pairs_file):
+    common = ["reward-model", "train", "--pairs", str(pairs_file), "--base", base, "--out", str(tmp_path / "rm")]
+    assert main(common + ["--heldout-fraction", "1.5"]) == 2
+    assert main(common + ["--lr", "0"]) == 2
+    assert main(["reward-model", "train", "--pairs", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path)]) == 2
