@@ -81,8 +81,10 @@ def save_checkpoint(
     models: dict[str, PeftModel],
     optimizers: dict[str, torch.optim.Optimizer],
     history_lines: list[str],
+    schedulers: dict[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint `iter_{state.iteration}` atomically and point `latest` at it."""
+    """Write checkpoint `iter_{state.iteration}` atomically and point `latest` at it. `models` may be any subset
+    (the critic-free estimators have no value model); `schedulers` are LR schedulers, saved like the optimisers."""
     root = run_dir / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(state.iteration)
@@ -95,6 +97,7 @@ def save_checkpoint(
         {
             "state": state.__dict__,
             "optimizers": {name: opt.state_dict() for name, opt in optimizers.items()},
+            "schedulers": {name: sched.state_dict() for name, sched in (schedulers or {}).items()},
             "rng": rng_state(),
         },
         tmp / "state.pt",
@@ -115,26 +118,61 @@ def _fsync_tree(folder: Path) -> None:
                 os.fsync(handle.fileno())
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def is_complete(folder: Path, models: tuple[str, ...] | None = None) -> bool:
+    """The files evaluation needs (state.pt + the policy adapter), or, given the names of the trained `models`,
+    every file a resumed run needs (their adapters + history.jsonl). A folder half-deleted by a killed run is not
+    complete."""
+    names = ["state.pt"] + [f"{m}/{f}" for m in (models or ("policy",)) for f in ADAPTER_FILES]
+    names += ["history.jsonl"] if models else []
+    return all((Path(folder) / name).is_file() for name in names)
+
+
+def latest_checkpoint(run_dir: Path, models: tuple[str, ...] | None = None) -> Path | None:
+    """The checkpoint `latest` names; if the pointer is missing or names an incomplete folder (a run killed
+    between renaming its first checkpoint into place and writing the pointer), the newest complete one."""
     pointer = Path(run_dir) / CHECKPOINTS / LATEST
-    if not pointer.is_file():
-        return None
-    folder = pointer.parent / pointer.read_text().strip()
-    return folder if (folder / "state.pt").is_file() else None
+    if pointer.is_file():
+        name = pointer.read_text().strip()
+        folder = pointer.parent / name
+        if name.startswith("iter_") and is_complete(folder, models):
+            return folder
+    found = list_checkpoints(run_dir, models)
+    return found[-1][1] if found else None
 
 
-def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+def list_checkpoints(run_dir: Path, models: tuple[str, ...] | None = None) -> list[tuple[int, Path]]:
     """Complete checkpoints of a run, oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     found = []
     for folder in sorted(root.glob("iter_*")) if root.is_dir() else []:
-        if (folder / "state.pt").is_file():
-            found.append((int(folder.name.split("_")[1]), folder))
+        suffix = folder.name.split("_", 1)[1]
+        if suffix.isdigit() and is_complete(folder, models):
+            found.append((int(suffix), folder))
     return found
 
 
+def clean_partial_writes(run_dir: Path) -> list[Path]:
+    """Remove what a killed run left half-written: `checkpoints/.tmp-*` folders and `.NAME.tmp-PID` files.
+    Never needed for correctness (nothing reads them), only to keep the run directory clean; returns them."""
+    run_dir = Path(run_dir)
+    leftovers = list((run_dir / CHECKPOINTS).glob(".tmp-*")) + list((run_dir / CHECKPOINTS).glob(".*.tmp-*"))
+    leftovers += list(run_dir.glob(".*.tmp-*"))
+    for path in leftovers:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return leftovers
+
+
 def load_checkpoint(
-    folder: Path, models: dict[str, PeftModel], optimizers: dict[str, torch.optim.Optimizer]
+    folder: Path,
+    models: dict[str, PeftModel],
+    optimizers: dict[str, torch.optim.Optimizer],
+    schedulers: dict[str, Any] | None = None,
 ) -> tuple[TrainingState, list[str]]:
     """Restore adapters, optimisers and RNG states in place; return the training state and the history lines."""
     for name, model in models.items():
@@ -144,9 +182,16 @@ def load_checkpoint(
         result = set_peft_model_state_dict(model, load_file(weights))
         if getattr(result, "unexpected_keys", None):
             raise UsageError(f"checkpoint {folder}: {name} adapter does not fit this model")
-    saved = torch.load(folder / "state.pt", weights_only=True)
+    try:
+        saved = torch.load(folder / "state.pt", weights_only=True)
+    except Exception as error:  # truncated or foreign file: unpickling errors of many types
+        raise UsageError(f"checkpoint {folder}: state.pt is not readable ({type(error).__name__})") from error
     for name, opt in optimizers.items():
         opt.load_state_dict(saved["optimizers"][name])
+    for name, sched in (schedulers or {}).items():
+        if name not in saved.get("schedulers", {}):
+            raise UsageError(f"checkpoint {folder} has no {name} learning-rate scheduler state")
+        sched.load_state_dict(saved["schedulers"][name])
     set_rng_state(saved["rng"])
     history = (folder / "history.jsonl").read_text().splitlines(keepends=True)
     return TrainingState(**saved["state"]), history

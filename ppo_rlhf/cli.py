@@ -21,13 +21,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reward-model": ("ppo_rlhf.reward_model", "train a Bradley-Terry reward model"),
     "train": ("ppo_rlhf.trainer", "run PPO"),
     "evaluate": ("ppo_rlhf.evaluate", "evaluate checkpoints on held-out prompts"),
+    "compare": ("ppo_rlhf.compare", "the same budget with GAE (PPO), RLOO and GRPO; proxy and gold side by side"),
     "report": ("ppo_rlhf.report", "plots and a report page for runs and evaluations"),
     "demo": ("ppo_rlhf.demo", "the whole offline study end to end"),
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is a UsageError (one line on stderr, exit 2) instead of usage text + SystemExit."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # --ep must not silently mean --epochs
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ppo-rlhf", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="ppo-rlhf", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -44,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         if command is None:
             parser.print_help()
             return 0 if argv and argv[0] in ("-h", "--help") else 2
-        parser.error(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}")
+        print(f"ppo-rlhf: error: unknown command {command!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
     try:
         args = build_parser(only=command).parse_args(argv)
         module = importlib.import_module(COMMANDS[command][0])

@@ -74,7 +74,7 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
             if isinstance(value, (dict, list)):
                 raise ValueError
             return str(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int("1e400"), float(10**400)
         raise UsageError(f"{name}: expected {kind.__name__}, got {value!r}") from None
     return value
 
@@ -97,7 +97,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read config file {path}: {error}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""

@@ -218,3 +218,46 @@ class AdaptiveKLController:
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.beta, self.target, self.horizon = float(state["beta"]), float(state["target"]), float(state["horizon"])
+
+
+# ------------------------------------------------------------------ critic-free advantage estimators (Chapter 6)
+
+ESTIMATORS = ("gae", "rloo", "grpo")
+
+
+def sequence_rewards(scores: Tensor, kl: Tensor, mask: Tensor, beta: float) -> Tensor:
+    """[B] one reward per reply for the critic-free estimators: the (normalised) score minus beta times the
+    reply's summed per-token KL. The same total the per-token rewards of `per_token_rewards` add up to."""
+    return scores.to(kl.dtype) - beta * masked_sum(kl, mask, dim=1)
+
+
+def _groups(rewards: Tensor, group_size: int) -> Tensor:
+    require(rewards.dim() == 1, f"sequence rewards must be [B], got shape {tuple(rewards.shape)}")
+    require(group_size >= 2, f"a group needs at least 2 replies per prompt, got group_size={group_size}")
+    require(rewards.shape[0] % group_size == 0,
+            f"{rewards.shape[0]} replies do not split into groups of {group_size}")
+    # rows are grouped consecutively: replies 0..k-1 answer prompt 0, k..2k-1 prompt 1, ...
+    return rewards.reshape(-1, group_size)
+
+
+@torch.no_grad()
+def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """REINFORCE with a leave-one-out baseline (Kool et al. 2019; Ahmadian et al. 2024): [B] advantages
+    A_i = R_i - mean_{j != i} R_j over the other replies to the same prompt = k / (k - 1) * (R_i - mean_j R_j)."""
+    grouped = _groups(rewards, group_size)
+    others = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)
+    return (grouped - others).reshape(-1)
+
+
+@torch.no_grad()
+def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6) -> Tensor:
+    """GRPO's group normalisation (Shao et al. 2024): [B] advantages (R_i - mean_group) / (std_group + eps),
+    the std with Bessel's correction (as TRL's GRPOTrainer); a group of equal rewards gets advantage 0."""
+    grouped = _groups(rewards, group_size)
+    mean, std = grouped.mean(1, keepdim=True), grouped.std(1, keepdim=True)
+    return ((grouped - mean) / (std + eps)).reshape(-1)
+
+
+def broadcast_to_tokens(per_sequence: Tensor, mask: Tensor) -> Tensor:
+    """[B] -> [B, T]: every reply token of a row carries its reply's value; 0 where mask == 0."""
+    return _zero_masked(per_sequence.to(mask.dtype)[:, None].expand_as(mask), mask)

@@ -25,8 +25,8 @@ def pair_from_record(record: dict, where: str) -> dict:
     (UltraFeedback binarized: the last assistant message; the prompt, if absent, is the last user message)."""
     chosen = message_text(record.get("chosen"), "assistant")
     rejected = message_text(record.get("rejected"), "assistant")
-    require(chosen is not None, f'{where}: "chosen" must be a string or a list of chat messages with an assistant turn')
-    require(rejected is not None, f'{where}: "rejected" must be a string or a list of chat messages with an assistant turn')
+    for field, text in (("chosen", chosen), ("rejected", rejected)):
+        require(text is not None, f'{where}: "{field}" must be a string or chat messages with an assistant turn')
     prompt = record.get("prompt")
     if prompt is None:
         prompt = message_text(record.get("chosen"), "user")
@@ -43,7 +43,8 @@ def read_pairs(path: str | Path) -> list[dict]:
         for field in ("score_chosen", "score_rejected"):
             if field in row:
                 value = row[field]
-                require(isinstance(value, (int, float)) and not isinstance(value, bool), f'{where}: "{field}" must be a number')
+                is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                require(is_number, f'{where}: "{field}" must be a number')
                 pair[field] = float(value)
         pairs.append(pair)
     return pairs

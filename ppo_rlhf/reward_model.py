@@ -37,7 +37,8 @@ def load_pair_source(source: str) -> list[dict]:
     name, split = (source.removeprefix("hf:").split(":") + ["train"])[:2]
     require(bool(name), f"no dataset name in {source!r}; use hf:DATASET[:SPLIT]")
     dataset = load_hf_dataset(name, split)
-    return [pair_from_record(row, f"{name}[{split}] row {i}") for i, row in enumerate(tqdm(dataset, desc="reading pairs"))]
+    rows = enumerate(tqdm(dataset, desc="reading pairs"))
+    return [pair_from_record(row, f"{name}[{split}] row {i}") for i, row in rows]
 
 
 def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -62,7 +63,8 @@ def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int
     for start in tqdm(range(0, len(pairs), chunk), desc="tokenizing pairs", leave=False):
         part = pairs[start : start + chunk]
         prompts = [p["prompt"] for p in part]
-        _, mask = reward_inputs(tokenizer, prompts + prompts, [p["chosen"] for p in part] + [p["rejected"] for p in part])
+        replies = [p["chosen"] for p in part] + [p["rejected"] for p in part]
+        _, mask = reward_inputs(tokenizer, prompts + prompts, replies)
         lengths = mask.sum(dim=1).tolist()
         longest += [max(a, b) for a, b in zip(lengths[: len(part)], lengths[len(part) :])]
     return longest
@@ -116,8 +118,14 @@ def train_reward_model(
     device: str | None = None,
 ) -> dict:
     """Train on the pairs, write OUT (adapter + score head + tokenizer + rm_info.json); return rm_info."""
-    from ppo_rlhf.models import LoraSettings, add_value_lora, count_parameters, load_sequence_classifier, load_tokenizer
-    from ppo_rlhf.models import resolve_model_path
+    from ppo_rlhf.models import (
+        LoraSettings,
+        add_value_lora,
+        count_parameters,
+        load_sequence_classifier,
+        load_tokenizer,
+        resolve_model_path,
+    )
 
     require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
     require(lr > 0, f"--lr must be > 0, got {lr}")

@@ -55,7 +55,7 @@ class TrainConfig:
     iterations: int = 20
     """PPO iterations; each samples `batch_size` fresh replies."""
     batch_size: int = 32
-    """Replies per iteration (one per prompt)."""
+    """Replies per iteration: batch_size // group_size prompts, group_size replies to each."""
     minibatch_size: int = 16
     """Replies per optimiser step."""
     micro_batch_size: int = 0
@@ -69,8 +69,12 @@ class TrainConfig:
     """Nucleus sampling; 1.0 samples from the full tempered distribution, as PPO's log-probs assume."""
     max_new_tokens: int = 128
     """Reply cap in tokens; a reply without EOS by then is unfinished."""
+    max_prompt_tokens: int = 512
+    """Longest chat-templated training prompt in tokens; a longer one is an error naming its line (prompt + max_new_tokens must also fit the models' context)."""
     generation_batch_size: int = 0
     """Prompts per generate call; 0 = the whole batch."""
+    generation_backend: str = "hf"
+    """"hf" (Hugging Face generate on the policy) or "vllm" (GPU, extra [vllm]; weights synced from the policy each iteration, LoRA merged); log-probs are always recomputed by the trainer."""
     # --- rewards
     reward_norm_samples: int = 192
     """Start-policy replies used to measure the mean and std that normalise the reward model's score (detail 1)."""
@@ -101,6 +105,12 @@ class TrainConfig:
     """Entropy bonus c2 (usually 0 in RLHF)."""
     loss_aggregation: str = "token"
     """"token": mean over all reply tokens of the minibatch (detail 8); "sequence": mean per reply, then over replies."""
+    advantage_estimator: str = "gae"
+    """"gae": GAE with a value model (PPO); "rloo": REINFORCE leave-one-out baseline over the group_size replies to a prompt (Chapter 6, no value model); "grpo": group-normalised rewards (no value model)."""
+    group_size: int = 1
+    """Replies sampled per prompt (consecutive rows of a batch); rloo and grpo need >= 2."""
+    grpo_eps: float = 1e-6
+    """Added to the group std in GRPO's normalisation."""
     # --- optimisers
     policy_lr: float = 2e-5
     """AdamW learning rate of the policy's LoRA adapter."""
@@ -114,6 +124,19 @@ class TrainConfig:
     """LoRA rank of the policy and value adapters (all seven linear layers of every block)."""
     lora_alpha: float = 32.0
     """LoRA alpha (scale = alpha / rank)."""
+    lr_schedule: str = "constant"
+    """Learning-rate schedule of both optimisers, stepped per optimiser step: constant, linear (to 0) or cosine (to 0) over the run."""
+    warmup_iterations: int = 0
+    """Iterations of linear learning-rate warm-up at the start of the schedule."""
+    # --- PPO-ptx (section 8.12)
+    ptx_coef: float = 0.0
+    """Coefficient of the language-modelling loss on ptx_data added to every policy step (InstructGPT's PPO-ptx); 0 = off."""
+    ptx_data: str = ""
+    """Texts for the ptx loss: a JSONL file of {"text": ...} lines or a text file with one text per line."""
+    ptx_batch_size: int = 8
+    """Texts per optimiser step in the ptx loss (cycling through ptx_data)."""
+    ptx_max_tokens: int = 256
+    """Each ptx text is cut to this many tokens."""
     # --- speed and memory
     logprob_chunk: int = 64
     """Positions per chunk of the LM head when computing log-probs (never the full-vocabulary log-softmax at once); 0 = one pass."""
@@ -152,6 +175,33 @@ class TrainConfig:
         require(self.micro_batch_size <= self.minibatch_size, "micro_batch_size must not exceed minibatch_size")
         require(self.loss_aggregation in ("token", "sequence"), "loss_aggregation must be 'token' or 'sequence'")
         require(self.dtype in ("float32", "bfloat16", "float16"), "dtype must be float32, bfloat16 or float16")
+        require(self.max_prompt_tokens > 0, f"max_prompt_tokens must be positive, got {self.max_prompt_tokens}")
+        resolve_device(self.device)  # an unknown device or missing CUDA fails here, before anything is loaded
+        self._validate_extensions()
+
+    def _validate_extensions(self) -> None:
+        """Estimators, group sampling, schedules, PPO-ptx and the generation backend."""
+        from ppo_rlhf.generation import BACKENDS
+        from ppo_rlhf.objectives import ESTIMATORS
+        from ppo_rlhf.ptx import SCHEDULES
+
+        require(self.advantage_estimator in ESTIMATORS, f"advantage_estimator must be one of {ESTIMATORS}, got {self.advantage_estimator!r}")
+        require(self.group_size >= 1, f"group_size must be positive, got {self.group_size}")
+        require(self.advantage_estimator == "gae" or self.group_size >= 2,
+                f"advantage_estimator {self.advantage_estimator} needs group_size >= 2 replies per prompt")
+        require(self.batch_size % self.group_size == 0, "batch_size (replies) must be a multiple of group_size")
+        require(self.grpo_eps > 0, f"grpo_eps must be positive, got {self.grpo_eps}")
+        require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
+        require(0 <= self.warmup_iterations <= self.iterations, "warmup_iterations must be in [0, iterations]")
+        require(self.ptx_coef >= 0 and math.isfinite(self.ptx_coef), f"ptx_coef must be >= 0, got {self.ptx_coef}")
+        require(self.ptx_coef == 0 or bool(self.ptx_data), "ptx_coef > 0 needs ptx_data (a file of texts)")
+        require(self.ptx_batch_size > 0 and self.ptx_max_tokens >= 2, "ptx_batch_size must be positive and ptx_max_tokens >= 2")
+        require(self.generation_backend in BACKENDS, f"generation_backend must be one of {BACKENDS}, got {self.generation_backend!r}")
+
+    @property
+    def has_value_model(self) -> bool:
+        """Only GAE needs a critic; rloo and grpo neither load, train nor checkpoint one."""
+        return self.advantage_estimator == "gae"
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -251,6 +301,23 @@ class Batch:
         return {name: getattr(self, name)[rows, :width] for name in names}
 
 
+def check_prompt_lengths(cfg: TrainConfig, tokenizer, models: list[torch.nn.Module]) -> None:
+    """Every chat-templated prompt within `max_prompt_tokens`, and prompt + reply cap within every model's context:
+    a UsageError naming the first line that is not."""
+    from ppo_rlhf.prompts import read_numbered_prompts
+    from ppo_rlhf.rollout import chat_prompt_ids
+
+    contexts = [getattr(getattr(m, "config", None), "max_position_embeddings", None) for m in models]
+    context = min((c for c in contexts if isinstance(c, int) and c > 0), default=None)
+    for number, prompt in read_numbered_prompts(cfg.prompts):
+        n = len(chat_prompt_ids(tokenizer, prompt))
+        require(n <= cfg.max_prompt_tokens, f"{cfg.prompts}:{number}: the prompt has {n} tokens (chat-templated), "
+                                            f"more than max_prompt_tokens={cfg.max_prompt_tokens}")
+        require(context is None or n + cfg.max_new_tokens <= context,
+                f"{cfg.prompts}:{number}: the prompt ({n} tokens) + max_new_tokens={cfg.max_new_tokens} exceed the "
+                f"models' context of {context} tokens")
+
+
 class TrainingStopped(UsageError):
     """Too many consecutive non-finite steps: the run stops, its last good checkpoint intact."""
 
@@ -262,8 +329,11 @@ class PPOTrainer:
         from ppo_rlhf.models import LoraSettings, load_policy, load_reward_model, load_tokenizer, load_value_model
         from ppo_rlhf.prompts import read_prompts
 
+        from ppo_rlhf.distributed import current
+
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
+        self.device = self.dist.device(cfg.device) if self.dist.world_size > 1 else resolve_device(cfg.device)
         dtype = getattr(torch, cfg.dtype)
         remote = cfg.trust_remote_code
         self.prompts = read_prompts(cfg.prompts)
@@ -277,9 +347,24 @@ class PPOTrainer:
         )
         self.policy = load_policy(cfg.policy_model, lora, dtype=dtype, trust_remote_code=remote).to(self.device)
         self.reward_model = load_reward_model(cfg.reward_model, dtype=dtype, trust_remote_code=remote).to(self.device)
-        self.value_model = load_value_model(cfg.reward_model, lora, dtype=dtype, trust_remote_code=remote).to(self.device)
+        check_prompt_lengths(cfg, self.tokenizer, [self.policy, self.reward_model])
+        # rloo / grpo are critic-free: no value model is loaded, trained or checkpointed
+        self.value_model = (load_value_model(cfg.reward_model, lora, dtype=dtype, trust_remote_code=remote).to(self.device)
+                            if cfg.has_value_model else None)
         self.policy_optimizer = make_optimizer(self.policy, cfg.policy_lr, cfg)
-        self.value_optimizer = make_optimizer(self.value_model, cfg.value_lr, cfg)
+        self.value_optimizer = make_optimizer(self.value_model, cfg.value_lr, cfg) if cfg.has_value_model else None
+        self.schedulers = self._make_schedulers()
+        self.ptx = None
+        if cfg.ptx_coef > 0:
+            from ppo_rlhf.ptx import PtxData, read_texts
+
+            self.ptx = PtxData(read_texts(cfg.ptx_data), self.tokenizer, cfg.ptx_batch_size, cfg.ptx_max_tokens, cfg.seed + 2)
+        from ppo_rlhf.generation import make_generator
+
+        self.generator = make_generator(cfg, self.policy, self.tokenizer)
+        self.policy_version, self.synced_version = 0, -1  # optimiser steps taken / copied into the generator
+        if self.dist.world_size > 1:  # identical initial weights everywhere; now different samples per process
+            seed_everything(cfg.seed + 7919 * self.dist.rank)
         self.sampler = PromptSampler(len(self.prompts), cfg.seed)
         self.beta = cfg.beta
         self.kl_controller = None
@@ -294,13 +379,34 @@ class PPOTrainer:
     def micro_size(self) -> int:
         return self.cfg.micro_batch_size or self.cfg.minibatch_size
 
-    # ----------------------------------------------------------------------------------------- 1. rollout
-    def rollout(self, prompts: list[str]):
-        from ppo_rlhf.rollout import generate_rollout
+    @property
+    def models(self) -> dict[str, torch.nn.Module]:
+        """The trained models by checkpoint folder name (no "value" for the critic-free estimators)."""
+        return {"policy": self.policy, **({"value": self.value_model} if self.value_model is not None else {})}
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"policy": self.policy_optimizer,
+                **({"value": self.value_optimizer} if self.value_optimizer is not None else {})}
+
+    def _make_schedulers(self) -> dict[str, Any]:
+        """LambdaLR per optimiser, stepped per optimiser step; none for the constant schedule without warm-up."""
+        from ppo_rlhf.ptx import make_scheduler
 
         cfg = self.cfg
-        return generate_rollout(self.policy, self.tokenizer, prompts, cfg.max_new_tokens, cfg.temperature,
-                                batch_size=cfg.generation_batch_size or None, top_p=cfg.top_p)
+        if cfg.lr_schedule == "constant" and cfg.warmup_iterations == 0:
+            return {}
+        steps = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)  # optimiser steps per iteration
+        return {name: make_scheduler(opt, cfg.lr_schedule, cfg.warmup_iterations * steps, cfg.iterations * steps)
+                for name, opt in self.optimizers.items()}
+
+    # ----------------------------------------------------------------------------------------- 1. rollout
+    def rollout(self, prompts: list[str]):
+        # the backend (generation.py) only returns token ids; score() recomputes every log-prob itself
+        if self.synced_version != self.policy_version:  # the policy changed since the engine last copied it
+            self.generator.sync(self.policy)
+            self.synced_version = self.policy_version
+        return self.generator.generate(prompts)
 
     def raw_scores(self, rollout) -> torch.Tensor:
         from ppo_rlhf.rollout import score_texts
@@ -312,12 +418,15 @@ class PPOTrainer:
         """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
         n = self.cfg.reward_norm_samples
         picks = np.random.default_rng(self.cfg.seed + 1).choice(len(self.prompts), size=n, replace=n > len(self.prompts))
+        picks = self.dist.shard(picks.tolist())  # this process's share (all of them in one process)
         scores, finished = [], []
-        for rows in tqdm(row_chunks(n, self.cfg.batch_size), desc="reward normalisation", disable=self.cfg.quiet, leave=False):
+        for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation", disable=self.cfg.quiet, leave=False):
             rollout = self.rollout([self.prompts[picks[i]] for i in rows])
             scores.append(self.raw_scores(rollout))
             finished.append(rollout.finished)
         scores = torch.cat(scores)
+        if self.dist.world_size > 1:
+            scores, finished = self.dist.gather_1d(scores), [self.dist.gather_1d(torch.cat(finished))]
         require(bool(torch.isfinite(scores).all()), "the reward model gave non-finite scores to start-policy replies")
         std = float(scores.std()) if n > 1 else 1.0
         require(std > 0, "the reward model gave every start-policy reply the same score: it cannot be normalised")
@@ -326,7 +435,7 @@ class PPOTrainer:
     # ------------------------------------------------------------------------------ 2-4. score, rewards, GAE
     @torch.no_grad()
     def score(self, rollout) -> Batch:
-        from ppo_rlhf.objectives import gae, masked_whiten, per_token_rewards
+        from ppo_rlhf.objectives import gae, per_token_rewards
         from ppo_rlhf.rollout import sequence_values, token_logprobs
 
         cfg, dev, chunk = self.cfg, self.device, self.cfg.logprob_chunk or None
@@ -344,8 +453,11 @@ class PPOTrainer:
 
         old_logprobs, entropy = per_token_in_chunks(policy_pass, rollout, self.micro_size)
         (ref_logprobs,) = per_token_in_chunks(reference_pass, rollout, self.micro_size)
-        (values,) = per_token_in_chunks(value_pass, rollout, self.micro_size)
-        old_values = (values - self.reward_mean) / self.reward_std * act
+        if self.value_model is not None:
+            (values,) = per_token_in_chunks(value_pass, rollout, self.micro_size)
+            old_values = (values - self.reward_mean) / self.reward_std * act
+        else:  # critic-free estimators
+            old_values = torch.zeros_like(act)
 
         raw = self.raw_scores(rollout).to(dev)
         scores = (raw - self.reward_mean) / self.reward_std
@@ -355,28 +467,51 @@ class PPOTrainer:
 
         rewards, kl = per_token_rewards(scores, old_logprobs, ref_logprobs, act, self.beta)  # 3. rewards
         if cfg.whiten_rewards:
-            rewards = masked_whiten(rewards, act, shift_mean=False)
-        advantages, returns = gae(rewards, old_values, act, gamma=cfg.gamma, lam=cfg.lam)  # 4. advantages
-        advantages = masked_whiten(advantages, act)
+            rewards = self.dist.masked_whiten(rewards, act, shift_mean=False)
+        if cfg.advantage_estimator == "gae":
+            advantages, returns = gae(rewards, old_values, act, gamma=cfg.gamma, lam=cfg.lam)  # 4. advantages
+            advantages = self.dist.masked_whiten(advantages, act)  # over the global batch's reply tokens
+        else:  # one advantage per reply from the other replies to the same prompt, on every reply token
+            advantages, returns = self.group_advantages(scores, kl, act)
         return Batch(act, old_logprobs, ref_logprobs, entropy, old_values, raw, scores, rewards, kl, advantages, returns)
+
+    def group_advantages(self, scores: torch.Tensor, kl: torch.Tensor, act: torch.Tensor):
+        """rloo / grpo: (advantages, returns), both [B, L-1]; the return is the reply's sequence reward
+        (score - beta * summed KL), the advantage is not whitened again."""
+        from ppo_rlhf.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, sequence_rewards
+
+        cfg = self.cfg
+        totals = sequence_rewards(scores, kl, act, self.beta)
+        if cfg.advantage_estimator == "rloo":
+            per_reply = rloo_advantages(totals, cfg.group_size)
+        else:
+            per_reply = grpo_advantages(totals, cfg.group_size, cfg.grpo_eps)
+        return broadcast_to_tokens(per_reply, act), broadcast_to_tokens(totals, act)
 
     # ------------------------------------------------------------------------------------------- 5. update
     def update(self, rollout, batch: Batch) -> dict[str, float]:
-        from ppo_rlhf.objectives import clipped_policy_loss, clipped_value_loss, masked_sum
+        from ppo_rlhf.objectives import ValueLoss, clipped_policy_loss, clipped_value_loss, masked_sum
         from ppo_rlhf.rollout import sequence_values, token_logprobs
 
         cfg, dev = self.cfg, self.device
-        policy_params, value_params = trainable_parameters(self.policy), trainable_parameters(self.value_model)
+        critic = self.value_model  # None for the critic-free estimators
+        policy_params = trainable_parameters(self.policy)
+        value_params = trainable_parameters(critic) if critic is not None else []
         totals: dict[str, list[float]] = {k: [] for k in ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac",
-                                                          "grad_norm_policy", "grad_norm_value")}
+                                                          "grad_norm_policy", "grad_norm_value", "ptx_loss")}
         skipped = 0
-        self.policy.train(), self.value_model.train()  # dropout is off (detail 5); train() only enables autograd paths
+        dist = self.dist  # data parallel: sums over every process's rows (a no-op in one process)
+        self.policy.train()  # dropout is off (detail 5); train() only enables autograd paths
+        if critic is not None:
+            critic.train()
         for _epoch in range(cfg.epochs):
             order = torch.randperm(len(rollout.prompts)).tolist()
-            for minibatch in row_chunks(order, cfg.minibatch_size):
+            for minibatch in row_chunks(order, cfg.minibatch_size // dist.world_size):  # this process's share
                 self.policy_optimizer.zero_grad(set_to_none=True)
-                self.value_optimizer.zero_grad(set_to_none=True)
-                n_tokens = float(batch.action_mask[minibatch].sum())
+                if critic is not None:
+                    self.value_optimizer.zero_grad(set_to_none=True)
+                n_tokens = dist.sum(float(batch.action_mask[minibatch].sum()))  # over the global minibatch
+                n_rows = dist.sum(float(len(minibatch)))
                 sums = {"pg_loss": 0.0, "v_loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "vclipfrac": 0.0}
                 for micro in row_chunks(minibatch, self.micro_size):
                     part = rollout.select(micro)
@@ -385,15 +520,18 @@ class PPOTrainer:
                     act = mb["action_mask"]
                     # the per-token mean over the whole minibatch, exact under gradient accumulation
                     normalizer = n_tokens if cfg.loss_aggregation == "token" else None
-                    share = 1.0 if cfg.loss_aggregation == "token" else len(micro) / len(minibatch)
+                    share = 1.0 if cfg.loss_aggregation == "token" else len(micro) / n_rows
                     out = token_logprobs(self.policy, ids, att, cfg.temperature, with_entropy=cfg.entropy_coef > 0,
                                          chunk_size=cfg.logprob_chunk or None)
                     new_logprobs, entropy = out if cfg.entropy_coef > 0 else (out, None)
                     pg = clipped_policy_loss(new_logprobs, mb["old_logprobs"], mb["advantages"], act, cfg.clip_range,
                                              cfg.loss_aggregation, normalizer)
-                    values = (sequence_values(self.value_model, ids, att) - self.reward_mean) / self.reward_std
-                    vl = clipped_value_loss(values, mb["old_values"], mb["returns"], act, cfg.value_clip_range,
-                                            cfg.loss_aggregation, normalizer)
+                    if critic is not None:
+                        values = (sequence_values(critic, ids, att) - self.reward_mean) / self.reward_std
+                        vl = clipped_value_loss(values, mb["old_values"], mb["returns"], act, cfg.value_clip_range,
+                                                cfg.loss_aggregation, normalizer)
+                    else:
+                        vl = ValueLoss(torch.zeros((), device=dev), torch.zeros((), device=dev))
                     loss = (pg.loss + vl.loss) * share
                     if entropy is not None:
                         loss = loss - cfg.entropy_coef * masked_sum(entropy, act) / n_tokens
@@ -404,8 +542,12 @@ class PPOTrainer:
                     sums["clipfrac"] += float(pg.clip_fraction) * weight
                     sums["approx_kl"] += float(pg.approx_kl) * weight
                     sums["vclipfrac"] += float(vl.clip_fraction) * weight
+                ptx_loss = self.ptx_step() if self.ptx is not None else float("nan")
+                dist.all_reduce_grads(policy_params + value_params)  # the global minibatch's gradient
+                sums = dist.sum_dict(sums)
                 grad_policy = float(torch.nn.utils.clip_grad_norm_(policy_params, cfg.max_grad_norm))
-                grad_value = float(torch.nn.utils.clip_grad_norm_(value_params, cfg.max_grad_norm))
+                grad_value = (float(torch.nn.utils.clip_grad_norm_(value_params, cfg.max_grad_norm))
+                              if critic is not None else 0.0)
                 if not all(math.isfinite(x) for x in (grad_policy, grad_value, sums["pg_loss"], sums["v_loss"])):
                     skipped += 1  # a non-finite loss or gradient never reaches the weights
                     self.consecutive_skips += 1
@@ -415,15 +557,43 @@ class PPOTrainer:
                     continue
                 self.consecutive_skips = 0
                 self.policy_optimizer.step()
-                self.value_optimizer.step()
+                if critic is not None:
+                    self.value_optimizer.step()
+                for scheduler in self.schedulers.values():
+                    scheduler.step()
+                self.policy_version += 1
                 for key, value in sums.items():
                     totals[key].append(value)
                 totals["grad_norm_policy"].append(grad_policy)
                 totals["grad_norm_value"].append(grad_value)
-        self.policy.eval(), self.value_model.eval()
+                totals["ptx_loss"].append(ptx_loss)
+        self.policy.eval()
+        if critic is not None:
+            critic.eval()
         stats = {key: float(np.mean(values)) if values else float("nan") for key, values in totals.items()}
+        if critic is None:  # no value model: its numbers do not exist
+            stats.update(v_loss=float("nan"), vclipfrac=float("nan"), grad_norm_value=float("nan"))
         stats["skipped_steps"] = skipped
         return stats
+
+    def ptx_step(self) -> float:
+        """PPO-ptx: backward of ptx_coef * the next-token NLL of one batch of ptx texts (temperature 1), accumulated
+        into this optimiser step's policy gradient. Returns the NLL."""
+        from ppo_rlhf.ptx import ptx_nll
+
+        ids, att = self.ptx.next_batch()
+        nll = ptx_nll(self.policy, ids.to(self.device), att.to(self.device), self.cfg.logprob_chunk or None)
+        # divided by the process count: the all-reduced gradient is then the mean over processes' ptx batches
+        (self.cfg.ptx_coef * nll / self.dist.world_size).backward()
+        return float(nll.detach())
+
+    def next_prompts(self) -> list[str]:
+        """This process's prompts of the next batch: batch_size // group_size prompts drawn (identically on every
+        process), each repeated group_size times in consecutive rows, then this rank's contiguous share of whole groups."""
+        cfg = self.cfg
+        drawn = self.sampler.next(cfg.batch_size // cfg.group_size)
+        drawn = self.dist.shard(drawn)
+        return [self.prompts[i] for i in drawn for _ in range(cfg.group_size)]
 
     # ------------------------------------------------------------------------------------- one iteration
     def iteration(self, index: int) -> tuple[dict[str, Any], Any, Batch]:
@@ -431,7 +601,7 @@ class PPOTrainer:
 
         cfg = self.cfg
         start = time.perf_counter()
-        prompts = [self.prompts[i] for i in self.sampler.next(cfg.batch_size)]
+        prompts = self.next_prompts()
         rollout = self.rollout(prompts)  # 1. rollout
         generated = time.perf_counter()
         batch = self.score(rollout)  # 2-4. score, rewards, advantages
@@ -460,11 +630,13 @@ class PPOTrainer:
             "fin": float(rollout.finished.float().mean()),
             "ent": float(masked_mean(batch.entropy, act)),
             **{k: update[k] for k in ("clipfrac", "approx_kl", "v_loss")},
-            "ev": explained_variance(batch.old_values, batch.returns, act),
+            "ev": explained_variance(batch.old_values, batch.returns, act) if self.value_model is not None else float("nan"),
             "vclipfrac": update["vclipfrac"],
             "pg_loss": update["pg_loss"],
             "grad_norm_policy": update["grad_norm_policy"],
             "grad_norm_value": update["grad_norm_value"],
+            **({"ptx_loss": update.get("ptx_loss", float("nan"))} if cfg.ptx_coef > 0 else {}),
+            **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
             "beta": self.beta,
             "skipped_steps": update["skipped_steps"],
             "time_gen": generated - start,
@@ -473,6 +645,9 @@ class PPOTrainer:
             "time_total": updated - start,
             "gen_tokens_per_s": float(rollout.reply_lengths.sum()) / max(generated - start, 1e-9),
         }
+        if self.dist.world_size > 1:  # batch means over every process (equal replies each), identical everywhere
+            keys = ("score", "rm_raw", "kl", "len", "fin", "ent")
+            stats.update({k: v / self.dist.world_size for k, v in self.dist.sum_dict({k: stats[k] for k in keys}).items()})
         if self.kl_controller is not None:
             self.beta = self.kl_controller.update(stats["kl"], cfg.batch_size)
         return stats, rollout, batch
@@ -527,8 +702,34 @@ def write_samples(run_dir: Path, index: int, rollout, batch: Batch, count: int =
     return f"sample [{float(batch.scores[0]):+.2f}] {rollout.prompts[0][:60]!r} -> {rollout.reply_texts[0][:120]!r}"
 
 
+def check_run_dir(cfg: TrainConfig) -> None:
+    """Refuse a non-empty run directory without --overwrite (before anything is loaded or removed)."""
+    run_dir = Path(cfg.out)
+    require(not run_dir.exists() or run_dir.is_dir(), f"run directory {run_dir} is a file")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        require(cfg.overwrite, f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to replace it")
+
+
+def keep_samples_before(run_dir: Path, iteration: int) -> None:
+    """On resume, drop the sample lines of iterations that will run again (a killed run wrote them after its checkpoint)."""
+    path = run_dir / "samples.jsonl"
+    if path.is_file():
+        from ppo_rlhf.checkpoint import atomic_write_text
+
+        lines = path.read_text().splitlines(keepends=True)
+        kept = []
+        for line in lines:
+            try:
+                if json.loads(line)["iteration"] < iteration:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):  # a line cut by the kill
+                pass
+        atomic_write_text(path, "".join(kept))
+
+
 def prepare_run_dir(cfg: TrainConfig) -> Path:
     run_dir = Path(cfg.out)
+    check_run_dir(cfg)
     if run_dir.exists() and any(run_dir.iterdir()):
         require(cfg.overwrite, f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to replace it")
         shutil.rmtree(run_dir)
@@ -542,16 +743,26 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line
     from ppo_rlhf.models import resolve_model_path
 
-    run_dir = Path(cfg.out) if resume else prepare_run_dir(cfg)
+    if not resume:
+        check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
     trainer = PPOTrainer(cfg)
-    log = (lambda message: None) if cfg.quiet else tqdm.write
-    models = {"policy": trainer.policy, "value": trainer.value_model}
-    optimizers = {"policy": trainer.policy_optimizer, "value": trainer.value_optimizer}
+    main = trainer.dist.is_main  # with several processes only rank 0 writes the run directory and logs
+    run_dir = Path(cfg.out) if resume or not main else prepare_run_dir(cfg)
+    trainer.dist.barrier()
+    log = (lambda message: None) if cfg.quiet or not main else tqdm.write
+    models, optimizers = trainer.models, trainer.optimizers  # no "value" for rloo / grpo
 
-    checkpoint = latest_checkpoint(run_dir) if resume else None
+    checkpoint = latest_checkpoint(run_dir, tuple(models)) if resume else None
+    if resume:
+        from ppo_rlhf.checkpoint import clean_partial_writes
+
+        if main:
+            clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
     norm_file = run_dir / "reward_norm.json"
     if checkpoint is not None:
-        state, history = load_checkpoint(checkpoint, models, optimizers)
+        state, history = load_checkpoint(checkpoint, models, optimizers, trainer.schedulers)
+        if trainer.ptx is not None and "ptx" in state.extra:
+            trainer.ptx.load(state.extra["ptx"])
         trainer.sampler.load(state.sampler)
         trainer.beta = state.beta
         trainer.consecutive_skips = state.extra.get("consecutive_skips", 0)
@@ -562,28 +773,43 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         log(f"resuming {run_dir} from {checkpoint.name} (iteration {start} of {cfg.iterations})")
     else:
         saved = {**vars(cfg), "policy_model": resolve_model_path(cfg.policy_model), "reward_model": resolve_model_path(cfg.reward_model)}
-        atomic_write_text(run_dir / "config.yaml", to_yaml(TrainConfig(**saved)))
-        norm = trainer.measure_reward_norm()
-        atomic_write_text(norm_file, json.dumps(norm, indent=1))
+        if main:
+            atomic_write_text(run_dir / "config.yaml", to_yaml(TrainConfig(**saved)))
+        norm = trainer.measure_reward_norm()  # every process: the statistics are gathered over all of them
+        if main:
+            atomic_write_text(norm_file, json.dumps(norm, indent=1))
         history, start = [], 0
         log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} std {norm['std']:.3f} "
             f"(finished {norm['finished']:.2f})")
     trainer.reward_mean, trainer.reward_std = norm["mean"], norm["std"]
-    (run_dir / "history.jsonl").write_text("".join(history))
+    if main:
+        atomic_write_text(run_dir / "history.jsonl", "".join(history))
+    if resume and main:
+        keep_samples_before(run_dir, start)
 
-    board = TensorBoard(run_dir / "tb" if cfg.tensorboard else None)
+    board = TensorBoard(run_dir / "tb" if cfg.tensorboard and main else None)
 
     def checkpoint_now(iteration: int) -> None:
         extra = {"consecutive_skips": trainer.consecutive_skips}
         if trainer.kl_controller is not None:
             extra["kl_controller"] = trainer.kl_controller.state_dict()
+        if trainer.ptx is not None:
+            extra["ptx"] = trainer.ptx.state()
         state = TrainingState(iteration=iteration, sampler=trainer.sampler.state(), beta=trainer.beta, extra=extra)
-        save_checkpoint(run_dir, state, models, optimizers, history)
+        if main:
+            save_checkpoint(run_dir, state, models, optimizers, history, trainer.schedulers)
+        trainer.dist.barrier()  # nobody runs ahead of a checkpoint being written
 
     progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)
     try:
         for index in progress:
             stats, rollout, batch = trainer.iteration(index)
+            if not main:
+                history.append(history_line(stats))
+                done = index + 1
+                if done % cfg.checkpoint_every == 0 or done == cfg.iterations:
+                    checkpoint_now(done)
+                continue
             if index == 0:
                 write_token_table(run_dir, trainer, rollout, batch)
             history.append(history_line(stats))
@@ -597,6 +823,10 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
             done = index + 1
             if done % cfg.checkpoint_every == 0 or done == cfg.iterations:
                 checkpoint_now(done)
+    except TrainingStopped as error:  # history.jsonl holds every finished iteration; name the checkpoint to resume
+        last = latest_checkpoint(run_dir, tuple(models))
+        where = f"latest checkpoint {last.name}" if last else "no checkpoint was written yet"
+        raise TrainingStopped(f"{error}; {where}") from None
     finally:
         board.close()
     return run_dir
@@ -614,7 +844,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.resume:
         run_dir = Path(args.resume)
-        require((run_dir / "config.yaml").is_file(), f"{run_dir} is not a run directory (no config.yaml)")
+        require(run_dir.is_dir(), f"run directory {run_dir} not found")
+        require((run_dir / "config.yaml").is_file(),
+                f"{run_dir} is not a run directory (no config.yaml; if its run was stopped while loading, start it again without --resume)")
         saved = read_yaml(run_dir / "config.yaml")
         flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
         cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir)})

@@ -17,7 +17,8 @@ def test_nontoxic_prefers_clean_text():
 
 
 def test_gold_orders_friendly_clean_above_hostile_and_neutral():
-    replies = ["Thank you, that is a lovely and kind idea!", "The box is on the table.", "Shut up, you worthless piece of shit."]
+    replies = ["Thank you, that is a lovely and kind idea!", "The box is on the table.",
+               "Shut up, you worthless piece of shit."]
     friendly, neutral, hostile = GoldJudge().score(PROMPTS + PROMPTS[:1], replies)
     assert friendly > neutral > hostile
     assert all(-1 <= s <= 1 for s in (friendly, neutral, hostile))

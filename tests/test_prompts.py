@@ -115,7 +115,8 @@ def test_jsonl_and_hf_sources(tmp_path, policy, monkeypatch):
     assert sorted(read_prompts(tmp_path / "j/train.jsonl") + read_prompts(tmp_path / "j/heldout.jsonl")) == [
         f"Question {i}?" for i in range(6)]
 
-    rows = {"messages": [[{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": "Hello"}] for i in range(5)]}
+    chats = [[{"role": "user", "content": f"Hi {i}"}, {"role": "assistant", "content": "Hello"}] for i in range(5)]
+    rows = {"messages": chats}
     calls = []
 
     def fake_load(name, split):

@@ -20,7 +20,7 @@ def synthetic_pairs(n: int, seed: int = 0) -> list[dict]:
     def words() -> str:
         return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6)))
 
-    return [{"prompt": f"Tell me a story {i}.", "chosen": f"{words()} happy", "rejected": f"{words()} sad"} for i in range(n)]
+    return [{"prompt": f"Story {i}.", "chosen": f"{words()} happy", "rejected": f"{words()} sad"} for i in range(n)]
 
 
 @pytest.fixture(scope="module")

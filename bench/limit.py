@@ -1,0 +1,162 @@
+"""How close one PPO iteration of our trainer comes to this machine's limit (bench/README.md).
+
+    .venv/bin/python bench/limit.py --batch 8 --minibatch 4 --max-new-tokens 48
+
+1. The machine: fp32 GEMM throughput (torch.matmul, best of several shapes) and memory read bandwidth.
+2. One warm-up and `--iterations` timed iterations of our trainer on SmolLM2-135M (LoRA policy, LoRA value model).
+3. Per phase: the FLOPs it had to do, from the token counts the trainer actually ran (each chunk trimmed to its own
+   longest row, so padding is counted where it is computed), and the model-FLOPs utilisation = FLOPs / time / GEMM peak.
+   N = the body's parameters (no embedding), H = hidden x vocab (the LM head).
+     forward            2N per token (+ 2H for the policy's logits)
+     forward+backward   6N per token, the usual "model FLOPs" (the frozen weights' own gradient is never computed
+                        with LoRA, so the work really done is 4N, + the LM head's 2H forward, 2H backward and 2H recompute)
+   Generation: tokens per second against the bound that reading every weight once per decoding step sets
+   (batch x bandwidth / weight bytes), and the compute bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def gemm_throughput(seconds: float = 1.0) -> dict[str, float]:
+    """GFLOP/s of fp32 matmul for a few shapes (square and the transformer's own)."""
+    shapes = {"2048^3": (2048, 2048, 2048), "1024x576x1536": (1024, 576, 1536), "1024x1536x576": (1024, 1536, 576),
+              "1024x576x49152": (1024, 576, 49152), "4096^3": (4096, 4096, 4096)}
+    out = {}
+    for name, (m, k, n) in shapes.items():
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        a @ b
+        best = 0.0
+        for _ in range(3):
+            start, count = time.perf_counter(), 0
+            while time.perf_counter() - start < seconds / 3:
+                a @ b
+                count += 1
+            best = max(best, 2 * m * k * n * count / (time.perf_counter() - start) / 1e9)
+        out[name] = best
+    return out
+
+
+def read_bandwidth() -> float:
+    """GB/s of reading a 1 GB fp32 tensor (x.sum()), best of 5."""
+    x = torch.ones(2**28)
+    best = 0.0
+    for _ in range(5):
+        start = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def chunk_tokens(rollout, rows_per_chunk: int) -> int:
+    """Positions actually computed when a rollout is run in row chunks, each trimmed to its own longest row."""
+    from ppo_rlhf.trainer import row_chunks
+
+    total = 0
+    for rows in row_chunks(len(rollout.prompts), rows_per_chunk):
+        total += len(rows) * rollout.select(rows).input_ids.shape[1]
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--minibatch", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--iterations", type=int, default=1)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    gemm = gemm_throughput()
+    peak = max(gemm.values())
+    bandwidth = read_bandwidth()
+    print(f"== machine: {torch.get_num_threads()} threads; fp32 GEMM GFLOP/s " +
+          ", ".join(f"{k} {v:.1f}" for k, v in gemm.items()) + f"; peak {peak:.1f}; read bandwidth {bandwidth:.1f} GB/s")
+
+    from peer_trl import PROMPTS, prepare_model
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.models import backbone_and_head
+    from ppo_rlhf.rollout import _body_and_lm_head
+    from ppo_rlhf.trainer import PPOTrainer, TrainConfig
+
+    path = prepare_model(args.model)
+    work = Path(tempfile.mkdtemp(prefix="limit_"))
+    (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    cfg = build_config(TrainConfig, dict(policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"),
+                                         out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
+                                         epochs=args.epochs, max_new_tokens=args.max_new_tokens, tensorboard=False,
+                                         quiet=True, device="cpu"))
+    trainer = PPOTrainer(cfg)
+    body, head = _body_and_lm_head(trainer.policy)
+    n_body = sum(p.numel() for name, p in body.named_parameters() if "embed_tokens" not in name and "lora_" not in name)
+    n_head = head.weight.numel()
+    vbody, _ = backbone_and_head(trainer.value_model)
+    n_vbody = sum(p.numel() for name, p in vbody.named_parameters() if "embed_tokens" not in name and "lora_" not in name)
+    weight_bytes = 4 * (n_body + n_head)
+    print(f"== model {args.model}: N (body, no embedding) {n_body / 1e6:.1f}M, H (LM head) {n_head / 1e6:.1f}M, "
+          f"value body {n_vbody / 1e6:.1f}M; batch {args.batch}, minibatch {args.minibatch}, epochs {args.epochs}, "
+          f"reply cap {args.max_new_tokens}")
+
+    trainer.iteration(0)  # warm-up
+    report = {"gemm_gflops": gemm, "peak_gflops": peak, "bandwidth_gbs": bandwidth, "iterations": []}
+    for index in range(1, args.iterations + 1):
+        stats, rollout, _ = trainer.iteration(index)
+        micro = trainer.micro_size
+        B = len(rollout.prompts)
+        prompt_width = max(len(p) for p in rollout.prompt_ids)
+        steps = int(rollout.reply_lengths.max())
+        reply_tokens = int(rollout.reply_lengths.sum())
+        scored = chunk_tokens(rollout, micro)  # positions per scoring pass
+        # generation: prefill of the left-padded prompts, then `steps` decoding steps for every row
+        gen_flops = B * (prompt_width + steps) * 2 * (n_body + n_head)
+        # scoring: policy (with logits), reference (with logits), value model; reward model ~ one more body pass
+        score_flops = scored * (2 * (n_body + n_head) * 2 + 2 * n_vbody * 2)
+        # update: every epoch, every micro-batch; per token 6N model FLOPs for policy and value bodies, + LM head
+        update_tokens = 0
+        from ppo_rlhf.trainer import row_chunks
+        for _ in range(args.epochs):
+            for start in range(0, B, args.minibatch):
+                update_tokens += chunk_tokens(rollout.select(list(range(start, min(B, start + args.minibatch)))), micro)
+        update_model = update_tokens * (6 * (n_body + n_vbody) + 6 * n_head)
+        update_done = update_tokens * (4 * (n_body + n_vbody) + 6 * n_head)
+        t = {k: stats[f"time_{k}"] for k in ("gen", "score", "update", "total")}
+        bound_bw = B * bandwidth * 1e9 / weight_bytes  # tokens/s if each decoding step reads every weight once
+        bound_compute = peak * 1e9 / (2 * (n_body + n_head))
+        row = {
+            "times": t, "reply_tokens": reply_tokens, "decode_steps": steps, "scored_positions": scored,
+            "update_positions": update_tokens,
+            "mfu_gen": gen_flops / t["gen"] / 1e9 / peak, "mfu_score": score_flops / t["score"] / 1e9 / peak,
+            "mfu_update_6N": update_model / t["update"] / 1e9 / peak,
+            "hfu_update_4N": update_done / t["update"] / 1e9 / peak,
+            "gen_tokens_per_s": reply_tokens / t["gen"], "gen_rows_tokens_per_s": B * steps / t["gen"],
+            "gen_bound_bandwidth": bound_bw, "gen_bound_compute": bound_compute,
+        }
+        report["iterations"].append(row)
+        print(f"== iteration {index}: {t['total']:.2f} s; {reply_tokens} reply tokens, {steps} decoding steps")
+        print(f"  generation {t['gen']:6.2f} s  {gen_flops / 1e12:6.3f} TFLOP  MFU {row['mfu_gen']:.1%}  "
+              f"{row['gen_tokens_per_s']:.1f} reply tok/s ({row['gen_rows_tokens_per_s']:.1f} incl. finished rows); "
+              f"bound: weights-read {bound_bw:.0f} tok/s, compute {bound_compute:.0f} tok/s")
+        print(f"  scoring    {t['score']:6.2f} s  {score_flops / 1e12:6.3f} TFLOP  MFU {row['mfu_score']:.1%}  "
+              f"({scored} positions x 3 passes + reward model)")
+        print(f"  update     {t['update']:6.2f} s  {update_model / 1e12:6.3f} TFLOP (6N)  MFU {row['mfu_update_6N']:.1%}; "
+              f"work done (4N + head) {update_done / 1e12:.3f} TFLOP, utilisation {row['hfu_update_4N']:.1%}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

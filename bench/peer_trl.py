@@ -1,0 +1,272 @@
+"""Our PPO trainer and TRL's PPO trainer, the same configuration, side by side, alternating (bench/README.md).
+
+    .venv/bin/python bench/peer_trl.py                      # both models, the default (small) configuration
+    .venv/bin/python bench/peer_trl.py --models smollm2 --batch 32 --minibatch 16 --max-new-tokens 48
+
+The parent process (our .venv) prepares the models and prompts, then runs each side as a subprocess: ours in .venv,
+TRL's (trl.experimental.ppo, TRL 1.12.0, the last release that ships it) in bench/.venv-trl. Order alternates
+(ours, trl, trl, ours, ...) so that load from the other engineers on this machine hits both sides alike. Each
+subprocess runs `--warmup` iterations untimed, then `--iterations` timed ones, and prints one RESULT line:
+seconds per iteration split into generation / scoring / update, mean reply length, and peak RSS (getrusage).
+
+Models: "smollm2" (SmolLM2-135M-Instruct, offline) and "qwen-shape" (random weights with Qwen2.5-0.5B's exact
+shape, built from a config offline and saved once under bench/.cache/, with SmolLM2's tokenizer). The reward model
+and the value model's start are the same base with a fresh one-output score head (random; fine for timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "bench" / ".cache"
+OURS_PY = ROOT / ".venv" / "bin" / "python"
+TRL_PY = ROOT / "bench" / ".venv-trl" / "bin" / "python"
+TRL_VERSION = "1.12.0"
+LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PROMPTS = [
+    "Tell me a story about a cat.", "What is the capital of France?", "Give me three tips for sleeping well.",
+    "Write a haiku about rain.", "Explain photosynthesis briefly.", "How do I boil an egg?", "What is 17 times 3?",
+    "Name a famous painter and one of their works.", "Why is the sky blue?", "Suggest a name for a pet turtle.",
+    "What should I pack for a weekend trip?", "Describe the taste of a lemon.", "How many legs does a spider have?",
+    "Write one sentence about the sea.", "What is a good breakfast?", "Translate 'thank you' into French.",
+]
+QWEN_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                  intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+# ------------------------------------------------------------------------------------------ preparation
+def prepare_model(name: str) -> str:
+    """A local folder for `name` (run in our venv)."""
+    sys.path.insert(0, str(ROOT))
+    from ppo_rlhf.models import resolve_model_path
+
+    smollm2 = resolve_model_path("smollm2")
+    if name == "smollm2":
+        return smollm2
+    if name != "qwen-shape":
+        raise SystemExit(f"unknown model {name!r}")
+    folder = CACHE / "qwen2.5-0.5b-shape-random"
+    if not (folder / "config.json").is_file():
+        import torch
+        from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+        tokenizer = AutoTokenizer.from_pretrained(smollm2)
+        config = Qwen2Config(**QWEN_SHAPE, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id)
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent))
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(folder)
+    return str(folder)
+
+
+# ------------------------------------------------------------------------------------------------ ours
+def run_ours(args) -> dict:
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.trainer import PPOTrainer, TrainConfig
+
+    work = Path(tempfile.mkdtemp(prefix="peer_ours_"))
+    (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    cfg = build_config(TrainConfig, dict(
+        policy_model=args.model_path, reward_model=args.model_path, prompts=str(work / "prompts.jsonl"),
+        out=str(work / "run"), iterations=args.warmup + args.iterations, batch_size=args.batch,
+        minibatch_size=args.minibatch, epochs=args.epochs, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
+        tensorboard=False, quiet=True, seed=args.seed, device="cpu"))
+    trainer = PPOTrainer(cfg)
+    trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # TRL has no score normalisation; skip measuring it
+    rss_loaded = peak_rss_gb()
+    rows = []
+    for index in range(args.warmup + args.iterations):
+        stats, rollout, _ = trainer.iteration(index)
+        if index >= args.warmup:
+            rows.append({"gen": stats["time_gen"], "score": stats["time_score"], "update": stats["time_update"],
+                         "total": stats["time_total"], "len": stats["len"],
+                         "tokens": int(rollout.attention_mask.sum())})
+    return {"rows": rows, "rss_loaded_gb": rss_loaded, "peak_rss_gb": peak_rss_gb(), "threads": torch.get_num_threads()}
+
+
+# ------------------------------------------------------------------------------------------------- TRL
+def run_trl(args) -> dict:
+    import datasets
+    import torch
+    import trl
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+    from trl.experimental.ppo import ppo_trainer as module
+
+    torch.manual_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path, padding_side="left")
+    lora = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_MODULES)
+    policy = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=torch.float32)
+    reward = AutoModelForSequenceClassification.from_pretrained(args.model_path, num_labels=1, dtype=torch.float32)
+    value = AutoModelForSequenceClassification.from_pretrained(args.model_path, num_labels=1, dtype=torch.float32)
+    for model in (reward, value):
+        model.config.pad_token_id = tokenizer.pad_token_id
+    value.load_state_dict(reward.state_dict())  # the value model starts as the reward model
+    reward.requires_grad_(False)
+    # The value model: LoRA + trained score head, like ours. The LoRA layers are injected in place, so TRL gets the
+    # inner sequence classifier (it reads `.model` and `.score` off it).
+    value = get_peft_model(value, LoraConfig(task_type=TaskType.SEQ_CLS, modules_to_save=["score"], **lora)).base_model.model
+
+    chat = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
+                                          return_dict=True)["input_ids"] for p in PROMPTS]
+    n = args.batch * (args.warmup + args.iterations)
+    train = datasets.Dataset.from_dict({"input_ids": [chat[i % len(chat)] for i in range(max(n, len(chat)))]})
+    work = tempfile.mkdtemp(prefix="peer_trl_")
+    config = PPOConfig(
+        output_dir=work, report_to=[], save_strategy="no", logging_steps=10**6, num_sample_generations=0,
+        use_cpu=True, bf16=False, fp16=False, seed=args.seed, learning_rate=2e-5,
+        per_device_train_batch_size=args.minibatch, gradient_accumulation_steps=args.batch // args.minibatch,
+        num_mini_batches=args.batch // args.minibatch, num_ppo_epochs=args.epochs, total_episodes=n,
+        local_rollout_forward_batch_size=args.batch, response_length=args.max_new_tokens,
+        temperature=args.temperature, stop_token="eos", missing_eos_penalty=1.0, kl_coef=0.05, cliprange=0.2,
+        cliprange_value=0.2, vf_coef=1.0, gamma=1.0, lam=0.95, disable_tqdm=True, dataloader_num_workers=0,
+    )
+    trainer = PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=None, reward_model=reward,
+                         train_dataset=train, eval_dataset=train.select(range(args.batch)), value_model=value,
+                         peft_config=LoraConfig(task_type=TaskType.CAUSAL_LM, **lora))
+
+    # Phase marks: batch_generation = generation; from its end to the first forward through the policy+value wrapper
+    # = scoring; from there to on_step_end = update.
+    marks: list[dict] = []
+    state = {"last_end": None}
+    original_generation, original_forward = module.batch_generation, module.forward
+    eos = tokenizer.eos_token_id
+
+    def timed_generation(model, queries, *rest, **kw):
+        start = time.perf_counter()
+        out = original_generation(model, queries, *rest, **kw)
+        responses = out[0][:, queries.shape[1]:]
+        hit = (responses == eos).int()
+        lengths = torch.where(hit.any(1), hit.argmax(1) + 1, torch.full_like(hit[:, 0], responses.shape[1]))
+        marks.append({"start": state["last_end"] or start, "gen_start": start, "gen_end": time.perf_counter(),
+                      "update_start": None, "len": float(lengths.float().mean()),
+                      "tokens": int(queries.ne(tokenizer.pad_token_id).sum() + lengths.sum())})
+        return out
+
+    def timed_forward(model, query_responses, pad_token_id):
+        if marks and marks[-1]["update_start"] is None and torch.is_grad_enabled():
+            marks[-1]["update_start"] = time.perf_counter()
+        return original_forward(model, query_responses, pad_token_id)
+
+    module.batch_generation, module.forward = timed_generation, timed_forward
+
+    class StepEnd(TrainerCallback):
+        def on_step_end(self, *a, **k):
+            marks[-1]["end"] = state["last_end"] = time.perf_counter()
+
+    trainer.add_callback(StepEnd())
+    rss_loaded = peak_rss_gb()
+    trainer.train()
+    rows = [{"gen": m["gen_end"] - m["gen_start"], "score": m["update_start"] - m["gen_end"],
+             "update": m["end"] - m["update_start"], "total": m["end"] - m["gen_start"], "len": m["len"],
+             "tokens": m["tokens"]} for m in marks[args.warmup:]]
+    return {"rows": rows, "rss_loaded_gb": rss_loaded, "peak_rss_gb": peak_rss_gb(), "threads": torch.get_num_threads(),
+            "trl": trl.__version__}
+
+
+# ---------------------------------------------------------------------------------------------- parent
+def summarise(result: dict) -> dict:
+    rows = result["rows"]
+    mean = {k: statistics.mean(r[k] for r in rows) for k in ("gen", "score", "update", "total", "len", "tokens")}
+    return {**mean, "peak_rss_gb": result["peak_rss_gb"], "rss_loaded_gb": result["rss_loaded_gb"], "n": len(rows)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--model-path", help=argparse.SUPPRESS)
+    parser.add_argument("--models", default="smollm2,qwen-shape", help="comma-separated: smollm2, qwen-shape")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--minibatch", type=int, default=16)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="pairs of runs per model (order alternates)")
+    parser.add_argument("--qwen-batch", type=int, default=0, help="batch for qwen-shape (minibatch = half); 0 = --batch")
+    parser.add_argument("--qwen-max-new-tokens", type=int, default=0, help="reply cap for qwen-shape; 0 = --max-new-tokens")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    if args.side:
+        result = run_ours(args) if args.side == "ours" else run_trl(args)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+
+    if not TRL_PY.exists():
+        raise SystemExit(f"{TRL_PY} missing: see bench/README.md to create the TRL environment")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    results = {}
+    for name in args.models.split(","):
+        path = prepare_model(name)
+        batch = args.qwen_batch if name == "qwen-shape" and args.qwen_batch else args.batch
+        minibatch = batch // 2 if name == "qwen-shape" and args.qwen_batch else args.minibatch
+        cap = args.qwen_max_new_tokens if name == "qwen-shape" and args.qwen_max_new_tokens else args.max_new_tokens
+        common = ["--model-path", path, "--batch", str(batch), "--minibatch", str(minibatch), "--epochs",
+                  str(args.epochs), "--max-new-tokens", str(cap), "--temperature", str(args.temperature),
+                  "--warmup", str(args.warmup), "--iterations", str(args.iterations), "--seed", str(args.seed)]
+        print(f"== {name}: batch {batch}, minibatch {minibatch}, epochs {args.epochs}, reply cap {cap}, "
+              f"temperature {args.temperature}, LoRA r16/alpha32 on 7 linears (policy and value), fp32, "
+              f"{args.warmup} warm-up + {args.iterations} timed iterations per run, {args.rounds} round(s)", flush=True)
+        runs = {"ours": [], "trl": []}
+        for r in range(args.rounds):
+            order = ["ours", "trl"] if r % 2 == 0 else ["trl", "ours"]
+            for side in order:
+                python = OURS_PY if side == "ours" else TRL_PY
+                started = time.perf_counter()
+                proc = subprocess.run([str(python), __file__, "--side", side, *common], capture_output=True, text=True,
+                                      env=env, cwd=ROOT)
+                line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+                if proc.returncode != 0 or line is None:
+                    print(proc.stdout[-3000:], proc.stderr[-5000:], file=sys.stderr)
+                    raise SystemExit(f"{side} failed on {name} (exit {proc.returncode})")
+                result = json.loads(line[len("RESULT "):])
+                runs[side].append(result)
+                s = summarise(result)
+                print(f"  {side:4s} round {r}: {s['total']:7.2f} s/it (gen {s['gen']:.2f}, score {s['score']:.2f}, "
+                      f"update {s['update']:.2f}), reply len {s['len']:.1f}, peak RSS {s['peak_rss_gb']:.2f} GB "
+                      f"(after loading {s['rss_loaded_gb']:.2f}), wall {time.perf_counter() - started:.0f} s", flush=True)
+        merged = {side: summarise({"rows": [row for res in rs for row in res["rows"]],
+                                   "peak_rss_gb": max(res["peak_rss_gb"] for res in rs),
+                                   "rss_loaded_gb": max(res["rss_loaded_gb"] for res in rs)}) for side, rs in runs.items()}
+        results[name] = {"config": {"batch": batch, "minibatch": minibatch, "epochs": args.epochs, "max_new_tokens": cap,
+                                    "temperature": args.temperature}, **merged}
+        o, t = merged["ours"], merged["trl"]
+        print(f"  {'phase':10s} {'ours':>9s} {'TRL':>9s} {'ours/TRL':>9s}")
+        for key, unit in (("gen", "s"), ("score", "s"), ("update", "s"), ("total", "s"), ("peak_rss_gb", "GB"),
+                          ("len", "tok")):
+            print(f"  {key:10s} {o[key]:8.2f}{unit[0]} {t[key]:8.2f}{unit[0]} {o[key] / t[key]:9.2f}")
+        print(f"  per reply token: ours {o['total'] / o['len']:.3f} s, TRL {t['total'] / t['len']:.3f} s "
+              f"(ratio {(o['total'] / o['len']) / (t['total'] / t['len']):.2f})", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""`ppo-rlhf compare`: the same budget with each advantage estimator (GAE/PPO, RLOO, GRPO), then a held-out
+evaluation of all of them with the proxy and the gold judge, side by side.
+
+Every run gets the same config (same prompts, seed, batch of replies, iterations, group_size) except
+`advantage_estimator`, and goes to OUT/<estimator>; the evaluation (`evaluate.evaluate_runs`, last checkpoints)
+goes to OUT/evaluation, and the side-by-side table to OUT/compare.txt and compare.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ppo_rlhf.config import add_config_arguments, build_config, read_yaml
+from ppo_rlhf.errors import require
+from ppo_rlhf.objectives import ESTIMATORS
+
+
+def compare_configs(base: dict[str, Any], out: str | Path, estimators: list[str]) -> dict[str, Any]:
+    """One TrainConfig per estimator; a group_size of 1 becomes 2 for all (rloo/grpo need groups, and every
+    estimator must see the same prompts)."""
+    from ppo_rlhf.trainer import TrainConfig
+
+    for name in estimators:
+        require(name in ESTIMATORS, f"unknown estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
+    require(len(set(estimators)) == len(estimators), "each estimator once")
+    group = max(int(base.get("group_size", 1)), 2)
+    return {name: build_config(TrainConfig, base, {"advantage_estimator": name, "group_size": group,
+                                                   "out": str(Path(out) / name)})
+            for name in estimators}
+
+
+def side_by_side(summary: list[dict[str, Any]]) -> str:
+    def cell(s: dict, judge: str) -> str:
+        c = s[f"{judge}_change"]
+        return f"{c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
+
+    lines = [f"{'model':<22} {'proxy change (start sd)':<28} {'gold change (start sd)':<28} {'kl':>7} {'tokens':>7} {'fin':>5}"]
+    for s in summary:
+        lines.append(f"{s['model']:<22} {cell(s, 'proxy'):<28} {cell(s, 'gold'):<28} {s['kl']:>7.3f} "
+                     f"{s['tokens']:>7.1f} {s['finished']:>5.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_prompts: str, gold: str = "gold",
+            replies_per_prompt: int = 2, seed: int = 1234, overwrite: bool = False) -> dict[str, Any]:
+    from ppo_rlhf.evaluate import evaluate_runs
+    from ppo_rlhf.prompts import read_prompts
+    from ppo_rlhf.trainer import train
+
+    out = Path(out)
+    configs = compare_configs({**base, "overwrite": overwrite}, out, estimators)
+    read_prompts(eval_prompts)  # fail before hours of training
+    runs = [train(cfg) for cfg in configs.values()]
+    result = evaluate_runs(runs, eval_prompts, out / "evaluation", gold=gold, replies_per_prompt=replies_per_prompt,
+                           seed=seed, checkpoints="latest", device=next(iter(configs.values())).device)
+    table = side_by_side(result["summary"])
+    (out / "compare.txt").write_text(table)
+    (out / "compare.json").write_text(json.dumps({"estimators": estimators, "runs": [str(r) for r in runs],
+                                                  "summary": result["summary"]}, indent=1) + "\n")
+    return {"table": table, "summary": result["summary"], "runs": runs}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ppo_rlhf.trainer import TrainConfig
+
+    parser.add_argument("--config", help="base YAML config of `ppo-rlhf train`; flags override it")
+    parser.add_argument("--estimators", default=",".join(ESTIMATORS), help="comma-separated, from gae, rloo, grpo")
+    parser.add_argument("--eval-prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
+    parser.add_argument("--gold", default="gold", help="gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
+    parser.add_argument("--replies-per-prompt", type=int, default=2)
+    parser.add_argument("--eval-seed", type=int, default=1234)
+    add_config_arguments(parser, TrainConfig)  # --out is the parent folder of the runs
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppo_rlhf.trainer import TrainConfig
+
+    names = set(TrainConfig.__dataclass_fields__)
+    base = read_yaml(args.config) if args.config else {}
+    base.update({k: v for k, v in vars(args).items() if k in names})
+    out = base.pop("out", "runs/compare")
+    overwrite = bool(base.pop("overwrite", False))
+    estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
+    result = compare(base, out, estimators, args.eval_prompts, args.gold, args.replies_per_prompt, args.eval_seed,
+                     overwrite)
+    print(result["table"], end="")
+    return 0

