@@ -144,7 +144,7 @@ class VLLMGenerator:
     """
 
     def __init__(self, engine: Any, tokenizer, eos: list[int], max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0, make_params: Callable[..., Any] = _sampling_params, seed: int | None = None):
+                 top_p: float = 1.0, make_params: Callable[..., Any] = _sampling_params):
         self.engine, self.tokenizer, self.eos = engine, tokenizer, list(eos)
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.make_params = make_params

@@ -27,6 +27,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as transformers_logging
 
 from ppo_rlhf.errors import UsageError, require
 
@@ -181,9 +182,16 @@ def load_sequence_classifier(
     is_classifier = any(arch.endswith("ForSequenceClassification") for arch in config.architectures or [])
     # A classifier keeps its head (and must have one label); a causal LM gets a fresh one-output head.
     require(not is_classifier or config.num_labels == 1, f"{name} has {config.num_labels} output labels, need 1")
-    model = _from_pretrained(
-        AutoModelForSequenceClassification, path, dtype=dtype, trust_remote_code=trust_remote_code, num_labels=1
-    )
+    # A causal LM has no score head: transformers' load report of the fresh head is expected noise here.
+    verbosity = transformers_logging.get_verbosity()
+    if not is_classifier:
+        transformers_logging.set_verbosity_error()
+    try:
+        model = _from_pretrained(
+            AutoModelForSequenceClassification, path, dtype=dtype, trust_remote_code=trust_remote_code, num_labels=1
+        )
+    finally:
+        transformers_logging.set_verbosity(verbosity)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = load_tokenizer(path, trust_remote_code).pad_token_id
     return _finish(model)

@@ -199,21 +199,24 @@ def token_logprobs(
     temperature: float,
     with_entropy: bool = False,
     chunk_size: int | None = 64,
+    first: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log pi(input_ids[:, t+1] | tokens 0..t) from logits / temperature, [B, L-1] (and the entropy, [B, L-1]).
 
     The body runs once; the LM head and the softmax run over chunks of positions, so the full [B, L, V]
     logits never exist at once. With gradients on, each chunk is checkpointed: only hidden states are kept
-    and the chunk's logits are recomputed in backward.
+    and the chunk's logits are recomputed in backward. Positions before `first` (e.g. `first_reply_position`:
+    prompt positions, where no row has a reply token) skip the LM head and are returned as 0.
     """
     require(temperature > 0, f"temperature must be > 0, got {temperature}")
     require(chunk_size is None or chunk_size >= 1, f"chunk_size must be >= 1 or None, got {chunk_size}")
     body, head = _body_and_lm_head(model)
     hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
     targets = input_ids[:, 1:]
-    step = chunk_size or hidden.shape[1]
+    first = max(0, min(first, hidden.shape[1] - 1))
+    step = chunk_size or hidden.shape[1] - first
     logprobs, entropies = [], []  # entropies holds Nones unless with_entropy
-    for start in range(0, hidden.shape[1], step):
+    for start in range(first, hidden.shape[1], step):
         h, tgt = hidden[:, start : start + step], targets[:, start : start + step]
         if chunk_size is not None and torch.is_grad_enabled() and h.requires_grad:
             lp, ent = checkpoint(_chunk_logprobs, head, h, tgt, temperature, with_entropy, use_reentrant=False)
@@ -221,8 +224,15 @@ def token_logprobs(
             lp, ent = _chunk_logprobs(head, h, tgt, temperature, with_entropy)
         logprobs.append(lp)
         entropies.append(ent)
-    logprobs = torch.cat(logprobs, dim=1)
-    return (logprobs, torch.cat(entropies, dim=1)) if with_entropy else logprobs
+    logprobs = nn.functional.pad(torch.cat(logprobs, dim=1), (first, 0))
+    if not with_entropy:
+        return logprobs
+    return logprobs, nn.functional.pad(torch.cat(entropies, dim=1), (first, 0))
+
+
+def first_reply_position(prompt_ids: list[list[int]]) -> int:
+    """The first per-token position that can hold a reply token in a batch of these prompts (its shortest - 1)."""
+    return min(len(p) for p in prompt_ids) - 1
 
 
 def sequence_values(value_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

