@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 RUNS    ?= runs/demo
 
-.PHONY: venv demo demo-quick test test-fast smoke bench clean
+.PHONY: venv demo demo-quick test test-fast bench clean
 
 venv: $(STAMP)
 
@@ -23,6 +23,7 @@ demo-quick: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --quick --out runs/demo-quick
 
 test: $(STAMP)
+	$(BIN)/ruff check ppo_rlhf tests bench
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/README.md)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -23,8 +26,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--pairs", type=int, default=2)
     args = parser.parse_args()
-    import ppo_rlhf.rollout as rollout_module
     from peer_trl import PROMPTS, prepare_model
+
+    import ppo_rlhf.rollout as rollout_module
     from ppo_rlhf.config import build_config
     from ppo_rlhf.trainer import PPOTrainer, TrainConfig
 

@@ -7,7 +7,7 @@
 3. Per phase: the FLOPs it had to do, from the token counts the trainer actually ran (each chunk trimmed to its own
    longest row, so padding is counted where it is computed), and the model-FLOPs utilisation = FLOPs / time / GEMM peak.
    N = the body's parameters (no embedding), H = hidden x vocab (the LM head).
-     forward            2N per token (+ 2H for the policy's logits)
+     forward            2N per token (+ 2H for the policy's logits, only where the head runs: from the first reply position)
      forward+backward   6N per token, the usual "model FLOPs" (the frozen weights' own gradient is never computed
                         with LoRA, so the work really done is 4N, + the LM head's 2H forward, 2H backward and 2H recompute)
    Generation: tokens per second against the bound that reading every weight once per decoding step sets
@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/README.md)
 
 import torch
 
@@ -60,14 +63,20 @@ def read_bandwidth() -> float:
     return best
 
 
-def chunk_tokens(rollout, rows_per_chunk: int) -> int:
-    """Positions actually computed when a rollout is run in row chunks, each trimmed to its own longest row."""
+def chunk_tokens(rollout, rows_per_chunk: int, first: int | None = None) -> tuple[int, int]:
+    """(positions the body computes, positions the LM head computes) when a rollout is run in row chunks, each
+    trimmed to its own longest row; the head starts at `first` (the batch's) or at each chunk's own first reply."""
+    from ppo_rlhf.rollout import first_reply_position
     from ppo_rlhf.trainer import row_chunks
 
-    total = 0
+    body = head = 0
     for rows in row_chunks(len(rollout.prompts), rows_per_chunk):
-        total += len(rows) * rollout.select(rows).input_ids.shape[1]
-    return total
+        part = rollout.select(rows)
+        width = part.input_ids.shape[1]
+        start = first_reply_position(part.prompt_ids) if first is None else first
+        body += len(rows) * width
+        head += len(rows) * (width - 1 - start)
+    return body, head
 
 
 def main() -> None:
@@ -88,9 +97,10 @@ def main() -> None:
           ", ".join(f"{k} {v:.1f}" for k, v in gemm.items()) + f"; peak {peak:.1f}; read bandwidth {bandwidth:.1f} GB/s")
 
     from peer_trl import PROMPTS, prepare_model
+
     from ppo_rlhf.config import build_config
     from ppo_rlhf.models import backbone_and_head
-    from ppo_rlhf.rollout import _body_and_lm_head
+    from ppo_rlhf.rollout import _body_and_lm_head, first_reply_position
     from ppo_rlhf.trainer import PPOTrainer, TrainConfig
 
     path = prepare_model(args.model)
@@ -120,19 +130,20 @@ def main() -> None:
         prompt_width = max(len(p) for p in rollout.prompt_ids)
         steps = int(rollout.reply_lengths.max())
         reply_tokens = int(rollout.reply_lengths.sum())
-        scored = chunk_tokens(rollout, micro)  # positions per scoring pass
+        scored, scored_head = chunk_tokens(rollout, micro, first_reply_position(rollout.prompt_ids))
         # generation: prefill of the left-padded prompts, then `steps` decoding steps for every row
         gen_flops = B * (prompt_width + steps) * 2 * (n_body + n_head)
         # scoring: policy (with logits), reference (with logits), value model; reward model ~ one more body pass
-        score_flops = scored * (2 * (n_body + n_head) * 2 + 2 * n_vbody * 2)
+        score_flops = scored * 2 * n_body * 2 + scored_head * 2 * n_head * 2 + scored * 2 * n_vbody * 2
         # update: every epoch, every micro-batch; per token 6N model FLOPs for policy and value bodies, + LM head
-        update_tokens = 0
-        from ppo_rlhf.trainer import row_chunks
+        # (the minibatches are random rows; contiguous ones are used here, close enough for the count)
+        update_tokens = update_head = 0
         for _ in range(args.epochs):
             for start in range(0, B, args.minibatch):
-                update_tokens += chunk_tokens(rollout.select(list(range(start, min(B, start + args.minibatch)))), micro)
-        update_model = update_tokens * (6 * (n_body + n_vbody) + 6 * n_head)
-        update_done = update_tokens * (4 * (n_body + n_vbody) + 6 * n_head)
+                body_pos, head_pos = chunk_tokens(rollout.select(list(range(start, min(B, start + args.minibatch)))), micro)
+                update_tokens, update_head = update_tokens + body_pos, update_head + head_pos
+        update_model = update_tokens * 6 * (n_body + n_vbody) + update_head * 6 * n_head
+        update_done = update_tokens * 4 * (n_body + n_vbody) + update_head * 6 * n_head
         t = {k: stats[f"time_{k}"] for k in ("gen", "score", "update", "total")}
         bound_bw = B * bandwidth * 1e9 / weight_bytes  # tokens/s if each decoding step reads every weight once
         bound_compute = peak * 1e9 / (2 * (n_body + n_head))

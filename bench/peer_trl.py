@@ -221,7 +221,11 @@ def main() -> None:
 
     if not TRL_PY.exists():
         raise SystemExit(f"{TRL_PY} missing: see bench/README.md to create the TRL environment")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # PASSIVE: OpenMP threads sleep instead of spinning while they wait. On this shared 2-core machine the default
+    # (spinning) made a 2-thread forward+backward 3-4x slower whenever other processes held the cores.
+    env = {"OMP_WAIT_POLICY": "PASSIVE", "TRL_EXPERIMENTAL_SILENCE": "1", **os.environ, "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    print(f"environment: OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}, torch threads = default ({os.cpu_count()} cores)")
     results = {}
     for name in args.models.split(","):
         path = prepare_model(name)

@@ -326,10 +326,9 @@ class PPOTrainer:
     """The four models (the reference is the policy with its adapter off), their optimisers and one iteration."""
 
     def __init__(self, cfg: TrainConfig):
+        from ppo_rlhf.distributed import current
         from ppo_rlhf.models import LoraSettings, load_policy, load_reward_model, load_tokenizer, load_value_model
         from ppo_rlhf.prompts import read_prompts
-
-        from ppo_rlhf.distributed import current
 
         self.cfg = cfg
         self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
@@ -742,7 +741,13 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
 
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
     """Run (or continue) PPO; returns the run directory."""
-    from ppo_rlhf.checkpoint import TrainingState, atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
+    from ppo_rlhf.checkpoint import (
+        TrainingState,
+        atomic_write_text,
+        latest_checkpoint,
+        load_checkpoint,
+        save_checkpoint,
+    )
     from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line
     from ppo_rlhf.models import resolve_model_path
 

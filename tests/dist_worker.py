@@ -3,7 +3,6 @@ the whitened advantages and the trained parameters go to OUT/rank{R}.pt. WORLD_S
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

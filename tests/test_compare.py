@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-import tiny
 from ppo_rlhf.cli import main
+
+import tiny
 
 
 def test_compare_three_estimators(tmp_path, tokenizer, capsys):

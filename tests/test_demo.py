@@ -4,8 +4,9 @@ second run skips what is done."""
 import json
 import shutil
 
-import tiny
 from ppo_rlhf.cli import main
+
+import tiny
 
 
 def test_demo_end_to_end_and_resumes(tmp_path, monkeypatch, tokenizer, capsys):

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import tiny
 from ppo_rlhf.distributed import Dist
 from ppo_rlhf.objectives import masked_whiten
+
+import tiny
 
 WORKER = Path(__file__).parent / "dist_worker.py"
 

@@ -8,13 +8,14 @@ import math
 import pytest
 import torch
 
-import tiny
 from ppo_rlhf.checkpoint import latest_checkpoint
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, sequence_rewards
 from ppo_rlhf.ptx import lr_lambda
 from ppo_rlhf.trainer import PPOTrainer, TrainConfig, train
+
+import tiny
 
 PROMPTS = ["Tell me a story", "Hello! How are you?", "What is the source of energy?", "Once upon a time"]
 

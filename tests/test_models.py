@@ -2,7 +2,6 @@ import importlib.util
 import os
 
 import pytest
-import tiny
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
@@ -25,6 +24,8 @@ from ppo_rlhf.models import (
     resolve_model_path,
 )
 from ppo_rlhf.rollout import reward_inputs, reward_scores, token_logprobs
+
+import tiny
 
 ARCHS = ["llama", "qwen2"]
 LORA = LoraSettings(rank=4)

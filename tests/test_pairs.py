@@ -2,12 +2,12 @@ import json
 
 import pytest
 
-import tiny
-
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.judges import GoldJudge
 from ppo_rlhf.pairs import make_pairs, read_pairs
+
+import tiny
 
 PROMPTS = [f"Tell me a story about cat number {i}." for i in range(10)]
 

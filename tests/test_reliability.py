@@ -32,10 +32,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import tiny
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
 from ppo_rlhf.trainer import PPOTrainer, TrainConfig, train
+
+import tiny
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["Tell me a story", "Hello! How are you?", "What is the source of energy?", "Once upon a time",

@@ -1,8 +1,6 @@
 import json
 import math
 
-import pytest
-
 from ppo_rlhf.cli import main
 from ppo_rlhf.dashboard import DASHBOARD
 from ppo_rlhf.evaluate import before_after, format_evaluation, model_label, standardize_records, summarize

@@ -3,12 +3,12 @@ import random
 
 import pytest
 
-import tiny
-
 from ppo_rlhf.cli import main
 from ppo_rlhf.models import load_sequence_classifier, load_tokenizer
 from ppo_rlhf.pairs import read_pairs
 from ppo_rlhf.reward_model import evaluate_pairs, load_pair_source, train_reward_model
+
+import tiny
 
 WORDS = "the quick brown fox jumps over lazy dog cat king queen house story energy".split()
 

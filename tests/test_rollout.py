@@ -1,7 +1,6 @@
 import copy
 
 import pytest
-import tiny
 import torch
 
 from ppo_rlhf import rollout
@@ -17,6 +16,8 @@ from ppo_rlhf.rollout import (
     sequence_values,
     token_logprobs,
 )
+
+import tiny
 
 ARCHS = ["llama", "qwen2"]
 PROMPTS = ["Hello!", "Tell me a story about a cat who lives in a small house.", "What is energy?"]

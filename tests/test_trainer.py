@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import tiny
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
 from ppo_rlhf.rollout import token_logprobs
 from ppo_rlhf.trainer import PPOTrainer, PromptSampler, TrainConfig, train
+
+import tiny
 
 PROMPTS = ["Tell me a story", "Hello! How are you?", "What is the source of energy?", "Once upon a time",
            "I love this day", "The quick brown fox", "This is terrible", "A cat in a house"]
