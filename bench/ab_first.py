@@ -30,7 +30,8 @@ def main() -> None:
 
     import ppo_rlhf.rollout as rollout_module
     from ppo_rlhf.config import build_config
-    from ppo_rlhf.trainer import PPOTrainer, TrainConfig
+    from ppo_rlhf.train_config import TrainConfig
+    from ppo_rlhf.trainer import PPOTrainer
 
     path = prepare_model("smollm2")
     work = Path(tempfile.mkdtemp(prefix="ab_"))

@@ -101,7 +101,8 @@ def main() -> None:
     from ppo_rlhf.config import build_config
     from ppo_rlhf.models import backbone_and_head
     from ppo_rlhf.rollout import _body_and_lm_head, first_reply_position
-    from ppo_rlhf.trainer import PPOTrainer, TrainConfig
+    from ppo_rlhf.train_config import TrainConfig
+    from ppo_rlhf.trainer import PPOTrainer
 
     path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="limit_"))

@@ -84,7 +84,8 @@ def run_ours(args) -> dict:
     import torch
 
     from ppo_rlhf.config import build_config
-    from ppo_rlhf.trainer import PPOTrainer, TrainConfig
+    from ppo_rlhf.train_config import TrainConfig
+    from ppo_rlhf.trainer import PPOTrainer
 
     work = Path(tempfile.mkdtemp(prefix="peer_ours_"))
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))

@@ -21,7 +21,7 @@ from ppo_rlhf.objectives import ESTIMATORS
 def compare_configs(base: dict[str, Any], out: str | Path, estimators: list[str]) -> dict[str, Any]:
     """One TrainConfig per estimator; a group_size of 1 becomes 2 for all (rloo/grpo need groups, and every
     estimator must see the same prompts)."""
-    from ppo_rlhf.trainer import TrainConfig
+    from ppo_rlhf.train_config import TrainConfig
 
     for name in estimators:
         require(name in ESTIMATORS, f"unknown estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
@@ -48,7 +48,7 @@ def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_p
             replies_per_prompt: int = 2, seed: int = 1234, overwrite: bool = False) -> dict[str, Any]:
     from ppo_rlhf.evaluate import evaluate_runs
     from ppo_rlhf.prompts import read_prompts
-    from ppo_rlhf.trainer import train
+    from ppo_rlhf.train import train
 
     out = Path(out)
     configs = compare_configs({**base, "overwrite": overwrite}, out, estimators)
@@ -64,7 +64,7 @@ def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ppo_rlhf.trainer import TrainConfig
+    from ppo_rlhf.train_config import TrainConfig
 
     parser.add_argument("--config", help="base YAML config of `ppo-rlhf train`; flags override it")
     parser.add_argument("--estimators", default=",".join(ESTIMATORS), help="comma-separated, from gae, rloo, grpo")
@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppo_rlhf.trainer import TrainConfig
+    from ppo_rlhf.train_config import TrainConfig
 
     names = set(TrainConfig.__dataclass_fields__)
     base = read_yaml(args.config) if args.config else {}

@@ -103,7 +103,8 @@ def demo(cfg: DemoConfig) -> Path:
     from ppo_rlhf.prompts import build_prompts, summary
     from ppo_rlhf.report import write_report
     from ppo_rlhf.reward_model import train_reward_model
-    from ppo_rlhf.trainer import TrainConfig, train
+    from ppo_rlhf.train import train
+    from ppo_rlhf.train_config import TrainConfig
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from ppo_rlhf.config import build_config  # noqa: E402
 from ppo_rlhf.rollout import generate_rollout  # noqa: E402
-from ppo_rlhf.trainer import PPOTrainer, TrainConfig  # noqa: E402
+from ppo_rlhf.train_config import TrainConfig  # noqa: E402
+from ppo_rlhf.trainer import PPOTrainer  # noqa: E402
 
 
 def main(policy: str, reward: str, prompts: str, out: str) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from ppo_rlhf.config import build_config, read_yaml, to_yaml
-from ppo_rlhf.trainer import TrainConfig
+from ppo_rlhf.train_config import TrainConfig
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 

@@ -14,7 +14,8 @@ from ppo_rlhf.errors import UsageError
 from ppo_rlhf.generation import HFGenerator, VLLMGenerator, merged_state_dict
 from ppo_rlhf.models import LoraSettings, add_policy_lora
 from ppo_rlhf.rollout import chat_prompt_ids, token_logprobs
-from ppo_rlhf.trainer import PPOTrainer, TrainConfig
+from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.trainer import PPOTrainer
 
 import tiny
 

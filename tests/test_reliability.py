@@ -34,7 +34,9 @@ from hypothesis import strategies as st
 
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
-from ppo_rlhf.trainer import PPOTrainer, TrainConfig, train
+from ppo_rlhf.train import train
+from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.trainer import PPOTrainer
 
 import tiny
 

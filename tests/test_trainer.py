@@ -11,7 +11,9 @@ import torch
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
 from ppo_rlhf.rollout import token_logprobs
-from ppo_rlhf.trainer import PPOTrainer, PromptSampler, TrainConfig, train
+from ppo_rlhf.train import train
+from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.trainer import PPOTrainer, PromptSampler
 
 import tiny
 

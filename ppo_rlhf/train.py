@@ -1,0 +1,226 @@
+"""`ppo-rlhf train`: a PPO run around `PPOTrainer` -- the run directory, reward normalisation, the dashboard,
+the per-token table, samples, atomic checkpoints and `--resume`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
+from ppo_rlhf.errors import require
+from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.trainer import Batch, PPOTrainer, TrainingStopped
+
+
+def token_table(trainer: PPOTrainer, rollout, batch: Batch) -> tuple[list[dict[str, Any]], int]:
+    """Every number of one reply of the batch (section 8.6): the shortest finished one, or the first."""
+    finished = [i for i in range(len(rollout.prompts)) if bool(rollout.finished[i])]
+    row = min(finished, key=lambda i: len(rollout.reply_ids[i])) if finished else 0
+    positions = batch.action_mask[row].nonzero().flatten().tolist()
+    rows = []
+    for t, position in enumerate(positions):
+        token_id = int(rollout.input_ids[row, position + 1])
+        rows.append({
+            "t": t,
+            "token": trainer.tokenizer.decode([token_id]),
+            "token_id": token_id,
+            "logp_old": float(batch.old_logprobs[row, position]),
+            "logp_ref": float(batch.ref_logprobs[row, position]),
+            "value": float(batch.old_values[row, position]),
+            "reward": float(batch.rewards[row, position]),
+            "advantage": float(batch.advantages[row, position]),
+            "return": float(batch.returns[row, position]),
+        })
+    return rows, row
+
+
+def write_token_table(run_dir: Path, trainer: PPOTrainer, rollout, batch: Batch) -> None:
+    from ppo_rlhf.checkpoint import atomic_write_text
+    from ppo_rlhf.dashboard import token_table_text
+
+    rows, row = token_table(trainer, rollout, batch)
+    info = {"prompt": rollout.prompts[row], "reply": rollout.reply_texts[row], "finished": bool(rollout.finished[row]),
+            "raw_score": float(batch.raw_scores[row]), "score": float(batch.scores[row]),
+            "note": "advantage is GAE after whitening over the batch; return = GAE advantage (before whitening) + V",
+            "rows": rows}
+    atomic_write_text(run_dir / "token_table.json", json.dumps(info, indent=1))
+    header = (f"prompt: {info['prompt']!r}\nreply: {info['reply']!r}\n"
+              f"raw score {info['raw_score']:+.3f}, normalised {info['score']:+.3f}, finished {info['finished']}\n")
+    atomic_write_text(run_dir / "token_table.txt", token_table_text(rows, header))
+
+
+def write_samples(run_dir: Path, index: int, rollout, batch: Batch, count: int = 4) -> str:
+    lines = [json.dumps({"iteration": index, "prompt": rollout.prompts[i], "reply": rollout.reply_texts[i],
+                         "finished": bool(rollout.finished[i]), "score": float(batch.scores[i])})
+             for i in range(min(count, len(rollout.prompts)))]
+    with open(run_dir / "samples.jsonl", "a") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return f"sample [{float(batch.scores[0]):+.2f}] {rollout.prompts[0][:60]!r} -> {rollout.reply_texts[0][:120]!r}"
+
+
+def check_run_dir(cfg: TrainConfig) -> None:
+    """Refuse a non-empty run directory without --overwrite (before anything is loaded or removed)."""
+    run_dir = Path(cfg.out)
+    require(not run_dir.exists() or run_dir.is_dir(), f"run directory {run_dir} is a file")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        require(cfg.overwrite, f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to replace it")
+
+
+def keep_samples_before(run_dir: Path, iteration: int) -> None:
+    """On resume, drop the sample lines of iterations that will run again (a killed run wrote them after its checkpoint)."""
+    path = run_dir / "samples.jsonl"
+    if path.is_file():
+        from ppo_rlhf.checkpoint import atomic_write_text
+
+        lines = path.read_text().splitlines(keepends=True)
+        kept = []
+        for line in lines:
+            try:
+                if json.loads(line)["iteration"] < iteration:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):  # a line cut by the kill
+                pass
+        atomic_write_text(path, "".join(kept))
+
+
+def prepare_run_dir(cfg: TrainConfig) -> Path:
+    run_dir = Path(cfg.out)
+    check_run_dir(cfg)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        require(cfg.overwrite, f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to replace it")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def train(cfg: TrainConfig, resume: bool = False) -> Path:
+    """Run (or continue) PPO; returns the run directory."""
+    from ppo_rlhf.checkpoint import (
+        TrainingState,
+        atomic_write_text,
+        latest_checkpoint,
+        load_checkpoint,
+        save_checkpoint,
+    )
+    from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line
+    from ppo_rlhf.models import resolve_model_path
+
+    if not resume:
+        check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
+    trainer = PPOTrainer(cfg)
+    main = trainer.dist.is_main  # with several processes only rank 0 writes the run directory and logs
+    run_dir = Path(cfg.out) if resume or not main else prepare_run_dir(cfg)
+    trainer.dist.barrier()
+    log = (lambda message: None) if cfg.quiet or not main else tqdm.write
+    models, optimizers = trainer.models, trainer.optimizers  # no "value" for rloo / grpo
+
+    checkpoint = latest_checkpoint(run_dir, tuple(models)) if resume else None
+    if resume:
+        from ppo_rlhf.checkpoint import clean_partial_writes
+
+        if main:
+            clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
+    norm_file = run_dir / "reward_norm.json"
+    if checkpoint is not None:
+        state, history = load_checkpoint(checkpoint, models, optimizers, trainer.schedulers)
+        if trainer.ptx is not None and "ptx" in state.extra:
+            trainer.ptx.load(state.extra["ptx"])
+        trainer.sampler.load(state.sampler)
+        trainer.beta = state.beta
+        trainer.consecutive_skips = state.extra.get("consecutive_skips", 0)
+        if trainer.kl_controller is not None:
+            trainer.kl_controller.load_state_dict(state.extra["kl_controller"])
+        norm = json.loads(norm_file.read_text())
+        start = state.iteration
+        log(f"resuming {run_dir} from {checkpoint.name} (iteration {start} of {cfg.iterations})")
+    else:
+        saved = {**vars(cfg), "policy_model": resolve_model_path(cfg.policy_model), "reward_model": resolve_model_path(cfg.reward_model)}
+        if main:
+            atomic_write_text(run_dir / "config.yaml", to_yaml(TrainConfig(**saved)))
+        norm = trainer.measure_reward_norm()  # every process: the statistics are gathered over all of them
+        if main:
+            atomic_write_text(norm_file, json.dumps(norm, indent=1))
+        history, start = [], 0
+        log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} std {norm['std']:.3f} "
+            f"(finished {norm['finished']:.2f})")
+    trainer.reward_mean, trainer.reward_std = norm["mean"], norm["std"]
+    if main:
+        atomic_write_text(run_dir / "history.jsonl", "".join(history))
+    if resume and main:
+        keep_samples_before(run_dir, start)
+
+    board = TensorBoard(run_dir / "tb" if cfg.tensorboard and main else None)
+
+    def checkpoint_now(iteration: int) -> None:
+        extra = {"consecutive_skips": trainer.consecutive_skips}
+        if trainer.kl_controller is not None:
+            extra["kl_controller"] = trainer.kl_controller.state_dict()
+        if trainer.ptx is not None:
+            extra["ptx"] = trainer.ptx.state()
+        state = TrainingState(iteration=iteration, sampler=trainer.sampler.state(), beta=trainer.beta, extra=extra)
+        if main:
+            save_checkpoint(run_dir, state, models, optimizers, history, trainer.schedulers)
+        trainer.dist.barrier()  # nobody runs ahead of a checkpoint being written
+
+    progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)
+    try:
+        for index in progress:
+            stats, rollout, batch = trainer.iteration(index)
+            if not main:
+                history.append(history_line(stats))
+                done = index + 1
+                if done % cfg.checkpoint_every == 0 or done == cfg.iterations:
+                    checkpoint_now(done)
+                continue
+            if index == 0:
+                write_token_table(run_dir, trainer, rollout, batch)
+            history.append(history_line(stats))
+            with open(run_dir / "history.jsonl", "a") as handle:
+                handle.write(history[-1])
+            board.log(stats)
+            log(dashboard_line(stats))
+            progress.set_postfix(score=f"{stats['score']:+.2f}", kl=f"{stats['kl']:.2f}", fin=f"{stats['fin']:.2f}")
+            if index % cfg.sample_every == 0:
+                log(write_samples(run_dir, index, rollout, batch))
+            done = index + 1
+            if done % cfg.checkpoint_every == 0 or done == cfg.iterations:
+                checkpoint_now(done)
+    except TrainingStopped as error:  # history.jsonl holds every finished iteration; name the checkpoint to resume
+        last = latest_checkpoint(run_dir, tuple(models))
+        where = f"latest checkpoint {last.name}" if last else "no checkpoint was written yet"
+        raise TrainingStopped(f"{error}; {where}") from None
+    finally:
+        board.close()
+    return run_dir
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML file with any of the fields below; flags override it")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint (its saved config; flags override)")
+    add_config_arguments(parser, TrainConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.resume:
+        run_dir = Path(args.resume)
+        require(run_dir.is_dir(), f"run directory {run_dir} not found")
+        require((run_dir / "config.yaml").is_file(),
+                f"{run_dir} is not a run directory (no config.yaml; if its run was stopped while loading, start it again without --resume)")
+        saved = read_yaml(run_dir / "config.yaml")
+        flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
+        cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir)})
+        train(cfg, resume=True)
+        return 0
+    cfg = config_from_args(TrainConfig, args)
+    if not cfg.quiet:
+        print(to_yaml(cfg), end="")
+    train(cfg)
+    return 0

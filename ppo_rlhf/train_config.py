@@ -1,0 +1,196 @@
+"""`TrainConfig`: every setting of a PPO run, one docstring per field (the help text of its flag and its comment
+in the saved `config.yaml`), and the checks that reject bad values before anything is loaded."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ppo_rlhf.errors import UsageError, require
+
+
+@dataclass
+class TrainConfig:
+    # --- models and data
+    policy_model: str = "smollm2"
+    """Policy to train: a Hugging Face id, a local folder, a .gguf file, or "smollm2" (offline default)."""
+    reward_model: str = ""
+    """Reward model (frozen) and initialisation of the value model: a folder written by `ppo-rlhf reward-model train` or any sequence-classification model with one output."""
+    prompts: str = ""
+    """Training prompts: a JSONL file with one {"prompt": ...} per line (see `ppo-rlhf prompts`)."""
+    out: str = "runs/ppo"
+    """Run directory: config, history, token table, TensorBoard and checkpoints go here."""
+    overwrite: bool = False
+    """Replace an existing run directory instead of refusing to touch it."""
+    trust_remote_code: bool = False
+    """Allow model code from the model's repository (off unless you trust it)."""
+    seed: int = 1
+    """Seed of every random number: prompt order, sampling, initialisation of the LoRA adapters."""
+    device: str = "auto"
+    """"auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N"."""
+    dtype: str = "float32"
+    """Weights and compute dtype: float32 (the chapter's run), bfloat16 or float16 (GPU)."""
+    # --- the loop
+    iterations: int = 20
+    """PPO iterations; each samples `batch_size` fresh replies."""
+    batch_size: int = 32
+    """Replies per iteration: batch_size // group_size prompts, group_size replies to each."""
+    minibatch_size: int = 16
+    """Replies per optimiser step."""
+    micro_batch_size: int = 0
+    """Replies per forward/backward pass inside a minibatch (gradient accumulation, the per-token mean kept exact); 0 = the whole minibatch."""
+    epochs: int = 2
+    """Passes over each batch (the chapter's K)."""
+    # --- sampling
+    temperature: float = 0.7
+    """Sampling temperature; the same temperature divides the logits in every log-probability (detail 4)."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 samples from the full tempered distribution, as PPO's log-probs assume."""
+    max_new_tokens: int = 128
+    """Reply cap in tokens; a reply without EOS by then is unfinished."""
+    max_prompt_tokens: int = 512
+    """Longest chat-templated training prompt in tokens; a longer one is an error naming its line (prompt + max_new_tokens must also fit the models' context)."""
+    generation_batch_size: int = 0
+    """Prompts per generate call; 0 = the whole batch."""
+    generation_backend: str = "hf"
+    """"hf" (Hugging Face generate on the policy) or "vllm" (GPU, extra [vllm]; weights synced from the policy each iteration, LoRA merged); log-probs are always recomputed by the trainer."""
+    # --- rewards
+    reward_norm_samples: int = 192
+    """Start-policy replies used to measure the mean and std that normalise the reward model's score (detail 1)."""
+    eos_rule: bool = True
+    """Give a reply that never emitted EOS within the cap the fixed score `unfinished_score` (the EOS trick, detail 3)."""
+    unfinished_score: float = -1.0
+    """Normalised score of an unfinished reply under the EOS rule."""
+    beta: float = 0.05
+    """Per-token KL penalty coefficient against the reference (adapter off)."""
+    adaptive_kl: bool = False
+    """Adapt beta towards `kl_target` with Ziegler et al.'s proportional controller."""
+    kl_target: float = 6.0
+    """Target KL (nats per reply) of the adaptive controller."""
+    kl_horizon: int = 10000
+    """Horizon (in replies) of the adaptive controller."""
+    whiten_rewards: bool = False
+    """Whiten the per-token rewards before GAE (detail 7; optional, off)."""
+    # --- advantages and losses
+    gamma: float = 1.0
+    """Discount in GAE."""
+    lam: float = 0.95
+    """GAE lambda."""
+    clip_range: float = 0.2
+    """PPO clip range epsilon: ratios are clipped to [1-eps, 1+eps]."""
+    value_clip_range: float = 0.2
+    """Value clip range: the value may move at most this far from its old estimate per batch."""
+    entropy_coef: float = 0.0
+    """Entropy bonus c2 (usually 0 in RLHF)."""
+    loss_aggregation: str = "token"
+    """"token": mean over all reply tokens of the minibatch (detail 8); "sequence": mean per reply, then over replies."""
+    advantage_estimator: str = "gae"
+    """"gae": GAE with a value model (PPO); "rloo": REINFORCE leave-one-out baseline over the group_size replies to a prompt (Chapter 6, no value model); "grpo": group-normalised rewards (no value model)."""
+    group_size: int = 1
+    """Replies sampled per prompt (consecutive rows of a batch); rloo and grpo need >= 2."""
+    grpo_eps: float = 1e-6
+    """Added to the group std in GRPO's normalisation."""
+    # --- optimisers
+    policy_lr: float = 2e-5
+    """AdamW learning rate of the policy's LoRA adapter."""
+    value_lr: float = 5e-5
+    """AdamW learning rate of the value model's LoRA adapter and score head."""
+    adam_eps: float = 1e-5
+    """Adam epsilon (detail 9)."""
+    max_grad_norm: float = 1.0
+    """Gradient norm clip, applied to each model separately (detail 9)."""
+    lora_rank: int = 16
+    """LoRA rank of the policy and value adapters (all seven linear layers of every block)."""
+    lora_alpha: float = 32.0
+    """LoRA alpha (scale = alpha / rank)."""
+    lr_schedule: str = "constant"
+    """Learning-rate schedule of both optimisers, stepped per optimiser step: constant, linear (to 0) or cosine (to 0) over the run."""
+    warmup_iterations: int = 0
+    """Iterations of linear learning-rate warm-up at the start of the schedule."""
+    # --- PPO-ptx (section 8.12)
+    ptx_coef: float = 0.0
+    """Coefficient of the language-modelling loss on ptx_data added to every policy step (InstructGPT's PPO-ptx); 0 = off."""
+    ptx_data: str = ""
+    """Texts for the ptx loss: a JSONL file of {"text": ...} lines or a text file with one text per line."""
+    ptx_batch_size: int = 8
+    """Texts per optimiser step in the ptx loss (cycling through ptx_data)."""
+    ptx_max_tokens: int = 256
+    """Each ptx text is cut to this many tokens."""
+    # --- speed and memory
+    logprob_chunk: int = 64
+    """Positions per chunk of the LM head when computing log-probs (never the full-vocabulary log-softmax at once); 0 = one pass."""
+    # --- observability and checkpoints
+    checkpoint_every: int = 10
+    """Save a checkpoint every N iterations (and always at the end)."""
+    sample_every: int = 5
+    """Write sample replies every N iterations to samples.jsonl (and show one)."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars under RUN_DIR/tb."""
+    max_skipped_steps: int = 3
+    """Stop after this many consecutive skipped (non-finite) optimiser steps; the last good checkpoint stays."""
+    quiet: bool = False
+    """No progress bar and no dashboard lines on stdout (history.jsonl is still written)."""
+
+    def validate(self) -> None:
+        require(bool(self.reward_model), "reward_model is required (a folder from `ppo-rlhf reward-model train` or a model id)")
+        require(bool(self.prompts), "prompts is required (a JSONL file, see `ppo-rlhf prompts`)")
+        for name in ("iterations", "batch_size", "minibatch_size", "epochs", "max_new_tokens", "reward_norm_samples",
+                     "lora_rank", "checkpoint_every", "sample_every", "max_skipped_steps"):
+            require(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("micro_batch_size", "generation_batch_size", "logprob_chunk"):
+            require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("policy_lr", "value_lr", "adam_eps", "max_grad_norm", "temperature", "kl_target", "kl_horizon"):
+            value = getattr(self, name)
+            require(math.isfinite(value) and value > 0, f"{name} must be a positive number, got {value}")
+        require(0 < self.clip_range < 1, f"clip_range must be in (0, 1), got {self.clip_range}")
+        require(self.value_clip_range > 0, f"value_clip_range must be positive, got {self.value_clip_range}")
+        require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        require(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma and lam must be in [0, 1]")
+        require(self.beta >= 0 and math.isfinite(self.beta), f"beta must be >= 0, got {self.beta}")
+        require(self.entropy_coef >= 0, f"entropy_coef must be >= 0, got {self.entropy_coef}")
+        require(math.isfinite(self.unfinished_score), "unfinished_score must be finite")
+        require(self.minibatch_size <= self.batch_size, "minibatch_size must not exceed batch_size")
+        require(self.batch_size % self.minibatch_size == 0, "batch_size must be a multiple of minibatch_size")
+        require(self.micro_batch_size <= self.minibatch_size, "micro_batch_size must not exceed minibatch_size")
+        require(self.loss_aggregation in ("token", "sequence"), "loss_aggregation must be 'token' or 'sequence'")
+        require(self.dtype in ("float32", "bfloat16", "float16"), "dtype must be float32, bfloat16 or float16")
+        require(self.max_prompt_tokens > 0, f"max_prompt_tokens must be positive, got {self.max_prompt_tokens}")
+        resolve_device(self.device)  # an unknown device or missing CUDA fails here, before anything is loaded
+        self._validate_extensions()
+
+    def _validate_extensions(self) -> None:
+        """Estimators, group sampling, schedules, PPO-ptx and the generation backend."""
+        from ppo_rlhf.generation import BACKENDS
+        from ppo_rlhf.objectives import ESTIMATORS
+        from ppo_rlhf.ptx import SCHEDULES
+
+        require(self.advantage_estimator in ESTIMATORS, f"advantage_estimator must be one of {ESTIMATORS}, got {self.advantage_estimator!r}")
+        require(self.group_size >= 1, f"group_size must be positive, got {self.group_size}")
+        require(self.advantage_estimator == "gae" or self.group_size >= 2,
+                f"advantage_estimator {self.advantage_estimator} needs group_size >= 2 replies per prompt")
+        require(self.batch_size % self.group_size == 0, "batch_size (replies) must be a multiple of group_size")
+        require(self.grpo_eps > 0, f"grpo_eps must be positive, got {self.grpo_eps}")
+        require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
+        require(0 <= self.warmup_iterations <= self.iterations, "warmup_iterations must be in [0, iterations]")
+        require(self.ptx_coef >= 0 and math.isfinite(self.ptx_coef), f"ptx_coef must be >= 0, got {self.ptx_coef}")
+        require(self.ptx_coef == 0 or bool(self.ptx_data), "ptx_coef > 0 needs ptx_data (a file of texts)")
+        require(self.ptx_batch_size > 0 and self.ptx_max_tokens >= 2, "ptx_batch_size must be positive and ptx_max_tokens >= 2")
+        require(self.generation_backend in BACKENDS, f"generation_backend must be one of {BACKENDS}, got {self.generation_backend!r}")
+
+    @property
+    def has_value_model(self) -> bool:
+        """Only GAE needs a critic; rloo and grpo neither load, train nor checkpoint one."""
+        return self.advantage_estimator == "gae"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown device {name!r}") from None
+    require(device.type != "cuda" or torch.cuda.is_available(), f"device {name!r} asked for, but CUDA is not available")
+    return device
