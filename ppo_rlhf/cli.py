@@ -1,5 +1,7 @@
-"""The `ppo-rlhf` command line. Each subcommand lives in its own module, imported only when it runs,
-so `ppo-rlhf memory` never pays for importing transformers.
+"""ppo-rlhf: PPO for RLHF on causal language models, from the toy bandit to an evaluated run.
+
+Each subcommand lives in its own module, imported only when it runs, so `ppo-rlhf memory` never pays for
+importing transformers.
 
 A command module provides `add_arguments(parser)` and `run(args) -> int`.
 """
@@ -7,6 +9,7 @@ A command module provides `add_arguments(parser)` and `run(args) -> int`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 
@@ -56,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         if command is None:
             parser.print_help()
             return 0 if argv and argv[0] in ("-h", "--help") else 2
-        print(f"ppo-rlhf: error: unknown command {command!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        close = difflib.get_close_matches(command, COMMANDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        print(f"ppo-rlhf: error: unknown command {command!r}; {hint}choose from {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     try:
         args = build_parser(only=command).parse_args(argv)
