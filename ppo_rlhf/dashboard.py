@@ -72,6 +72,7 @@ def token_table_text(rows: list[dict[str, Any]], header: str) -> str:
     """The per-token table of section 8.6: `t  token  log pi_old  log pi_ref  V(s_t)  r_t  A_t (GAE)  return`."""
     lines = [header, f"{'t':>3}  {'token':<16} {'log pi_old':>10} {'log pi_ref':>10} {'V(s_t)':>8} {'r_t':>8} {'A_t (GAE)':>10} {'return':>8}"]
     for row in rows:
+        row = {k: v + 0.0 if isinstance(v, float) else v for k, v in row.items()}  # print -0.0 (from -beta * 0) as 0.0
         token = repr(row["token"])[:16]
         lines.append(
             f"{row['t']:>3}  {token:<16} {row['logp_old']:>10.3f} {row['logp_ref']:>10.3f} {row['value']:>8.3f}"
