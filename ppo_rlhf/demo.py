@@ -76,7 +76,7 @@ class DemoConfig:
             raise UsageError(f"betas must be comma-separated numbers, got {self.betas!r}") from None
 
 
-QUICK = dict(candidates=40, heldout_candidates=10, reply_cap=32, rm_epochs=1, iterations=2, batch_size=4,
+QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, rm_epochs=1, iterations=2, batch_size=4,
              minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2)
 
 
