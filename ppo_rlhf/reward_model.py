@@ -126,6 +126,7 @@ def train_reward_model(
         load_tokenizer,
         resolve_model_path,
     )
+    from ppo_rlhf.train_config import resolve_device
 
     require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
     require(lr > 0, f"--lr must be > 0, got {lr}")
@@ -143,7 +144,7 @@ def train_reward_model(
     heldout, train = usable[:n_heldout], usable[n_heldout:]
 
     torch.manual_seed(seed)  # the fresh score head is random
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device or "auto")
     model = add_value_lora(load_sequence_classifier(base), LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
