@@ -44,12 +44,13 @@ def history_line(stats: dict[str, Any]) -> str:
 class TensorBoard:
     """Scalars under RUN_DIR/tb; a no-op when disabled."""
 
-    def __init__(self, folder: Path | None):
+    def __init__(self, folder: Path | None, first_iteration: int = 0):
         self.writer = None
         if folder is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(folder))
+            # purge_step: a resumed run drops the points a killed run logged after its last checkpoint
+            self.writer = SummaryWriter(str(folder), purge_step=first_iteration or None)
 
     def log(self, stats: dict[str, Any]) -> None:
         if self.writer is None:

@@ -149,7 +149,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     if resume and main:
         keep_samples_before(run_dir, start)
 
-    board = TensorBoard(run_dir / "tb" if cfg.tensorboard and main else None)
+    board = TensorBoard(run_dir / "tb" if cfg.tensorboard and main else None, first_iteration=start)
 
     def checkpoint_now(iteration: int) -> None:
         extra = {"consecutive_skips": trainer.consecutive_skips}

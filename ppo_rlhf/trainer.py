@@ -460,6 +460,6 @@ class PPOTrainer:
         if self.dist.world_size > 1:  # batch means over every process (equal replies each), identical everywhere
             keys = ("score", "rm_raw", "kl", "len", "fin", "ent")
             stats.update({k: v / self.dist.world_size for k, v in self.dist.sum_dict({k: stats[k] for k in keys}).items()})
-        if self.kl_controller is not None:
+        if self.kl_controller is not None and math.isfinite(stats["kl"]):  # a skipped batch must not move beta
             self.beta = self.kl_controller.update(stats["kl"], cfg.batch_size)
         return stats, rollout, batch

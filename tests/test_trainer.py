@@ -283,3 +283,23 @@ def test_optional_terms_run(setup, tmp_path):
     history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert len(history) == 3 and all(h["skipped_steps"] == 0 for h in history)
     assert history[0]["beta"] == 0.1 and history[-1]["beta"] != 0.1  # the controller moved beta
+
+
+def test_resumed_tensorboard_has_each_iteration_once(setup, tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    original = PPOTrainer.iteration
+
+    def dies_at_3(self, index):
+        if index == 3:
+            raise KeyboardInterrupt
+        return original(self, index)
+
+    monkeypatch.setattr(PPOTrainer, "iteration", dies_at_3)
+    with pytest.raises(KeyboardInterrupt):  # iteration 2 is logged after the checkpoint at 2, then the run dies
+        train(config(setup, tmp_path / "run", iterations=4, checkpoint_every=2, tensorboard=True))
+    monkeypatch.setattr(PPOTrainer, "iteration", original)
+    train(config(setup, tmp_path / "run", iterations=4, checkpoint_every=2, tensorboard=True), resume=True)
+    events = EventAccumulator(str(tmp_path / "run" / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("ppo/score")] == [0, 1, 2, 3]
