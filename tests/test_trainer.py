@@ -145,9 +145,8 @@ def test_known_reward_rises(setup, tmp_path, monkeypatch, tokenizer):
     assert after > before + 0.08, (before, after)
 
 
-def test_killed_run_resumes_to_same_history(setup, tmp_path, monkeypatch):
-    uninterrupted = train(config(setup, tmp_path / "a", iterations=4, checkpoint_every=2))
-
+def killed_at_iteration_3(monkeypatch, cfg: TrainConfig) -> None:
+    """Run `cfg` until it is interrupted as iteration 3 starts (after the checkpoint at 2), like a killed process."""
     original = PPOTrainer.iteration
 
     def dies_at_3(self, index):
@@ -157,8 +156,14 @@ def test_killed_run_resumes_to_same_history(setup, tmp_path, monkeypatch):
 
     monkeypatch.setattr(PPOTrainer, "iteration", dies_at_3)
     with pytest.raises(KeyboardInterrupt):
-        train(config(setup, tmp_path / "b", iterations=4, checkpoint_every=2))
+        train(cfg)
     monkeypatch.setattr(PPOTrainer, "iteration", original)
+
+
+def test_killed_run_resumes_to_same_history(setup, tmp_path, monkeypatch):
+    uninterrupted = train(config(setup, tmp_path / "a", iterations=4, checkpoint_every=2))
+
+    killed_at_iteration_3(monkeypatch, config(setup, tmp_path / "b", iterations=4, checkpoint_every=2))
     assert main(["train", "--resume", str(tmp_path / "b"), "--quiet"]) == 0
 
     def history(run):
@@ -288,17 +293,8 @@ def test_optional_terms_run(setup, tmp_path):
 def test_resumed_tensorboard_has_each_iteration_once(setup, tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    original = PPOTrainer.iteration
-
-    def dies_at_3(self, index):
-        if index == 3:
-            raise KeyboardInterrupt
-        return original(self, index)
-
-    monkeypatch.setattr(PPOTrainer, "iteration", dies_at_3)
-    with pytest.raises(KeyboardInterrupt):  # iteration 2 is logged after the checkpoint at 2, then the run dies
-        train(config(setup, tmp_path / "run", iterations=4, checkpoint_every=2, tensorboard=True))
-    monkeypatch.setattr(PPOTrainer, "iteration", original)
+    # iteration 2 is logged after the checkpoint at 2, then the run dies
+    killed_at_iteration_3(monkeypatch, config(setup, tmp_path / "run", iterations=4, checkpoint_every=2, tensorboard=True))
     train(config(setup, tmp_path / "run", iterations=4, checkpoint_every=2, tensorboard=True), resume=True)
     events = EventAccumulator(str(tmp_path / "run" / "tb"))
     events.Reload()
