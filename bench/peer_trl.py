@@ -94,7 +94,7 @@ def run_ours(args) -> dict:
         out=str(work / "run"), iterations=args.warmup + args.iterations, batch_size=args.batch,
         minibatch_size=args.minibatch, epochs=args.epochs, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
-        tensorboard=False, quiet=True, seed=args.seed, device="cpu"))
+        old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device="cpu"))
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # TRL has no score normalisation; skip measuring it
     rss_loaded = peak_rss_gb()
@@ -199,6 +199,9 @@ def summarise(result: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--old-logprobs", default="recompute", help=argparse.SUPPRESS)
+    parser.add_argument("--ours", default="recompute,generation",
+                        help="our variants, comma-separated old_logprobs settings, each run against TRL")
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
     parser.add_argument("--models", default="smollm2,qwen-shape", help="comma-separated: smollm2, qwen-shape")
     parser.add_argument("--batch", type=int, default=32)
@@ -239,13 +242,15 @@ def main() -> None:
         print(f"== {name}: batch {batch}, minibatch {minibatch}, epochs {args.epochs}, reply cap {cap}, "
               f"temperature {args.temperature}, LoRA r16/alpha32 on 7 linears (policy and value), fp32, "
               f"{args.warmup} warm-up + {args.iterations} timed iterations per run, {args.rounds} round(s)", flush=True)
-        runs = {"ours": [], "trl": []}
+        sides = [f"ours-{variant}" for variant in args.ours.split(",")] + ["trl"]
+        runs = {side: [] for side in sides}
         for r in range(args.rounds):
-            order = ["ours", "trl"] if r % 2 == 0 else ["trl", "ours"]
+            order = sides if r % 2 == 0 else sides[::-1]
             for side in order:
-                python = OURS_PY if side == "ours" else TRL_PY
+                python = TRL_PY if side == "trl" else OURS_PY
+                flags = ["--side", "trl"] if side == "trl" else ["--side", "ours", "--old-logprobs", side[len("ours-"):]]
                 started = time.perf_counter()
-                proc = subprocess.run([str(python), __file__, "--side", side, *common], capture_output=True, text=True,
+                proc = subprocess.run([str(python), __file__, *flags, *common], capture_output=True, text=True,
                                       env=env, cwd=ROOT)
                 line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
                 if proc.returncode != 0 or line is None:
@@ -254,7 +259,7 @@ def main() -> None:
                 result = json.loads(line[len("RESULT "):])
                 runs[side].append(result)
                 s = summarise(result)
-                print(f"  {side:4s} round {r}: {s['total']:7.2f} s/it (gen {s['gen']:.2f}, score {s['score']:.2f}, "
+                print(f"  {side:15s} round {r}: {s['total']:7.2f} s/it (gen {s['gen']:.2f}, score {s['score']:.2f}, "
                       f"update {s['update']:.2f}), reply len {s['len']:.1f}, peak RSS {s['peak_rss_gb']:.2f} GB "
                       f"(after loading {s['rss_loaded_gb']:.2f}), wall {time.perf_counter() - started:.0f} s", flush=True)
         merged = {side: summarise({"rows": [row for res in rs for row in res["rows"]],
@@ -262,13 +267,15 @@ def main() -> None:
                                    "rss_loaded_gb": max(res["rss_loaded_gb"] for res in rs)}) for side, rs in runs.items()}
         results[name] = {"config": {"batch": batch, "minibatch": minibatch, "epochs": args.epochs, "max_new_tokens": cap,
                                     "temperature": args.temperature}, **merged}
-        o, t = merged["ours"], merged["trl"]
-        print(f"  {'phase':10s} {'ours':>9s} {'TRL':>9s} {'ours/TRL':>9s}")
-        for key, unit in (("gen", "s"), ("score", "s"), ("update", "s"), ("total", "s"), ("peak_rss_gb", "GB"),
-                          ("len", "tok")):
-            print(f"  {key:10s} {o[key]:8.2f}{unit[0]} {t[key]:8.2f}{unit[0]} {o[key] / t[key]:9.2f}")
-        print(f"  per reply token: ours {o['total'] / o['len']:.3f} s, TRL {t['total'] / t['len']:.3f} s "
-              f"(ratio {(o['total'] / o['len']) / (t['total'] / t['len']):.2f})", flush=True)
+        t = merged["trl"]
+        for side in sides[:-1]:
+            o = merged[side]
+            print(f"  {'phase':10s} {side:>15s} {'TRL':>9s} {'ratio':>9s}")
+            for key, unit in (("gen", "s"), ("score", "s"), ("update", "s"), ("total", "s"), ("peak_rss_gb", "GB"),
+                              ("len", "tok")):
+                print(f"  {key:10s} {o[key]:14.2f}{unit[0]} {t[key]:8.2f}{unit[0]} {o[key] / t[key]:9.2f}")
+            print(f"  per reply token: {side} {o['total'] / o['len']:.3f} s, TRL {t['total'] / t['len']:.3f} s "
+                  f"(ratio {(o['total'] / o['len']) / (t['total'] / t['len']):.2f})", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

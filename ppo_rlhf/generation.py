@@ -7,10 +7,11 @@
   the engine, with the LoRA adapter merged in (W + B A * alpha / r), under the plain Hugging Face parameter names
   that vLLM's `model.load_weights` expects.
 
-Whatever the backend, only the sampled token ids leave it: the trainer recomputes log pi_old, log pi_ref and the
+With vLLM only the sampled token ids leave the engine: the trainer recomputes log pi_old, log pi_ref and the
 values itself from those ids, at the training temperature (docs/DESIGN.md). The engine's own log-probs are never
 requested and never trusted: vLLM's kernels, its bf16 weights and its sampler differ slightly from the training
-forward pass, and the PPO ratio must be exactly 1 before the first update.
+forward pass, and the PPO ratio must be 1 before the first update. The HF backend samples from the training
+policy itself, so with `old_logprobs: generation` it may hand over log pi_old recorded from its own logits.
 
 vLLM version targeted: 0.8 - 0.10 (the `LLM(...)` offline API; weights reach the model through
 `llm.llm_engine.model_executor.driver_worker...model_runner.model.load_weights`, the path TRL uses, which needs
@@ -62,9 +63,10 @@ class HFGenerator:
     """Hugging Face `generate` on the training policy (nothing to sync: it is the policy)."""
 
     def __init__(self, policy: nn.Module, tokenizer, max_new_tokens: int, temperature: float, top_p: float = 1.0,
-                 batch_size: int | None = None):
+                 batch_size: int | None = None, record_logprobs: bool = False):
         self.policy, self.tokenizer = policy, tokenizer
         self.max_new_tokens, self.temperature, self.top_p, self.batch_size = max_new_tokens, temperature, top_p, batch_size
+        self.record_logprobs = record_logprobs
 
     def sync(self, policy: nn.Module) -> None:
         self.policy = policy
@@ -73,7 +75,7 @@ class HFGenerator:
         from ppo_rlhf.rollout import generate_rollout
 
         return generate_rollout(self.policy, self.tokenizer, prompts, self.max_new_tokens, self.temperature,
-                                batch_size=self.batch_size, top_p=self.top_p)
+                                batch_size=self.batch_size, top_p=self.top_p, record_logprobs=self.record_logprobs)
 
 
 # ------------------------------------------------------------------------------------------------ vLLM
@@ -196,7 +198,7 @@ def make_generator(cfg, policy: nn.Module, tokenizer, model_path: str | None = N
     require(cfg.generation_backend in BACKENDS, f"generation_backend must be one of {BACKENDS}")
     if cfg.generation_backend == "hf":
         return HFGenerator(policy, tokenizer, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                           cfg.generation_batch_size or None)
+                           cfg.generation_batch_size or None, record_logprobs=cfg.old_logprobs == "generation")
     from ppo_rlhf.models import resolve_model_path
 
     return VLLMGenerator.create(model_path or resolve_model_path(cfg.policy_model), tokenizer,

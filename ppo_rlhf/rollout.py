@@ -13,7 +13,7 @@ import torch
 from peft import PeftModel
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import GenerationConfig, PreTrainedTokenizerBase
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 
 from ppo_rlhf.errors import require
 from ppo_rlhf.models import backbone_and_head
@@ -63,6 +63,8 @@ class Rollout:
     input_ids: torch.Tensor  # [B, L] long, right-padded prompt + reply
     attention_mask: torch.Tensor  # [B, L] long
     action_mask: torch.Tensor  # [B, L-1] float, 1 where input_ids[:, t+1] is a reply token
+    logprobs: torch.Tensor | None = None  # [B, L-1] log pi(token) at the sampling temperature, recorded by generate
+    entropy: torch.Tensor | None = None  # [B, L-1] entropy of that distribution; both 0 off the reply tokens
 
     @property
     def reply_lengths(self) -> torch.Tensor:
@@ -81,6 +83,8 @@ class Rollout:
             input_ids=self.input_ids[rows, :width],
             attention_mask=self.attention_mask[rows, :width],
             action_mask=self.action_mask[rows, : width - 1],
+            logprobs=None if self.logprobs is None else self.logprobs[rows, : width - 1],
+            entropy=None if self.entropy is None else self.entropy[rows, : width - 1],
         )
 
 
@@ -116,6 +120,48 @@ def _sampling_config(max_new_tokens: int, temperature: float, top_p: float, eos:
     )
 
 
+class SampledTokenLogprobs(LogitsProcessor):
+    """Records, at every step of `generate`, log pi(sampled token) and the entropy of softmax(logits / temperature).
+
+    It sees the raw logits: Hugging Face runs custom processors before its temperature and top-p warpers, so the
+    distribution is the one token_logprobs computes. The token drawn at step s is known only at step s+1 (as
+    input_ids[:, -1]), so one step's log-softmax waits in `pending`: [B, V] memory, never [B, steps, V].
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.logprobs: list[torch.Tensor] = []  # one [B] per resolved step
+        self.entropies: list[torch.Tensor] = []  # one [B] per step seen
+        self.pending: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self.resolve(input_ids[:, -1])
+        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        self.entropies.append(-torch.special.xlogy(logp.exp(), logp.exp()).sum(-1))  # 0 log 0 = 0 for banned tokens
+        self.pending = logp
+        return scores
+
+    def resolve(self, tokens: torch.Tensor) -> None:
+        self.logprobs.append(self.pending.gather(-1, tokens[:, None]).squeeze(-1))
+        self.pending = None
+
+    def finish(self, new_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([b, steps], [b, steps]) for the `new_tokens` [b, steps] generate returned (it may drop a last step)."""
+        steps = new_tokens.shape[1]
+        if self.pending is not None and len(self.logprobs) < steps:
+            self.resolve(new_tokens[:, len(self.logprobs)])
+        return torch.stack(self.logprobs[:steps], dim=1), torch.stack(self.entropies[:steps], dim=1)
+
+
+def per_token_layout(prompt_ids: list[list[int]], values: list[list[float]], width: int) -> torch.Tensor:
+    """Per-reply-token values placed in the [B, width - 1] per-token layout (entry len(prompt) - 1 + s for reply token s)."""
+    out = torch.zeros((len(prompt_ids), width - 1), dtype=torch.float32)
+    for row, (prompt, row_values) in enumerate(zip(prompt_ids, values)):
+        out[row, len(prompt) - 1 : len(prompt) - 1 + len(row_values)] = torch.tensor(row_values, dtype=torch.float32)
+    return out
+
+
 @torch.no_grad()
 def generate_rollout(
     policy: nn.Module,
@@ -125,11 +171,14 @@ def generate_rollout(
     temperature: float,
     batch_size: int | None = None,
     top_p: float = 1.0,
+    record_logprobs: bool = False,
 ) -> Rollout:
     """Sample one reply per prompt and build the right-padded batch (CPU tensors).
 
     Random numbers come from torch's global RNG. Tokens are drawn from softmax(logits / temperature), the
-    distribution token_logprobs computes, unless top_p < 1 truncates it.
+    distribution token_logprobs computes, unless top_p < 1 truncates it. With `record_logprobs` the rollout also
+    carries log pi(token) and the entropy of the untruncated tempered distribution, from the logits generation
+    computed anyway (KV-cached, left-padded: equal to token_logprobs up to float rounding).
     """
     require(len(prompts) > 0, "no prompts to generate from")
     require(max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -146,20 +195,31 @@ def generate_rollout(
     prompt_ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
     reply_ids: list[list[int]] = []
     finished: list[bool] = []
+    reply_logprobs: list[list[float]] = []
+    reply_entropies: list[list[float]] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompt_ids[start : start + batch_size]
         width = max(len(p) for p in chunk)
         # Left padding for generation, so every row's next token is appended at the same column.
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
-        out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-        for row in out[:, width:].tolist():
+        recorder = SampledTokenLogprobs(temperature) if record_logprobs else None
+        out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                              logits_processor=LogitsProcessorList([recorder] if recorder else []))
+        new_tokens = out[:, width:]
+        if recorder is not None:
+            logprobs, entropies = (t.tolist() for t in recorder.finish(new_tokens))
+        for i, row in enumerate(new_tokens.tolist()):
             # Cut at the first EOS (kept): HF pads finished rows with pad, which may equal EOS.
-            end = next((i for i, token in enumerate(row) if token in eos), None)
+            end = next((j for j, token in enumerate(row) if token in eos), None)
             reply_ids.append(row if end is None else row[: end + 1])
             finished.append(end is not None)
+            if recorder is not None:
+                reply_logprobs.append(logprobs[i][: len(reply_ids[-1])])
+                reply_entropies.append(entropies[i][: len(reply_ids[-1])])
 
     input_ids, attention_mask, action_mask = build_batch(prompt_ids, reply_ids, pad)
+    width = input_ids.shape[1]
     return Rollout(
         prompts=list(prompts),
         prompt_ids=prompt_ids,
@@ -169,6 +229,8 @@ def generate_rollout(
         input_ids=input_ids,
         attention_mask=attention_mask,
         action_mask=action_mask,
+        logprobs=per_token_layout(prompt_ids, reply_logprobs, width) if record_logprobs else None,
+        entropy=per_token_layout(prompt_ids, reply_entropies, width) if record_logprobs else None,
     )
 
 
@@ -181,6 +243,37 @@ def _body_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     require(plain_head, f"{type(inner).__name__} post-processes its logits; token_logprobs needs a plain LM head")
     body = getattr(inner, inner.base_model_prefix, None) or inner.get_decoder()
     return body, inner.get_output_embeddings()
+
+
+class FrozenHeadLogprobs(torch.autograd.Function):
+    """log softmax(hidden @ W^T / T) at the targets, for a frozen LM head (LoRA never trains it), with the
+    gradient with respect to `hidden` formed in forward: d log p(y) / d h = (W[y] - p @ W) / T.
+
+    Checkpointing would run the head three times per chunk (forward, recompute, backward); this runs it twice
+    (logits, p @ W) and keeps only a [B, C, D] tensor for backward, never the [B, C, V] logits.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float):
+        precise = torch.promote_types(hidden.dtype, torch.float32)  # bf16 -> fp32, fp64 stays (gradcheck)
+        logits = (hidden @ weight.T).to(precise) / temperature
+        logz = logits.logsumexp(-1)
+        logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
+        probs = torch.exp(logits - logz.unsqueeze(-1))
+        del logits
+        expected_row = (probs.to(weight.dtype) @ weight).to(precise)  # E_p[W[y']], [B, C, D]
+        ctx.save_for_backward((weight[targets].to(precise) - expected_row) / temperature)
+        ctx.hidden_dtype = hidden.dtype
+        return logprobs
+
+    @staticmethod
+    def backward(ctx, grad_logprobs: torch.Tensor):
+        (grad_hidden,) = ctx.saved_tensors
+        return (grad_logprobs.unsqueeze(-1) * grad_hidden).to(ctx.hidden_dtype), None, None, None
+
+
+def _frozen_plain_head(head: nn.Module) -> bool:
+    return isinstance(head, nn.Linear) and head.bias is None and not head.weight.requires_grad
 
 
 def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
@@ -204,9 +297,10 @@ def token_logprobs(
     """log pi(input_ids[:, t+1] | tokens 0..t) from logits / temperature, [B, L-1] (and the entropy, [B, L-1]).
 
     The body runs once; the LM head and the softmax run over chunks of positions, so the full [B, L, V]
-    logits never exist at once. With gradients on, each chunk is checkpointed: only hidden states are kept
-    and the chunk's logits are recomputed in backward. Positions before `first` (e.g. `first_reply_position`:
-    prompt positions, where no row has a reply token) skip the LM head and are returned as 0.
+    logits never exist at once. With gradients on, a frozen plain head gives its gradient in forward
+    (`FrozenHeadLogprobs`); otherwise (a trained head, or the entropy asked for) each chunk is checkpointed: only
+    hidden states are kept and the chunk's logits are recomputed in backward. Positions before `first` (e.g.
+    `first_reply_position`: prompt positions, where no row has a reply token) skip the LM head and are returned as 0.
     """
     require(temperature > 0, f"temperature must be > 0, got {temperature}")
     require(chunk_size is None or chunk_size >= 1, f"chunk_size must be >= 1 or None, got {chunk_size}")
@@ -218,7 +312,10 @@ def token_logprobs(
     logprobs, entropies = [], []  # entropies holds Nones unless with_entropy
     for start in range(first, hidden.shape[1], step):
         h, tgt = hidden[:, start : start + step], targets[:, start : start + step]
-        if chunk_size is not None and torch.is_grad_enabled() and h.requires_grad:
+        with_grad = torch.is_grad_enabled() and h.requires_grad
+        if with_grad and not with_entropy and _frozen_plain_head(head):
+            lp, ent = FrozenHeadLogprobs.apply(h, head.weight, tgt, temperature), None
+        elif with_grad and chunk_size is not None:
             lp, ent = checkpoint(_chunk_logprobs, head, h, tgt, temperature, with_entropy, use_reentrant=False)
         else:
             lp, ent = _chunk_logprobs(head, h, tgt, temperature, with_entropy)

@@ -55,7 +55,9 @@ class TrainConfig:
     generation_batch_size: int = 0
     """Prompts per generate call; 0 = the whole batch."""
     generation_backend: str = "hf"
-    """"hf" (Hugging Face generate on the policy) or "vllm" (GPU, extra [vllm]; weights synced from the policy each iteration, LoRA merged); log-probs are always recomputed by the trainer."""
+    """"hf" (Hugging Face generate on the policy) or "vllm" (GPU, extra [vllm]; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
+    old_logprobs: str = "recompute"
+    """Where log pi_old and the entropy come from: "recompute" (one more forward of the policy after sampling; the first ratio is 1 and the first KL 0 to float rounding) or "generation" (recorded from the logits `generate` computes: one policy forward fewer per iteration, equal to recompute within ~1e-6 in float32; hf backend only)."""
     # --- rewards
     reward_norm_samples: int = 192
     """Start-policy replies used to measure the mean and std that normalise the reward model's score (detail 1)."""
@@ -178,6 +180,9 @@ class TrainConfig:
         require(self.ptx_coef == 0 or bool(self.ptx_data), "ptx_coef > 0 needs ptx_data (a file of texts)")
         require(self.ptx_batch_size > 0 and self.ptx_max_tokens >= 2, "ptx_batch_size must be positive and ptx_max_tokens >= 2")
         require(self.generation_backend in BACKENDS, f"generation_backend must be one of {BACKENDS}, got {self.generation_backend!r}")
+        require(self.old_logprobs in ("recompute", "generation"), f"old_logprobs must be 'recompute' or 'generation', got {self.old_logprobs!r}")
+        require(self.old_logprobs == "recompute" or self.generation_backend == "hf",
+                "old_logprobs: generation needs generation_backend hf (vLLM's log-probs are never trusted)")
 
     @property
     def has_value_model(self) -> bool:

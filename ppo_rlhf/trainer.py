@@ -14,6 +14,7 @@ The run around it (run directory, checkpoints, logging, resume, the `train` comm
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -133,7 +134,8 @@ class TrainingStopped(UsageError):
 
 
 class PPOTrainer:
-    """The four models (the reference is the policy with its adapter off), their optimisers and one iteration."""
+    """The four models in two backbones (the reference is the policy with its adapter off, the reward model the value
+    model with its adapter off), their optimisers and one iteration."""
 
     def __init__(self, cfg: TrainConfig):
         from ppo_rlhf.distributed import current
@@ -155,11 +157,16 @@ class PPOTrainer:
             "the value model reads every position of the policy's sequences, so the reward model must use the policy's tokenizer",
         )
         self.policy = load_policy(cfg.policy_model, lora, dtype=dtype, trust_remote_code=remote).to(self.device)
-        self.reward_model = load_reward_model(cfg.reward_model, dtype=dtype, trust_remote_code=remote).to(self.device)
+        # The value model is the reward model + LoRA + a trained copy of its head, so the reward model is the value
+        # model with its adapter off (`reward_scoring`), as the reference is the policy's: one backbone, not two.
+        # rloo / grpo are critic-free: no value model is loaded, trained or checkpointed, the reward model is its own.
+        if cfg.has_value_model:
+            self.value_model = load_value_model(cfg.reward_model, lora, dtype=dtype, trust_remote_code=remote).to(self.device)
+            self.reward_model = self.value_model
+        else:
+            self.value_model = None
+            self.reward_model = load_reward_model(cfg.reward_model, dtype=dtype, trust_remote_code=remote).to(self.device)
         check_prompt_lengths(cfg, self.tokenizer, [self.policy, self.reward_model])
-        # rloo / grpo are critic-free: no value model is loaded, trained or checkpointed
-        self.value_model = (load_value_model(cfg.reward_model, lora, dtype=dtype, trust_remote_code=remote).to(self.device)
-                            if cfg.has_value_model else None)
         self.policy_optimizer = make_optimizer(self.policy, cfg.policy_lr, cfg)
         self.value_optimizer = make_optimizer(self.value_model, cfg.value_lr, cfg) if cfg.has_value_model else None
         self.schedulers = self._make_schedulers()
@@ -211,17 +218,23 @@ class PPOTrainer:
 
     # ----------------------------------------------------------------------------------------- 1. rollout
     def rollout(self, prompts: list[str]):
-        # the backend (generation.py) only returns token ids; score() recomputes every log-prob itself
+        # token ids from the backend (generation.py); score() recomputes the log-probs the rollout does not carry
         if self.synced_version != self.policy_version:  # the policy changed since the engine last copied it
             self.generator.sync(self.policy)
             self.synced_version = self.policy_version
         return self.generator.generate(prompts)
 
+    def reward_scoring(self):
+        """A context in which `self.reward_model` is the frozen reward model (the value model's adapter and trained
+        head copy off; nothing to switch without a value model)."""
+        return self.value_model.disable_adapter() if self.value_model is not None else contextlib.nullcontext()
+
     def raw_scores(self, rollout) -> torch.Tensor:
         from ppo_rlhf.rollout import score_texts
 
-        return score_texts(self.reward_model, self.reward_tokenizer, rollout.prompts, rollout.reply_texts,
-                           batch_size=self.micro_size)
+        with self.reward_scoring():
+            return score_texts(self.reward_model, self.reward_tokenizer, rollout.prompts, rollout.reply_texts,
+                               batch_size=self.micro_size)
 
     def measure_reward_norm(self) -> dict[str, float]:
         """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
@@ -263,7 +276,10 @@ class PPOTrainer:
         def value_pass(ids, att):
             return (sequence_values(self.value_model, ids.to(dev), att.to(dev)),)
 
-        old_logprobs, entropy = per_token_in_chunks(policy_pass, rollout, self.micro_size)
+        if rollout.logprobs is not None:  # recorded by generate from the same weights (old_logprobs: generation)
+            old_logprobs, entropy = rollout.logprobs.to(dev), rollout.entropy.to(dev)
+        else:
+            old_logprobs, entropy = per_token_in_chunks(policy_pass, rollout, self.micro_size)
         (ref_logprobs,) = per_token_in_chunks(reference_pass, rollout, self.micro_size)
         if self.value_model is not None:
             (values,) = per_token_in_chunks(value_pass, rollout, self.micro_size)

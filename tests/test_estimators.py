@@ -98,6 +98,8 @@ def config(setup, out, **overrides) -> TrainConfig:
     (dict(ptx_coef=0.5), "ptx_data"),
     (dict(lr_schedule="step"), "lr_schedule"),
     (dict(generation_backend="tgi"), "generation_backend"),
+    (dict(old_logprobs="engine"), "old_logprobs"),
+    (dict(old_logprobs="generation", generation_backend="vllm"), "never trusted"),
 ])
 def test_validation(setup, tmp_path, flags, message):
     with pytest.raises(UsageError, match=message):

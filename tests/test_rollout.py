@@ -155,6 +155,32 @@ def test_select_retrims(tokenizer):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_recorded_logprobs_equal_recomputed(tokenizer, arch, batch_size):
+    """old_logprobs: generation. The log-probs and entropies generate records (KV cache, left padding) are the ones
+    token_logprobs computes on the right-padded batch, on reply tokens only; finished rows stop at their EOS."""
+    policy = add_policy_lora(tiny.tiny_causal_lm(tokenizer, arch), LoraSettings(rank=4))
+    perturb_lora(policy)
+    # per-row EOS biases (the hook also runs inside generate) only where row b of a call is row b of the batch
+    handle = bias_eos(policy, tokenizer.eos_token_id, [3.0, -100.0, 0.0] if batch_size is None else [0.0] * 3)
+    torch.manual_seed(5)
+    r = generate_rollout(policy, tokenizer, PROMPTS, max_new_tokens=7, temperature=0.7, batch_size=batch_size,
+                         record_logprobs=True)
+    assert r.logprobs.shape == r.entropy.shape == r.action_mask.shape
+    lp, ent = token_logprobs(policy, r.input_ids, r.attention_mask, 0.7, with_entropy=True)
+    handle.remove()
+    act = r.action_mask.bool()
+    assert torch.allclose(r.logprobs[act], lp[act], atol=1e-5) and torch.allclose(r.entropy[act], ent[act], atol=1e-4)
+    assert (r.logprobs[~act] == 0).all() and (r.entropy[~act] == 0).all()
+    assert (r.logprobs[act] < 0).all()
+    if batch_size is None:
+        assert not r.finished[1] and r.reply_lengths[1] == 7  # the recording covers a row cut at the cap
+    sub = r.select([2, 0])
+    assert torch.equal(sub.logprobs, r.logprobs[[2, 0], : sub.input_ids.shape[1] - 1])
+    assert generate_rollout(policy, tokenizer, PROMPTS[:1], max_new_tokens=2, temperature=0.7).logprobs is None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_sampling_distribution_is_logits_over_temperature(tokenizer, arch):
     """generate's processed scores (what it sampled from) == token_logprobs of the tokens, even when the model's
     own generation_config asks for top_k / repetition_penalty (hub models ship such defaults)."""
@@ -223,6 +249,41 @@ def test_chunked_equals_unchunked_with_gradients(tokenizer, arch):
     for plain, chunked in zip(*results):
         torch.testing.assert_close(chunked, plain, atol=1e-5, rtol=1e-5)
     assert results[0][2].abs().sum() > 0
+
+
+def test_frozen_head_gradient_formed_in_forward_is_exact():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 3, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(7, 5, dtype=torch.float64, generator=g)
+    targets = torch.randint(0, 7, (2, 3), generator=g)
+    assert torch.autograd.gradcheck(lambda h: rollout.FrozenHeadLogprobs.apply(h, weight, targets, 0.7), (hidden,))
+    expected = torch.log_softmax(hidden @ weight.T / 0.7, -1).gather(-1, targets[..., None])[..., 0]
+    torch.testing.assert_close(rollout.FrozenHeadLogprobs.apply(hidden, weight, targets, 0.7), expected)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_frozen_head_path_gradients_equal_full_logits(tokenizer, arch, chunk_size):
+    """Without the entropy, training log-probs take FrozenHeadLogprobs; LoRA gradients equal plain autograd through
+    the full [B, L, V] logits."""
+    policy = add_policy_lora(tiny.tiny_causal_lm(tokenizer, arch), LoraSettings(rank=4))
+    perturb_lora(policy)
+    input_ids, attention_mask, action_mask = build_batch(*random_batch(tokenizer), tokenizer.pad_token_id)
+    weights = torch.rand(action_mask.shape, generator=torch.Generator().manual_seed(1)) * action_mask
+    assert rollout._frozen_plain_head(policy.get_output_embeddings())
+    lora = [p for n, p in policy.named_parameters() if "lora_" in n]
+    grads = []
+    for fused in (True, False):
+        policy.zero_grad()
+        if fused:
+            logp = token_logprobs(policy, input_ids, attention_mask, 0.7, chunk_size=chunk_size)
+        else:
+            logits = policy(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1] / 0.7
+            logp = torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:, None])[..., 0]
+        (logp * weights).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in lora]))
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-5)
+    assert grads[0].abs().sum() > 0
 
 
 @pytest.mark.parametrize("chunk_size", [None, 3])

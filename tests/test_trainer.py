@@ -41,15 +41,20 @@ def config(setup, out: Path, **overrides) -> TrainConfig:
     return build_config(TrainConfig, values)
 
 
-def test_first_iteration_ratio_is_one_and_kl_zero(setup, tmp_path):
-    cfg = config(setup, tmp_path / "run")
+@pytest.mark.parametrize("old_logprobs", ["recompute", "generation"])
+def test_first_iteration_ratio_is_one_and_kl_zero(setup, tmp_path, old_logprobs):
+    cfg = config(setup, tmp_path / "run", old_logprobs=old_logprobs)
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     rollout = trainer.rollout(PROMPTS[:4])
+    assert (rollout.logprobs is not None) == (old_logprobs == "generation")
     batch = trainer.score(rollout)
     act = batch.action_mask
-    # at the start the policy is the reference: every KL term is exactly zero
-    assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
+    # at the start the policy is the reference: every KL term is zero (exactly, when both come from the same forward)
+    if old_logprobs == "recompute":
+        assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
+    else:
+        assert batch.kl.abs().max() < 1e-5
     # train-mode log-probs at the same temperature reproduce log pi_old: the first ratio is 1
     trainer.policy.train()
     new = token_logprobs(trainer.policy, rollout.input_ids, rollout.attention_mask, cfg.temperature)
@@ -95,6 +100,25 @@ def test_reference_is_base_model_after_training(setup, tmp_path):
     assert torch.allclose(ref, token_logprobs(base, ids, att, 0.7), atol=1e-5)
     adapted = token_logprobs(trainer.policy, ids, att, 0.7)
     assert not torch.allclose(adapted, ref, atol=1e-4), "training changed nothing"
+
+
+def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
+    """One backbone for both: after the value model's LoRA and head copy have trained, the rewards are still the
+    frozen reward model's, and the values are not."""
+    from ppo_rlhf.models import load_reward_model
+    from ppo_rlhf.rollout import score_texts
+
+    trainer = PPOTrainer(config(setup, tmp_path / "run"))
+    assert trainer.reward_model is trainer.value_model
+    trainer.iteration(0)
+    rollout = trainer.rollout(PROMPTS[:4])
+    frozen = load_reward_model(setup["reward"])
+    expected = score_texts(frozen, trainer.reward_tokenizer, rollout.prompts, rollout.reply_texts)
+    torch.testing.assert_close(trainer.raw_scores(rollout), expected, atol=1e-5, rtol=0)
+    adapted = score_texts(trainer.value_model, trainer.reward_tokenizer, rollout.prompts, rollout.reply_texts)
+    assert (adapted - expected).abs().max() > 1e-4
+    critic_free = PPOTrainer(config(setup, tmp_path / "rloo", advantage_estimator="rloo", group_size=2))
+    assert critic_free.value_model is None and not any(p.requires_grad for p in critic_free.reward_model.parameters())
 
 
 def test_prompt_sampler_without_replacement_and_reshuffle():

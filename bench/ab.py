@@ -1,0 +1,80 @@
+"""Before/after of one change, in one process, alternating iterations (noise on a shared machine hits both alike).
+
+    .venv/bin/python bench/ab.py --change frozen-head --batch 8 --minibatch 4 --max-new-tokens 24 --pairs 2
+
+Changes (before -> after):
+  first         the LM head over every position -> skipped over positions that are prompt in every row
+  frozen-head   checkpointed LM-head chunks in training -> FrozenHeadLogprobs (the head's gradient formed in forward)
+  old-logprobs  old_logprobs: recompute (one more policy forward) -> generation (recorded by generate)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/README.md)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def switch(trainer, change: str, after: bool, originals: dict) -> None:
+    """Put the trainer in the before (after=False) or after state of `change`."""
+    import ppo_rlhf.rollout as rollout_module
+
+    if change == "first":
+        rollout_module.first_reply_position = originals["first"] if after else (lambda prompt_ids: 0)
+    elif change == "frozen-head":
+        rollout_module._frozen_plain_head = originals["frozen"] if after else (lambda head: False)
+    else:
+        trainer.cfg.old_logprobs = "generation" if after else "recompute"
+        trainer.generator.record_logprobs = after
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--change", choices=["first", "frozen-head", "old-logprobs"], required=True)
+    parser.add_argument("--model", default="smollm2", help="smollm2 or qwen-shape (bench/peer_trl.py)")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--minibatch", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--pairs", type=int, default=2)
+    args = parser.parse_args()
+    from peer_trl import PROMPTS, prepare_model
+
+    import ppo_rlhf.rollout as rollout_module
+    from ppo_rlhf.config import build_config
+    from ppo_rlhf.train_config import TrainConfig
+    from ppo_rlhf.trainer import PPOTrainer
+
+    path = prepare_model(args.model)
+    work = Path(tempfile.mkdtemp(prefix="ab_"))
+    (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    cfg = build_config(TrainConfig, dict(policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"),
+                                         out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
+                                         max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True, device="cpu"))
+    trainer = PPOTrainer(cfg)
+    trainer.reward_mean, trainer.reward_std = 0.0, 1.0
+    originals = {"first": rollout_module.first_reply_position, "frozen": rollout_module._frozen_plain_head}
+    trainer.iteration(0)  # warm-up
+    seen = {"before": [], "after": []}
+    for i in range(args.pairs):
+        for label in (("before", "after") if i % 2 == 0 else ("after", "before")):
+            switch(trainer, args.change, label == "after", originals)
+            stats, _, _ = trainer.iteration(1 + len(seen["before"]) + len(seen["after"]))
+            seen[label].append({k: round(stats[f"time_{k}"], 2) for k in ("gen", "score", "update", "total")})
+            print(label, seen[label][-1], "len", stats["len"], flush=True)
+    means = {label: {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]} for label, rows in seen.items()}
+    for label, mean in means.items():
+        print(label, "mean", {k: round(v, 2) for k, v in mean.items()})
+    print("after/before", {k: round(means["after"][k] / means["before"][k], 3) for k in means["after"]})
+
+
+if __name__ == "__main__":
+    main()
