@@ -59,6 +59,10 @@ class PromptSampler:
         self.generator.bit_generator.state = state["generator"]
 
 
+# what update() reports (means over its optimiser steps), besides skipped_steps
+UPDATE_STATS = ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac", "grad_norm_policy", "grad_norm_value", "ptx_loss")
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -325,8 +329,7 @@ class PPOTrainer:
         critic = self.value_model  # None for the critic-free estimators
         policy_params = trainable_parameters(self.policy)
         value_params = trainable_parameters(critic) if critic is not None else []
-        totals: dict[str, list[float]] = {k: [] for k in ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac",
-                                                          "grad_norm_policy", "grad_norm_value", "ptx_loss")}
+        totals: dict[str, list[float]] = {k: [] for k in UPDATE_STATS}
         skipped = 0
         dist = self.dist  # data parallel: sums over every process's rows (a no-op in one process)
         self.policy.train()  # dropout is off (detail 5); train() only enables autograd paths
@@ -354,16 +357,19 @@ class PPOTrainer:
                     new_logprobs, entropy = out if cfg.entropy_coef > 0 else (out, None)
                     pg = clipped_policy_loss(new_logprobs, mb["old_logprobs"], mb["advantages"], act, cfg.clip_range,
                                              cfg.loss_aggregation, normalizer)
+                    policy_loss = pg.loss * share
+                    if entropy is not None:
+                        policy_loss = policy_loss - cfg.entropy_coef * masked_sum(entropy, act) / n_tokens
+                    # The two models share no parameters: one backward each, so the policy's activations are freed
+                    # before the value model's exist (peak memory = one model's, not both)
+                    policy_loss.backward()
                     if critic is not None:
                         values = (sequence_values(critic, ids, att) - self.reward_mean) / self.reward_std
                         vl = clipped_value_loss(values, mb["old_values"], mb["returns"], act, cfg.value_clip_range,
                                                 cfg.loss_aggregation, normalizer)
+                        (vl.loss * share).backward()
                     else:
                         vl = ValueLoss(torch.zeros((), device=dev), torch.zeros((), device=dev))
-                    loss = (pg.loss + vl.loss) * share
-                    if entropy is not None:
-                        loss = loss - cfg.entropy_coef * masked_sum(entropy, act) / n_tokens
-                    loss.backward()
                     weight = float(act.sum()) / n_tokens  # token share of this micro-batch, for the logged means
                     sums["pg_loss"] += float(pg.loss.detach()) * share
                     sums["v_loss"] += float(vl.loss.detach()) * share
@@ -442,8 +448,7 @@ class PPOTrainer:
             if self.consecutive_skips >= cfg.max_skipped_steps:
                 raise TrainingStopped(f"{self.consecutive_skips} consecutive iterations with non-finite rewards; "
                                       "stopping (the last checkpoint is intact)")
-            update = {k: float("nan") for k in ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac",
-                                                "grad_norm_policy", "grad_norm_value")}
+            update = {k: float("nan") for k in UPDATE_STATS}
             update["skipped_steps"] = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)
         updated = time.perf_counter()
 
@@ -463,7 +468,7 @@ class PPOTrainer:
             "pg_loss": update["pg_loss"],
             "grad_norm_policy": update["grad_norm_policy"],
             "grad_norm_value": update["grad_norm_value"],
-            **({"ptx_loss": update.get("ptx_loss", float("nan"))} if cfg.ptx_coef > 0 else {}),
+            **({"ptx_loss": update["ptx_loss"]} if cfg.ptx_coef > 0 else {}),
             **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
             "beta": self.beta,
             "skipped_steps": update["skipped_steps"],
