@@ -40,6 +40,7 @@ PROMPTS = [
     "What should I pack for a weekend trip?", "Describe the taste of a lemon.", "How many legs does a spider have?",
     "Write one sentence about the sea.", "What is a good breakfast?", "Translate 'thank you' into French.",
 ]
+TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 QWEN_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                   intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
                   rms_norm_eps=1e-6, tie_word_embeddings=True)
@@ -215,6 +216,9 @@ def main() -> None:
     parser.add_argument("--qwen-batch", type=int, default=0, help="batch for qwen-shape (minibatch = half); 0 = --batch")
     parser.add_argument("--qwen-max-new-tokens", type=int, default=0, help="reply cap for qwen-shape; 0 = --max-new-tokens")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tuned-malloc", action="store_true",
+                        help="both sides with glibc's allocator returning large freed blocks to the OS and using "
+                             "transparent huge pages (MALLOC_MMAP_THRESHOLD_=131072, GLIBC_TUNABLES=glibc.malloc.hugetlb=1)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -229,7 +233,10 @@ def main() -> None:
     # (spinning) made a 2-thread forward+backward 3-4x slower whenever other processes held the cores.
     env = {"OMP_WAIT_POLICY": "PASSIVE", "TRL_EXPERIMENTAL_SILENCE": "1", **os.environ, "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    print(f"environment: OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}, torch threads = default ({os.cpu_count()} cores)")
+    if args.tuned_malloc:
+        env.update(TUNED_MALLOC)
+    print(f"environment: OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}, torch threads = default ({os.cpu_count()} cores)"
+          + (f", {TUNED_MALLOC}" if args.tuned_malloc else ""))
     results = {}
     for name in args.models.split(","):
         path = prepare_model(name)
