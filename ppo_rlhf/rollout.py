@@ -138,7 +138,8 @@ class SampledTokenLogprobs(LogitsProcessor):
         if self.pending is not None:
             self.resolve(input_ids[:, -1])
         logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        self.entropies.append(-torch.special.xlogy(logp.exp(), logp.exp()).sum(-1))  # 0 log 0 = 0 for banned tokens
+        probs = logp.exp()
+        self.entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # 0 log 0 = 0 for banned tokens
         self.pending = logp
         return scores
 
