@@ -3,7 +3,8 @@
 A checkpoint is a folder `checkpoints/iter_NNNNNN/` written under a temporary name and renamed when
 complete; `checkpoints/latest` names the newest complete one and is replaced atomically last. A run
 killed at any moment therefore leaves `latest` pointing at a whole checkpoint. Weights are PEFT adapters
-in safetensors; optimiser and RNG states load with `torch.load(weights_only=True)`.
+in safetensors; optimiser and RNG states load with `torch.load(weights_only=True)`. Under FSDP the shards are
+gathered first (`whole_states`), so a checkpoint is the same whatever the number of processes that wrote or read it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from peft import PeftModel, set_peft_model_state_dict
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
+from ppo_rlhf.distributed import Dist, is_sharded
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.files import atomic_write_text
 
@@ -67,16 +69,30 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def whole_states(
+    models: dict[str, PeftModel], optimizers: dict[str, torch.optim.Optimizer], dist: Dist
+) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, Any]]]:
+    """(trained weights, optimiser states) by model name, whole tensors on the CPU. Under FSDP it gathers the
+    shards: every process calls it, then one writes."""
+    weights = {}
+    for name, model in models.items():
+        trained = {key for key, p in model.named_parameters() if p.requires_grad}
+        weights[name] = dist.full_tensors({k: v for k, v in model.state_dict().items() if k in trained})
+    return weights, {name: dist.full_tensors(opt.state_dict()) for name, opt in optimizers.items()}
+
+
 def save_checkpoint(
     run_dir: Path,
     state: TrainingState,
     models: dict[str, PeftModel],
-    optimizers: dict[str, torch.optim.Optimizer],
+    weights: dict[str, dict[str, torch.Tensor]],
+    optimizer_states: dict[str, dict[str, Any]],
     history_lines: list[str],
     schedulers: dict[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint `iter_{state.iteration}` atomically and point `latest` at it. `models` may be any subset
-    (the critic-free estimators have no value model); `schedulers` are LR schedulers, saved like the optimisers."""
+    """Write checkpoint `iter_{state.iteration}` atomically and point `latest` at it: each model's adapter (from
+    its trained `weights`, `whole_states`) and the optimiser states. `models` may be any subset (the critic-free
+    estimators have no value model); `schedulers` are LR schedulers, saved like the optimisers."""
     root = run_dir / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(state.iteration)
@@ -84,11 +100,11 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     for name, model in models.items():
-        model.save_pretrained(tmp / name)
+        model.save_pretrained(tmp / name, state_dict=weights[name])
     torch.save(
         {
             "state": state.__dict__,
-            "optimizers": {name: opt.state_dict() for name, opt in optimizers.items()},
+            "optimizers": optimizer_states,
             "schedulers": {name: sched.state_dict() for name, sched in (schedulers or {}).items()},
             "rng": rng_state(),
         },
@@ -166,20 +182,24 @@ def load_checkpoint(
     optimizers: dict[str, torch.optim.Optimizer],
     schedulers: dict[str, Any] | None = None,
 ) -> tuple[TrainingState, list[str]]:
-    """Restore adapters, optimisers and RNG states in place; return the training state and the history lines."""
+    """Restore adapters, optimisers and RNG states in place (into FSDP shards too); return the training state and
+    the history lines."""
     for name, model in models.items():
         weights = folder / name / "adapter_model.safetensors"
         if not weights.is_file():
             raise UsageError(f"checkpoint {folder} has no {name} adapter")
-        result = set_peft_model_state_dict(model, load_file(weights))
-        if getattr(result, "unexpected_keys", None):
-            raise UsageError(f"checkpoint {folder}: {name} adapter does not fit this model")
+        load_adapter(model, load_file(weights), f"checkpoint {folder}: {name} adapter does not fit this model")
     try:
         saved = torch.load(folder / "state.pt", weights_only=True)
     except Exception as error:  # truncated or foreign file: unpickling errors of many types
         raise UsageError(f"checkpoint {folder}: state.pt is not readable ({type(error).__name__})") from error
     for name, opt in optimizers.items():
         opt.load_state_dict(saved["optimizers"][name])
+        for param, param_state in opt.state.items():  # FSDP: the loaded whole moments become this process's shards
+            if is_sharded(param):
+                for key, value in param_state.items():
+                    if isinstance(value, torch.Tensor) and value.shape == param.shape:
+                        param_state[key] = as_shard_of(param, value)
     for name, sched in (schedulers or {}).items():
         if name not in saved.get("schedulers", {}):
             raise UsageError(f"checkpoint {folder} has no {name} learning-rate scheduler state")
@@ -187,3 +207,25 @@ def load_checkpoint(
     set_rng_state(saved["rng"])
     history = (folder / "history.jsonl").read_text().splitlines(keepends=True)
     return TrainingState(**saved["state"]), history
+
+
+def as_shard_of(param: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """`whole` cut like the FSDP-sharded `param` (every process has read the same file: no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(whole.to(param.device, param.dtype), param.device_mesh, param.placements, src_data_rank=None)
+
+
+def load_adapter(model: PeftModel, weights: dict[str, torch.Tensor], mismatch: str) -> None:
+    """Copy saved adapter `weights` into `model`; under FSDP, into this process's shards of them."""
+    if not any(is_sharded(p) for p in model.parameters()):
+        result = set_peft_model_state_dict(model, weights)
+        if getattr(result, "unexpected_keys", None):
+            raise UsageError(mismatch)
+        return
+    live = get_peft_model_state_dict(model)  # views of the parameters, keyed as saved
+    if set(live) != set(weights):
+        raise UsageError(mismatch)
+    with torch.no_grad():
+        for key, target in live.items():
+            target.copy_(as_shard_of(target, weights[key]) if is_sharded(target) else weights[key])

@@ -15,8 +15,13 @@ What each process does (docs/DESIGN.md, "Data parallel"):
   process on the global minibatch would (DDP's arithmetic, written out);
 * checkpoints and logs are written by rank 0 only (`is_main`), after a barrier.
 
-This is DDP-style data parallelism: every process holds the whole model. Sharded training (FSDP, DeepSpeed ZeRO)
-needs Accelerator.prepare around the models and optimisers and is not wired in yet; the launcher refuses it.
+Without sharding every process holds the whole model (DDP's layout). With FSDP (`accelerate launch --config_file
+configs/accelerate/fsdp.yaml`, which sets ACCELERATE_USE_FSDP=true) every decoder layer is sharded by PyTorch's FSDP2
+`fully_shard` (`shard_model`): each process keeps 1/N of the layers' weights, LoRA factors and Adam moments, and
+the layers all-gather their weights just before they run. FSDP's reduce-scatter then sums (not averages) the
+layers' gradients, which is the same arithmetic as the all-reduce above; the parameters outside the layers
+(embeddings, final norm, LM head, the value head) stay whole and go through `all_reduce_grads`. Generation runs
+with `synced_gpus` so every process makes the same number of forward calls. DeepSpeed is refused.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from ppo_rlhf.errors import UsageError, require
 class Dist:
     """One process of `world_size` (rank 0 of 1 when not launched in parallel)."""
 
-    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0):
+    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0, fsdp: bool = False):
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.fsdp = fsdp and world_size > 1  # decoder layers sharded with FSDP2 (`shard_model`)
 
     @property
     def is_main(self) -> bool:
@@ -55,6 +61,24 @@ class Dist:
                 f"{len(items)} prompts (or prompt groups) do not split evenly over {self.world_size} processes")
         size = len(items) // self.world_size
         return items[self.rank * size : (self.rank + 1) * size]
+
+    def shard_model(self, model: torch.nn.Module) -> None:
+        """FSDP: shard each decoder layer (the classes in the model's `_no_split_modules`, the unit Accelerate's
+        TRANSFORMER_BASED_WRAP uses) over the processes; a no-op without FSDP. Call before building optimisers:
+        the layers' parameters become new (DTensor) parameters."""
+        if not self.fsdp:
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        layer_types = set(getattr(base, "_no_split_modules", None) or ())
+        layers = [m for m in model.modules() if type(m).__name__ in layer_types]
+        require(bool(layers), f"FSDP: {type(base).__name__} names no decoder layer class (_no_split_modules) to shard")
+        for layer in layers:
+            # explicit reshard_after_forward: each layer is its own FSDP root and would otherwise keep its weights
+            fully_shard(layer, reshard_after_forward=True)
+            layer.set_gradient_divide_factor(1.0)  # sum over processes, as all_reduce_grads does
+            layer.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
 
     # ----------------------------------------------------------------- reductions
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -79,8 +103,10 @@ class Dist:
         return self.sum(value) / self.world_size
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
-        """Sum every parameter's gradient over the processes (one flat buffer, one collective)."""
-        if self.world_size == 1:
+        """Sum every parameter's gradient over the processes (one flat buffer, one collective); FSDP-sharded
+        parameters are skipped (their backward already reduce-scattered the sum)."""
+        params = [p for p in params if not is_sharded(p)]
+        if self.world_size == 1 or not params:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = self._all_reduce(torch.cat([g.reshape(-1).float() for g in grads]))
@@ -89,6 +115,32 @@ class Dist:
             n = g.numel()
             p.grad = flat[offset : offset + n].view_as(g).to(g.dtype)
             offset += n
+
+    def clip_grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> float:
+        """torch.nn.utils.clip_grad_norm_ over whole and FSDP-sharded gradients alike (after the reductions, every
+        process holds the same whole gradients and its own shards): the global L2 norm, gradients scaled in place
+        by min(1, max_norm / (norm + 1e-6)); returns the norm before clipping."""
+        if not any(is_sharded(p) for p in params):
+            return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grads = [p.grad for p in params if p.grad is not None]
+        shard_squares = sum(float(g.to_local().double().pow(2).sum()) for g in grads if is_sharded(g))
+        whole_squares = sum(float(g.double().pow(2).sum()) for g in grads if not is_sharded(g))
+        norm = (self.sum(shard_squares) + whole_squares) ** 0.5
+        scale = min(1.0, max_norm / (norm + 1e-6))
+        for g in grads:
+            (g.to_local() if is_sharded(g) else g).mul_(scale)
+        return norm
+
+    def full_tensors(self, tree: Any) -> Any:
+        """`tree` (dicts, lists, tensors: a state dict) with every FSDP shard replaced by the whole tensor, on the
+        CPU. A collective under FSDP: every process calls it, in the same order."""
+        if isinstance(tree, dict):
+            return {key: self.full_tensors(value) for key, value in tree.items()}
+        if isinstance(tree, (list, tuple)):
+            return type(tree)(self.full_tensors(value) for value in tree)
+        if isinstance(tree, torch.Tensor):
+            return (tree.full_tensor() if is_sharded(tree) else tree).detach().cpu()
+        return tree
 
     def gather_1d(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate a 1-D tensor of any length from every rank, in rank order."""
@@ -135,6 +187,13 @@ class Dist:
         return torch.device("cuda", self.local_rank) if td.get_backend() == "nccl" else torch.device("cpu")
 
 
+def is_sharded(tensor: torch.Tensor) -> bool:
+    """An FSDP-sharded parameter or gradient (a DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
 _CURRENT: Dist | None = None
 
 
@@ -148,16 +207,16 @@ def current() -> Dist:
         _CURRENT = Dist()
         return _CURRENT
     distributed_type = os.environ.get("ACCELERATE_DISTRIBUTED_TYPE", "")
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" or \
-            os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" or distributed_type in ("FSDP", "DEEPSPEED"):
-        raise UsageError("FSDP and DeepSpeed are not supported yet: launch with configs/accelerate/ddp.yaml "
-                         "(every process holds the whole model)")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" or distributed_type == "DEEPSPEED":
+        raise UsageError("DeepSpeed is not supported: launch with configs/accelerate/fsdp.yaml (sharded layers) "
+                         "or configs/accelerate/ddp.yaml")
+    fsdp = distributed_type == "FSDP" or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
     import torch.distributed as td
 
     if not td.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         td.init_process_group(backend=backend)
-    _CURRENT = Dist(td.get_rank(), td.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+    _CURRENT = Dist(td.get_rank(), td.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), fsdp)
     if torch.cuda.is_available():
         torch.cuda.set_device(_CURRENT.local_rank)
     return _CURRENT

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 
+from ppo_rlhf.distributed import current
 from ppo_rlhf.errors import require
 from ppo_rlhf.models import backbone_and_head
 
@@ -198,16 +199,19 @@ def generate_rollout(
     finished: list[bool] = []
     reply_logprobs: list[list[float]] = []
     reply_entropies: list[list[float]] = []
+    # FSDP: a process whose replies all ended keeps stepping until every process's have, so that the sharded
+    # layers' all-gathers match up
+    synced = current().fsdp
     for start in range(0, len(prompts), batch_size):
         chunk = prompt_ids[start : start + batch_size]
-        width = max(len(p) for p in chunk)
+        prompt_width = max(len(p) for p in chunk)
         # Left padding for generation, so every row's next token is appended at the same column.
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
+        ids = torch.tensor([[pad] * (prompt_width - len(p)) + p for p in chunk], device=device)
+        mask = torch.tensor([[0] * (prompt_width - len(p)) + [1] * len(p) for p in chunk], device=device)
         recorder = SampledTokenLogprobs(temperature) if record_logprobs else None
-        out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+        out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config, synced_gpus=synced,
                               logits_processor=LogitsProcessorList([recorder] if recorder else []))
-        new_tokens = out[:, width:]
+        new_tokens = out[:, prompt_width:]
         if recorder is not None:
             logprobs, entropies = (t.tolist() for t in recorder.finish(new_tokens))
         for i, row in enumerate(new_tokens.tolist()):

@@ -17,6 +17,7 @@ from ppo_rlhf.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    whole_states,
 )
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
 from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
@@ -158,8 +159,9 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         if trainer.ptx is not None:
             extra["ptx"] = trainer.ptx.state()
         state = TrainingState(iteration=iteration, sampler=trainer.sampler.state(), beta=trainer.beta, extra=extra)
+        weights, optimizer_states = whole_states(models, optimizers, trainer.dist)  # every process (FSDP gathers)
         if main:
-            save_checkpoint(run_dir, state, models, optimizers, history, trainer.schedulers)
+            save_checkpoint(run_dir, state, models, weights, optimizer_states, history, trainer.schedulers)
         trainer.dist.barrier()  # nobody runs ahead of a checkpoint being written
 
     progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)

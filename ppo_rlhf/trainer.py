@@ -171,6 +171,10 @@ class PPOTrainer:
             self.value_model = None
             self.reward_model = load_reward_model(cfg.reward_model, dtype=dtype, trust_remote_code=remote).to(self.device)
         check_prompt_lengths(cfg, self.tokenizer, [self.policy, self.reward_model])
+        require(not (self.dist.fsdp and cfg.generation_backend != "hf"),
+                "FSDP shards the policy's layers: use generation_backend: hf (vLLM needs the whole policy per process)")
+        for model in (self.policy, self.reward_model):  # FSDP: each process keeps a shard of every layer
+            self.dist.shard_model(model)
         self.policy_optimizer = make_optimizer(self.policy, cfg.policy_lr, cfg)
         self.value_optimizer = make_optimizer(self.value_model, cfg.value_lr, cfg) if cfg.has_value_model else None
         self.schedulers = self._make_schedulers()
@@ -379,9 +383,8 @@ class PPOTrainer:
                 ptx_loss = self.ptx_step() if self.ptx is not None else float("nan")
                 dist.all_reduce_grads(policy_params + value_params)  # the global minibatch's gradient
                 sums = dist.sum_dict(sums)
-                grad_policy = float(torch.nn.utils.clip_grad_norm_(policy_params, cfg.max_grad_norm))
-                grad_value = (float(torch.nn.utils.clip_grad_norm_(value_params, cfg.max_grad_norm))
-                              if critic is not None else 0.0)
+                grad_policy = dist.clip_grad_norm(policy_params, cfg.max_grad_norm)
+                grad_value = dist.clip_grad_norm(value_params, cfg.max_grad_norm) if critic is not None else 0.0
                 if not all(math.isfinite(x) for x in (grad_policy, grad_value, sums["pg_loss"], sums["v_loss"])):
                     skipped += 1  # a non-finite loss or gradient never reaches the weights
                     self.consecutive_skips += 1

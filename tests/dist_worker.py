@@ -1,5 +1,6 @@
-"""One process of tests/test_distributed.py: a fixed global rollout, this rank's rows, score + update; the losses,
-the whitened advantages and the trained parameters go to OUT/rank{R}.pt. WORLD_SIZE=1 is the single-process run."""
+"""One process of tests/test_distributed.py: a fixed global rollout, this rank's rows, score + update, then a
+checkpoint written and read back; the losses, the whitened advantages, the trained parameters and whether the
+checkpoint restored them go to OUT/rank{R}.pt. WORLD_SIZE=1 is the single-process run."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from ppo_rlhf.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint, whole_states  # noqa: E402
 from ppo_rlhf.config import build_config  # noqa: E402
+from ppo_rlhf.distributed import is_sharded  # noqa: E402
 from ppo_rlhf.rollout import generate_rollout  # noqa: E402
 from ppo_rlhf.train_config import TrainConfig  # noqa: E402
 from ppo_rlhf.trainer import PPOTrainer  # noqa: E402
@@ -33,11 +36,30 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     batch = trainer.score(rollout)
     torch.manual_seed(1)
     stats = trainer.update(rollout, batch)
-    params = {name: p.detach().clone() for model in trainer.models.values() for name, p in model.named_parameters()
-              if p.requires_grad}
+    trained = {name: p for model in trainer.models.values() for name, p in model.named_parameters() if p.requires_grad}
+    params = dist.full_tensors({name: p.detach() for name, p in trained.items()})  # FSDP: the shards gathered
+    sharded = sum(is_sharded(p) for model in trainer.models.values() for p in model.parameters())
     scores = dist.gather_1d(batch.scores)
+
+    # a checkpoint round trip: gathered and written by rank 0, read back into (this process's shards of) wiped models
+    weights, optimizer_states = whole_states(trainer.models, trainer.optimizers, dist)
+    if dist.is_main:
+        save_checkpoint(Path(out), TrainingState(1, trainer.sampler.state(), trainer.beta), trainer.models, weights,
+                        optimizer_states, [])
+    dist.barrier()
+    with torch.no_grad():
+        for p in trained.values():
+            p.zero_()
+    for optimizer in trainer.optimizers.values():
+        optimizer.state.clear()
+    load_checkpoint(latest_checkpoint(Path(out)), trainer.models, trainer.optimizers)
+    reloaded = dist.full_tensors({name: p.detach() for name, p in trained.items()})
+    moments = [dist.full_tensors(opt.state_dict())["state"] for opt in trainer.optimizers.values()]
+    saved_moments = [states["state"] for states in optimizer_states.values()]
+    restored = all(torch.equal(reloaded[k], params[k]) for k in params) and all(
+        torch.equal(a[i][key], b[i][key]) for a, b in zip(moments, saved_moments) for i in b for key in b[i])
     torch.save({"stats": stats, "params": params, "advantages": batch.advantages, "act": batch.action_mask,
-                "scores": scores, "rows": dist.shard(list(range(4)))}, Path(out) / f"rank{dist.rank}.pt")
+                "scores": scores, "sharded": sharded, "restored": restored, "rows": dist.shard(list(range(4)))}, Path(out) / f"rank{dist.rank}.pt")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Data parallel over 2 CPU processes (gloo) equals one process on the same global batch."""
+"""Data parallel over 2 CPU processes (gloo) equals one process on the same global batch; so do its checkpoints."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, args: list[str]) -> None:
+def launch(world: int, args: list[str], **extra_env: str) -> None:
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {**os.environ, "WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank),
+        env = {**os.environ, **extra_env, "WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                "CUDA_VISIBLE_DEVICES": ""}
         procs.append(subprocess.Popen([sys.executable, str(WORKER), *args], env=env, stdout=subprocess.PIPE,
@@ -46,7 +46,9 @@ def test_shard_is_contiguous_and_even():
         Dist(0, 2).shard([1, 2, 3])
 
 
-def test_two_processes_equal_one(tmp_path, tokenizer):
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_processes_equal_one(tmp_path, tokenizer, sharding):
+    """Whole models on every process (DDP's layout), or every decoder layer sharded over the two (FSDP2)."""
     policy = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer, initializer_range=0.3), tokenizer, tmp_path / "policy")
     reward = tiny.save_tiny(tiny.tiny_reward_model(tokenizer), tokenizer, tmp_path / "reward")
     prompts = tmp_path / "prompts.jsonl"
@@ -54,7 +56,7 @@ def test_two_processes_equal_one(tmp_path, tokenizer):
     single, double = tmp_path / "single", tmp_path / "double"
     single.mkdir(), double.mkdir()
     launch(1, [str(policy), str(reward), str(prompts), str(single)])
-    launch(2, [str(policy), str(reward), str(prompts), str(double)])
+    launch(2, [str(policy), str(reward), str(prompts), str(double)], ACCELERATE_USE_FSDP=str(sharding == "fsdp"))
     one = torch.load(single / "rank0.pt", weights_only=True)
     ranks = [torch.load(double / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
@@ -72,6 +74,29 @@ def test_two_processes_equal_one(tmp_path, tokenizer):
         for part in ranks:
             assert torch.allclose(part["params"][name], value, atol=1e-5), name
     assert one["stats"]["grad_norm_policy"] > 0
+    # the checkpoint holds whole tensors (the single process's), and reading it back restored weights and moments
+    from safetensors.torch import load_file
+
+    saved = load_file(double / "checkpoints" / "iter_000001" / "policy" / "adapter_model.safetensors")
+    reference = load_file(single / "checkpoints" / "iter_000001" / "policy" / "adapter_model.safetensors")
+    assert saved.keys() == reference.keys() and all(torch.allclose(saved[k], reference[k], atol=1e-5) for k in saved)
+    assert one["restored"] and all(part["restored"] for part in ranks)
+    # FSDP: the layers' weights (frozen and LoRA) really are split between the processes
+    assert all((part["sharded"] > 0) == (sharding == "fsdp") for part in ranks) and one["sharded"] == 0
+
+
+def test_deepspeed_is_refused_in_one_line(monkeypatch):
+    from ppo_rlhf import distributed
+    from ppo_rlhf.errors import UsageError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    distributed.reset()
+    try:
+        with pytest.raises(UsageError, match="DeepSpeed is not supported"):
+            distributed.current()
+    finally:
+        distributed.reset()
 
 
 def test_global_whitening_formula():
