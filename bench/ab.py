@@ -6,6 +6,7 @@ Changes (before -> after):
   first         the LM head over every position -> skipped over positions that are prompt in every row
   frozen-head   checkpointed LM-head chunks in training -> FrozenHeadLogprobs (the head's gradient formed in forward)
   old-logprobs  old_logprobs: recompute (one more policy forward) -> generation (recorded by generate)
+  score-batch   scoring passes of micro_batch_size rows -> of the whole batch (score_batch_size = batch_size)
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def switch(trainer, change: str, after: bool, originals: dict) -> None:
         rollout_module.first_reply_position = originals["first"] if after else (lambda prompt_ids: 0)
     elif change == "frozen-head":
         rollout_module._frozen_plain_head = originals["frozen"] if after else (lambda head: False)
+    elif change == "score-batch":
+        trainer.cfg.score_batch_size = trainer.cfg.batch_size if after else 0
     else:
         trainer.cfg.old_logprobs = "generation" if after else "recompute"
         trainer.generator.record_logprobs = after
@@ -39,7 +42,7 @@ def switch(trainer, change: str, after: bool, originals: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--change", choices=["first", "frozen-head", "old-logprobs"], required=True)
+    parser.add_argument("--change", choices=["first", "frozen-head", "old-logprobs", "score-batch"], required=True)
     parser.add_argument("--model", default="smollm2", help="smollm2 or qwen-shape (bench/peer_trl.py)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--minibatch", type=int, default=4)

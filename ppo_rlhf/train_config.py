@@ -41,6 +41,8 @@ class TrainConfig:
     """Replies per optimiser step."""
     micro_batch_size: int = 0
     """Replies per forward/backward pass inside a minibatch (gradient accumulation, the per-token mean kept exact); 0 = the whole minibatch."""
+    score_batch_size: int = 0
+    """Replies per forward pass when scoring (log-probs, values, rewards; no gradients, so no activations are kept and larger passes cost little memory); 0 = micro_batch_size."""
     epochs: int = 2
     """Passes over each batch (the chapter's K)."""
     # --- sampling
@@ -141,7 +143,7 @@ class TrainConfig:
         for name in ("iterations", "batch_size", "minibatch_size", "epochs", "max_new_tokens", "reward_norm_samples",
                      "lora_rank", "checkpoint_every", "sample_every", "max_skipped_steps"):
             require(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("micro_batch_size", "generation_batch_size", "logprob_chunk"):
+        for name in ("micro_batch_size", "score_batch_size", "generation_batch_size", "logprob_chunk"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("policy_lr", "value_lr", "adam_eps", "max_grad_norm", "temperature", "kl_target", "kl_horizon"):
             value = getattr(self, name)

@@ -204,6 +204,10 @@ class PPOTrainer:
         return self.cfg.micro_batch_size or self.cfg.minibatch_size
 
     @property
+    def score_size(self) -> int:
+        return self.cfg.score_batch_size or self.micro_size
+
+    @property
     def models(self) -> dict[str, torch.nn.Module]:
         """The trained models by checkpoint folder name (no "value" for the critic-free estimators)."""
         return {"policy": self.policy, **({"value": self.value_model} if self.value_model is not None else {})}
@@ -242,7 +246,7 @@ class PPOTrainer:
 
         with self.reward_scoring():
             return score_texts(self.reward_model, self.reward_tokenizer, rollout.prompts, rollout.reply_texts,
-                               batch_size=self.micro_size)
+                               batch_size=self.score_size)
 
     def measure_reward_norm(self) -> dict[str, float]:
         """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
@@ -287,10 +291,10 @@ class PPOTrainer:
         if rollout.logprobs is not None:  # recorded by generate from the same weights (old_logprobs: generation)
             old_logprobs, entropy = rollout.logprobs.to(dev), rollout.entropy.to(dev)
         else:
-            old_logprobs, entropy = per_token_in_chunks(policy_pass, rollout, self.micro_size)
-        (ref_logprobs,) = per_token_in_chunks(reference_pass, rollout, self.micro_size)
+            old_logprobs, entropy = per_token_in_chunks(policy_pass, rollout, self.score_size)
+        (ref_logprobs,) = per_token_in_chunks(reference_pass, rollout, self.score_size)
         if self.value_model is not None:
-            (values,) = per_token_in_chunks(value_pass, rollout, self.micro_size)
+            (values,) = per_token_in_chunks(value_pass, rollout, self.score_size)
             old_values = (values - self.reward_mean) / self.reward_std * act
         else:  # critic-free estimators
             old_values = torch.zeros_like(act)

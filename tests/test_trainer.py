@@ -83,6 +83,22 @@ def test_masks_rewards_and_advantages(setup, tmp_path):
     assert torch.all(batch.scores[~rollout.finished] == -1.0)
 
 
+def test_score_batch_size_changes_nothing_but_the_pass_size(setup, tmp_path):
+    """Scoring in passes of one reply or of the whole batch gives the same batch on the reply tokens (rows are
+    independent; positions past a row's end hold whatever the pass computed there, and nothing reads them)."""
+    trainer = PPOTrainer(config(setup, tmp_path / "run", beta=0.1, minibatch_size=4, micro_batch_size=1))
+    trainer.reward_mean, trainer.reward_std = 0.2, 1.5
+    rollout = trainer.rollout(PROMPTS[:4])
+    small = trainer.score(rollout)
+    trainer.cfg.score_batch_size = 4
+    whole = trainer.score(rollout)
+    act = small.action_mask
+    assert torch.equal(act, whole.action_mask) and act.sum() > 0
+    for name in ("old_logprobs", "ref_logprobs", "entropy", "old_values", "advantages", "returns"):
+        assert torch.allclose(getattr(small, name) * act, getattr(whole, name) * act, atol=1e-5), name
+    assert torch.allclose(small.raw_scores, whole.raw_scores, atol=1e-5)
+
+
 def test_reference_is_base_model_after_training(setup, tmp_path):
     cfg = config(setup, tmp_path / "run")
     run_dir = train(cfg)
