@@ -13,11 +13,12 @@ export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/ci.txt requirements/nodeps.txt
+$(STAMP): pyproject.toml requirements/ci.txt requirements/nodeps.txt requirements/deepspeed.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements/ci.txt
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements/nodeps.txt
+	$(BIN)/python -m pip install --quiet --no-build-isolation -r requirements/deepspeed.txt
 	touch $(STAMP)
 
 demo: $(STAMP)

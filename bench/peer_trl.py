@@ -94,6 +94,7 @@ def run_ours(args) -> dict:
         policy_model=args.model_path, reward_model=args.model_path, prompts=str(work / "prompts.jsonl"),
         out=str(work / "run"), iterations=args.warmup + args.iterations, batch_size=args.batch,
         minibatch_size=args.minibatch, epochs=args.epochs, max_new_tokens=args.max_new_tokens,
+        score_batch_size=args.batch,  # scoring passes over the whole batch, as TRL's local_rollout_forward_batch_size
         temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
         old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device="cpu"))
     trainer = PPOTrainer(cfg)

@@ -4,7 +4,8 @@ A checkpoint is a folder `checkpoints/iter_NNNNNN/` written under a temporary na
 complete; `checkpoints/latest` names the newest complete one and is replaced atomically last. A run
 killed at any moment therefore leaves `latest` pointing at a whole checkpoint. Weights are PEFT adapters
 in safetensors; optimiser and RNG states load with `torch.load(weights_only=True)`. Under FSDP the shards are
-gathered first (`whole_states`), so a checkpoint is the same whatever the number of processes that wrote or read it.
+gathered first (`whole_states`), so a checkpoint is the same whatever the number of processes that wrote or read it;
+under DeepSpeed ZeRO it holds every process's optimiser partition and resumes with the same launch (`zero.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
-from ppo_rlhf.distributed import Dist, is_sharded
+from ppo_rlhf.distributed import Dist, current, is_sharded
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.files import atomic_write_text
 
@@ -78,7 +79,7 @@ def whole_states(
     for name, model in models.items():
         trained = {key for key, p in model.named_parameters() if p.requires_grad}
         weights[name] = dist.full_tensors({k: v for k, v in model.state_dict().items() if k in trained})
-    return weights, {name: dist.full_tensors(opt.state_dict()) for name, opt in optimizers.items()}
+    return weights, {name: dist.optimizer_state(opt) for name, opt in optimizers.items()}
 
 
 def save_checkpoint(
@@ -181,9 +182,11 @@ def load_checkpoint(
     models: dict[str, PeftModel],
     optimizers: dict[str, torch.optim.Optimizer],
     schedulers: dict[str, Any] | None = None,
+    dist: Dist | None = None,
 ) -> tuple[TrainingState, list[str]]:
-    """Restore adapters, optimisers and RNG states in place (into FSDP shards too); return the training state and
-    the history lines."""
+    """Restore adapters, optimisers and RNG states in place (into FSDP shards and DeepSpeed partitions too); return
+    the training state and the history lines."""
+    dist = dist or current()
     for name, model in models.items():
         weights = folder / name / "adapter_model.safetensors"
         if not weights.is_file():
@@ -194,7 +197,14 @@ def load_checkpoint(
     except Exception as error:  # truncated or foreign file: unpickling errors of many types
         raise UsageError(f"checkpoint {folder}: state.pt is not readable ({type(error).__name__})") from error
     for name, opt in optimizers.items():
-        opt.load_state_dict(saved["optimizers"][name])
+        state, zero = saved["optimizers"][name], dist.zero_steps.get(id(opt))
+        if ("ranks" in state) != (zero is not None):
+            raise UsageError(f"checkpoint {folder}: its optimiser state was {'' if zero is None else 'not '}written under "
+                             "DeepSpeed ZeRO; resume it with the launch configuration that wrote it")
+        if zero is not None:
+            zero.load(dist, state)
+            continue
+        opt.load_state_dict(state)
         for param, param_state in opt.state.items():  # FSDP: the loaded whole moments become this process's shards
             if is_sharded(param):
                 for key, value in param_state.items():

@@ -21,7 +21,14 @@ configs/accelerate/fsdp.yaml`, which sets ACCELERATE_USE_FSDP=true) every decode
 the layers all-gather their weights just before they run. FSDP's reduce-scatter then sums (not averages) the
 layers' gradients, which is the same arithmetic as the all-reduce above; the parameters outside the layers
 (embeddings, final norm, LM head, the value head) stay whole and go through `all_reduce_grads`. Generation runs
-with `synced_gpus` so every process makes the same number of forward calls. DeepSpeed is refused.
+with `synced_gpus` so every process makes the same number of forward calls.
+
+With DeepSpeed (`configs/accelerate/deepspeed_zero2.yaml`: ACCELERATE_USE_DEEPSPEED=true) ZeRO stage 1 or 2 splits
+the optimiser state (and gradients) over the processes inside a DeepSpeed engine per trained model (`zero.py`); the
+weights stay whole. Stage 3 is refused: FSDP is the way to shard the weights here.
+
+The trainer moves gradients to weights through one `GradientStep` per trained model (`gradient_step`): backward,
+then the sum over processes and the norm clip (`finish`), then the optimiser step (`apply`).
 """
 
 from __future__ import annotations
@@ -31,15 +38,17 @@ from typing import Any, Sequence
 
 import torch
 
-from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.errors import require
 
 
 class Dist:
     """One process of `world_size` (rank 0 of 1 when not launched in parallel)."""
 
-    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0, fsdp: bool = False):
+    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0, fsdp: bool = False, zero_stage: int = 0):
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
         self.fsdp = fsdp and world_size > 1  # decoder layers sharded with FSDP2 (`shard_model`)
+        self.zero_stage = zero_stage if world_size > 1 else 0  # DeepSpeed ZeRO stage (0: no DeepSpeed)
+        self.zero_steps: dict[int, Any] = {}  # id(optimizer) -> its zero.ZeroStep
 
     @property
     def is_main(self) -> bool:
@@ -79,6 +88,23 @@ class Dist:
             fully_shard(layer, reshard_after_forward=True)
             layer.set_gradient_divide_factor(1.0)  # sum over processes, as all_reduce_grads does
             layer.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
+
+    # ----------------------------------------------------------------- optimiser steps
+    def gradient_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float):
+        """The path from `model`'s losses to its weights: a `GradientStep`, or under DeepSpeed a `zero.ZeroStep`."""
+        if not self.zero_stage:
+            return GradientStep(self, [p for p in model.parameters() if p.requires_grad], optimizer, max_norm)
+        from ppo_rlhf.zero import ZeroStep
+
+        step = ZeroStep(self, model, optimizer, max_norm)
+        self.zero_steps[id(optimizer)] = step
+        return step
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """What a checkpoint keeps of an optimiser: its whole state (FSDP shards gathered), or under DeepSpeed
+        every process's partition. A collective under FSDP or DeepSpeed: every process calls it."""
+        zero = self.zero_steps.get(id(optimizer))
+        return zero.state(self) if zero is not None else self.full_tensors(optimizer.state_dict())
 
     # ----------------------------------------------------------------- reductions
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -142,6 +168,16 @@ class Dist:
             return (tree.full_tensor() if is_sharded(tree) else tree).detach().cpu()
         return tree
 
+    def gather_objects(self, value: Any) -> list[Any]:
+        """Every process's (picklable, CPU) `value`, in rank order."""
+        if self.world_size == 1:
+            return [value]
+        import torch.distributed as td
+
+        values: list[Any] = [None] * self.world_size
+        td.all_gather_object(values, value)
+        return values
+
     def gather_1d(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate a 1-D tensor of any length from every rank, in rank order."""
         if self.world_size == 1:
@@ -187,6 +223,28 @@ class Dist:
         return torch.device("cuda", self.local_rank) if td.get_backend() == "nccl" else torch.device("cpu")
 
 
+class GradientStep:
+    """One trained model's path from loss to weights without DeepSpeed: `backward` each micro-batch's loss, then
+    `finish` (sum the gradients over the processes, clip their norm; returns the norm before clipping) and, if
+    the trainer accepts the step, `apply`."""
+
+    def __init__(self, dist: Dist, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, max_norm: float):
+        self.dist, self.params, self.optimizer, self.max_norm = dist, params, optimizer, max_norm
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def finish(self) -> float:
+        self.dist.all_reduce_grads(self.params)
+        return self.dist.clip_grad_norm(self.params, self.max_norm)
+
+    def apply(self) -> None:
+        self.optimizer.step()
+
+
 def is_sharded(tensor: torch.Tensor) -> bool:
     """An FSDP-sharded parameter or gradient (a DTensor)."""
     from torch.distributed.tensor import DTensor
@@ -207,16 +265,20 @@ def current() -> Dist:
         _CURRENT = Dist()
         return _CURRENT
     distributed_type = os.environ.get("ACCELERATE_DISTRIBUTED_TYPE", "")
+    zero_stage = 0
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" or distributed_type == "DEEPSPEED":
-        raise UsageError("DeepSpeed is not supported: launch with configs/accelerate/fsdp.yaml (sharded layers) "
-                         "or configs/accelerate/ddp.yaml")
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+        require(stage in ("1", "2"), f"DeepSpeed ZeRO stage {stage} is not supported: use stage 1 or 2 (the weights "
+                                     "stay whole), or configs/accelerate/fsdp.yaml to shard the weights")
+        zero_stage = int(stage)
     fsdp = distributed_type == "FSDP" or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    require(not (fsdp and zero_stage), "choose FSDP or DeepSpeed, not both")
     import torch.distributed as td
 
     if not td.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         td.init_process_group(backend=backend)
-    _CURRENT = Dist(td.get_rank(), td.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), fsdp)
+    _CURRENT = Dist(td.get_rank(), td.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")), fsdp, zero_stage)
     if torch.cuda.is_available():
         torch.cuda.set_device(_CURRENT.local_rank)
     return _CURRENT

@@ -177,6 +177,9 @@ class PPOTrainer:
             self.dist.shard_model(model)
         self.policy_optimizer = make_optimizer(self.policy, cfg.policy_lr, cfg)
         self.value_optimizer = make_optimizer(self.value_model, cfg.value_lr, cfg) if cfg.has_value_model else None
+        # loss -> summed over processes -> clipped -> optimiser step, per model (through DeepSpeed when launched so)
+        self.steps = {name: self.dist.gradient_step(model, self.optimizers[name], cfg.max_grad_norm)
+                      for name, model in self.models.items()}
         self.schedulers = self._make_schedulers()
         self.ptx = None
         if cfg.ptx_coef > 0:
@@ -335,8 +338,6 @@ class PPOTrainer:
 
         cfg, dev = self.cfg, self.device
         critic = self.value_model  # None for the critic-free estimators
-        policy_params = trainable_parameters(self.policy)
-        value_params = trainable_parameters(critic) if critic is not None else []
         totals: dict[str, list[float]] = {k: [] for k in UPDATE_STATS}
         skipped = 0
         dist = self.dist  # data parallel: sums over every process's rows (a no-op in one process)
@@ -346,9 +347,8 @@ class PPOTrainer:
         for _epoch in range(cfg.epochs):
             order = torch.randperm(len(rollout.prompts)).tolist()
             for minibatch in row_chunks(order, cfg.minibatch_size // dist.world_size):  # this process's share
-                self.policy_optimizer.zero_grad(set_to_none=True)
-                if critic is not None:
-                    self.value_optimizer.zero_grad(set_to_none=True)
+                for step in self.steps.values():
+                    step.zero_grad()
                 n_tokens = dist.sum(float(batch.action_mask[minibatch].sum()))  # over the global minibatch
                 n_rows = dist.sum(float(len(minibatch)))
                 sums = {"pg_loss": 0.0, "v_loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "vclipfrac": 0.0}
@@ -370,12 +370,12 @@ class PPOTrainer:
                         policy_loss = policy_loss - cfg.entropy_coef * masked_sum(entropy, act) / n_tokens
                     # The two models share no parameters: one backward each, so the policy's activations are freed
                     # before the value model's exist (peak memory = one model's, not both)
-                    policy_loss.backward()
+                    self.steps["policy"].backward(policy_loss)
                     if critic is not None:
                         values = (sequence_values(critic, ids, att) - self.reward_mean) / self.reward_std
                         vl = clipped_value_loss(values, mb["old_values"], mb["returns"], act, cfg.value_clip_range,
                                                 cfg.loss_aggregation, normalizer)
-                        (vl.loss * share).backward()
+                        self.steps["value"].backward(vl.loss * share)
                     else:
                         vl = ValueLoss(torch.zeros((), device=dev), torch.zeros((), device=dev))
                     weight = float(act.sum()) / n_tokens  # token share of this micro-batch, for the logged means
@@ -385,10 +385,10 @@ class PPOTrainer:
                     sums["approx_kl"] += float(pg.approx_kl) * weight
                     sums["vclipfrac"] += float(vl.clip_fraction) * weight
                 ptx_loss = self.ptx_step() if self.ptx is not None else float("nan")
-                dist.all_reduce_grads(policy_params + value_params)  # the global minibatch's gradient
                 sums = dist.sum_dict(sums)
-                grad_policy = dist.clip_grad_norm(policy_params, cfg.max_grad_norm)
-                grad_value = dist.clip_grad_norm(value_params, cfg.max_grad_norm) if critic is not None else 0.0
+                # the global minibatch's gradients, clipped (DeepSpeed: its whole step, skipping a non-finite one)
+                grad_norms = {name: step.finish() for name, step in self.steps.items()}
+                grad_policy, grad_value = grad_norms["policy"], grad_norms.get("value", 0.0)
                 if not all(math.isfinite(x) for x in (grad_policy, grad_value, sums["pg_loss"], sums["v_loss"])):
                     skipped += 1  # a non-finite loss or gradient never reaches the weights
                     self.consecutive_skips += 1
@@ -397,9 +397,8 @@ class PPOTrainer:
                                               "(the last checkpoint is intact)")
                     continue
                 self.consecutive_skips = 0
-                self.policy_optimizer.step()
-                if critic is not None:
-                    self.value_optimizer.step()
+                for step in self.steps.values():
+                    step.apply()
                 for scheduler in self.schedulers.values():
                     scheduler.step()
                 self.policy_version += 1
@@ -425,7 +424,7 @@ class PPOTrainer:
         ids, att = self.ptx.next_batch()
         nll = ptx_nll(self.policy, ids.to(self.device), att.to(self.device), self.cfg.logprob_chunk or None)
         # divided by the process count: the all-reduced gradient is then the mean over processes' ptx batches
-        (self.cfg.ptx_coef * nll / self.dist.world_size).backward()
+        self.steps["policy"].backward(self.cfg.ptx_coef * nll / self.dist.world_size)
         return float(nll.detach())
 
     def next_prompts(self) -> list[str]:

@@ -1,9 +1,11 @@
-"""One process of tests/test_distributed.py: a fixed global rollout, this rank's rows, score + update, then a
-checkpoint written and read back; the losses, the whitened advantages, the trained parameters and whether the
-checkpoint restored them go to OUT/rank{R}.pt. WORLD_SIZE=1 is the single-process run."""
+"""One process of tests/test_distributed.py: a fixed global rollout, this rank's rows, score + update, a checkpoint
+written, one more update (weights and moments move on), the checkpoint read back, and an update from it; the losses,
+the whitened advantages, the trained parameters (after the first update and after the resumed one) and whether the
+checkpoint restored weights and moments go to OUT/rank{R}.pt. WORLD_SIZE=1 is the single-process run."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -37,29 +39,41 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     torch.manual_seed(1)
     stats = trainer.update(rollout, batch)
     trained = {name: p for model in trainer.models.values() for name, p in model.named_parameters() if p.requires_grad}
-    params = dist.full_tensors({name: p.detach() for name, p in trained.items()})  # FSDP: the shards gathered
+    params = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})  # FSDP: the shards gathered
     sharded = sum(is_sharded(p) for model in trainer.models.values() for p in model.parameters())
     scores = dist.gather_1d(batch.scores)
 
-    # a checkpoint round trip: gathered and written by rank 0, read back into (this process's shards of) wiped models
+    # a checkpoint round trip: gathered and written by rank 0; the run moves on, then reads it back (into this
+    # process's shards or partitions) and continues from it
     weights, optimizer_states = whole_states(trainer.models, trainer.optimizers, dist)
     if dist.is_main:
         save_checkpoint(Path(out), TrainingState(1, trainer.sampler.state(), trainer.beta), trainer.models, weights,
                         optimizer_states, [])
     dist.barrier()
-    with torch.no_grad():
-        for p in trained.values():
-            p.zero_()
-    for optimizer in trainer.optimizers.values():
-        optimizer.state.clear()
+    saved_moments = copy.deepcopy(list(optimizer_states.values()))  # (one process: views of the live moments)
+    trainer.update(rollout, batch)
     load_checkpoint(latest_checkpoint(Path(out)), trainer.models, trainer.optimizers)
     reloaded = dist.full_tensors({name: p.detach() for name, p in trained.items()})
-    moments = [dist.full_tensors(opt.state_dict())["state"] for opt in trainer.optimizers.values()]
-    saved_moments = [states["state"] for states in optimizer_states.values()]
-    restored = all(torch.equal(reloaded[k], params[k]) for k in params) and all(
-        torch.equal(a[i][key], b[i][key]) for a, b in zip(moments, saved_moments) for i in b for key in b[i])
+    moments = [dist.optimizer_state(opt) for opt in trainer.optimizers.values()]
+    restored = all(torch.equal(reloaded[k], params[k]) for k in params) and same(moments, saved_moments)
+    torch.manual_seed(2)
+    trainer.update(rollout, batch)
+    resumed = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})
     torch.save({"stats": stats, "params": params, "advantages": batch.advantages, "act": batch.action_mask,
-                "scores": scores, "sharded": sharded, "restored": restored, "rows": dist.shard(list(range(4)))}, Path(out) / f"rank{dist.rank}.pt")
+                "scores": scores, "sharded": sharded, "restored": restored, "resumed": resumed,
+                "zero": [sorted(state) for state in optimizer_states.values()] if dist.zero_stage else None,
+                "rows": dist.shard(list(range(4)))}, Path(out) / f"rank{dist.rank}.pt")
+
+
+def same(a, b) -> bool:
+    """Nested dicts / lists of tensors and plain values, equal exactly."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
 
 
 if __name__ == "__main__":

@@ -46,9 +46,14 @@ def test_shard_is_contiguous_and_even():
         Dist(0, 2).shard([1, 2, 3])
 
 
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+LAUNCH = {"ddp": {}, "fsdp": {"ACCELERATE_USE_FSDP": "true"},
+          "deepspeed": {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}}
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp", "deepspeed"])
 def test_two_processes_equal_one(tmp_path, tokenizer, sharding):
-    """Whole models on every process (DDP's layout), or every decoder layer sharded over the two (FSDP2)."""
+    """Whole models on every process (DDP's layout), every decoder layer sharded over the two (FSDP2), or the
+    optimiser state and gradients partitioned by DeepSpeed ZeRO-2."""
     policy = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer, initializer_range=0.3), tokenizer, tmp_path / "policy")
     reward = tiny.save_tiny(tiny.tiny_reward_model(tokenizer), tokenizer, tmp_path / "reward")
     prompts = tmp_path / "prompts.jsonl"
@@ -56,7 +61,7 @@ def test_two_processes_equal_one(tmp_path, tokenizer, sharding):
     single, double = tmp_path / "single", tmp_path / "double"
     single.mkdir(), double.mkdir()
     launch(1, [str(policy), str(reward), str(prompts), str(single)])
-    launch(2, [str(policy), str(reward), str(prompts), str(double)], ACCELERATE_USE_FSDP=str(sharding == "fsdp"))
+    launch(2, [str(policy), str(reward), str(prompts), str(double)], **LAUNCH[sharding])
     one = torch.load(single / "rank0.pt", weights_only=True)
     ranks = [torch.load(double / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
@@ -81,19 +86,31 @@ def test_two_processes_equal_one(tmp_path, tokenizer, sharding):
     reference = load_file(single / "checkpoints" / "iter_000001" / "policy" / "adapter_model.safetensors")
     assert saved.keys() == reference.keys() and all(torch.allclose(saved[k], reference[k], atol=1e-5) for k in saved)
     assert one["restored"] and all(part["restored"] for part in ranks)
+    # resumed from that checkpoint after the weights and moments had moved on: the same next step as one process
+    for name, value in one["resumed"].items():
+        assert not torch.allclose(value, one["params"][name]), name
+        for part in ranks:
+            assert torch.allclose(part["resumed"][name], value, atol=1e-5), name
     # FSDP: the layers' weights (frozen and LoRA) really are split between the processes
     assert all((part["sharded"] > 0) == (sharding == "fsdp") for part in ranks) and one["sharded"] == 0
+    # DeepSpeed: the optimisers really ran in ZeRO engines, and the checkpoint holds their partitions
+    assert all((part["zero"] == [["ranks", "zero_stage"]] * 2) == (sharding == "deepspeed") for part in ranks)
 
 
-def test_deepspeed_is_refused_in_one_line(monkeypatch):
+@pytest.mark.parametrize("env, message", [
+    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO stage 3 is not supported"),
+    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_USE_FSDP": "true"}, "FSDP or DeepSpeed, not both"),
+])
+def test_unsupported_launches_are_refused_in_one_line(monkeypatch, env, message):
     from ppo_rlhf import distributed
     from ppo_rlhf.errors import UsageError
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
     distributed.reset()
     try:
-        with pytest.raises(UsageError, match="DeepSpeed is not supported"):
+        with pytest.raises(UsageError, match=message):
             distributed.current()
     finally:
         distributed.reset()
