@@ -148,7 +148,7 @@ def train_reward_model(
     model = add_value_lora(load_sequence_classifier(base), LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
     before = evaluate_pairs(model, tokenizer, heldout, batch_size)
     print(f"held-out accuracy before training {before['accuracy']:.3f} ({len(heldout)} pairs)")
 
