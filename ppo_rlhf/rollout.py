@@ -298,6 +298,7 @@ def token_logprobs(
     with_entropy: bool = False,
     chunk_size: int | None = 64,
     first: int = 0,
+    chunk_mb: float = 128.0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log pi(input_ids[:, t+1] | tokens 0..t) from logits / temperature, [B, L-1] (and the entropy, [B, L-1]).
 
@@ -306,6 +307,9 @@ def token_logprobs(
     (`FrozenHeadLogprobs`); otherwise (a trained head, or the entropy asked for) each chunk is checkpointed: only
     hidden states are kept and the chunk's logits are recomputed in backward. Positions before `first` (e.g.
     `first_reply_position`: prompt positions, where no row has a reply token) skip the LM head and are returned as 0.
+    A chunk also holds at most `chunk_mb` MB of fp32 logits (0: no limit): many rows over a wide vocabulary get
+    fewer positions per chunk (16 rows x 64 positions x Qwen's 151,936 ids would be 622 MB, and the softmax keeps
+    about three such tensors at once).
     """
     require(temperature > 0, f"temperature must be > 0, got {temperature}")
     require(chunk_size is None or chunk_size >= 1, f"chunk_size must be >= 1 or None, got {chunk_size}")
@@ -314,6 +318,8 @@ def token_logprobs(
     targets = input_ids[:, 1:]
     first = max(0, min(first, hidden.shape[1] - 1))
     step = chunk_size or hidden.shape[1] - first
+    if chunk_size is not None and chunk_mb > 0:
+        step = max(1, min(step, int(chunk_mb * 2**20 / (4 * hidden.shape[0] * head.weight.shape[0]))))
     logprobs, entropies = [], []  # entropies holds Nones unless with_entropy
     for start in range(first, hidden.shape[1], step):
         h, tgt = hidden[:, start : start + step], targets[:, start : start + step]

@@ -125,6 +125,8 @@ class TrainConfig:
     # --- speed and memory
     logprob_chunk: int = 64
     """Positions per chunk of the LM head when computing log-probs (never the full-vocabulary log-softmax at once); 0 = one pass."""
+    logprob_chunk_mb: float = 128.0
+    """At most this many MB of fp32 logits per chunk: fewer positions per chunk for many rows x a wide vocabulary; 0 = no limit."""
     # --- observability and checkpoints
     checkpoint_every: int = 10
     """Save a checkpoint every N iterations (and always at the end)."""
@@ -143,7 +145,7 @@ class TrainConfig:
         for name in ("iterations", "batch_size", "minibatch_size", "epochs", "max_new_tokens", "reward_norm_samples",
                      "lora_rank", "checkpoint_every", "sample_every", "max_skipped_steps"):
             require(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("micro_batch_size", "score_batch_size", "generation_batch_size", "logprob_chunk"):
+        for name in ("micro_batch_size", "score_batch_size", "generation_batch_size", "logprob_chunk", "logprob_chunk_mb"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("policy_lr", "value_lr", "adam_eps", "max_grad_norm", "temperature", "kl_target", "kl_horizon"):
             value = getattr(self, name)

@@ -288,12 +288,12 @@ class PPOTrainer:
 
         def policy_pass(ids, att):
             return token_logprobs(self.policy, ids.to(dev), att.to(dev), cfg.temperature, with_entropy=True,
-                                  chunk_size=chunk, first=first)
+                                  chunk_size=chunk, first=first, chunk_mb=cfg.logprob_chunk_mb)
 
         def reference_pass(ids, att):
             with self.policy.disable_adapter():  # the reference: the same weights with the adapter off
                 return (token_logprobs(self.policy, ids.to(dev), att.to(dev), cfg.temperature, chunk_size=chunk,
-                                       first=first),)
+                                       first=first, chunk_mb=cfg.logprob_chunk_mb),)
 
         def value_pass(ids, att):
             return (sequence_values(self.value_model, ids.to(dev), att.to(dev)),)
@@ -368,7 +368,8 @@ class PPOTrainer:
                     normalizer = n_tokens if cfg.loss_aggregation == "token" else None
                     share = 1.0 if cfg.loss_aggregation == "token" else len(micro) / n_rows
                     out = token_logprobs(self.policy, ids, att, cfg.temperature, with_entropy=cfg.entropy_coef > 0,
-                                         chunk_size=cfg.logprob_chunk or None, first=first_reply_position(part.prompt_ids))
+                                         chunk_size=cfg.logprob_chunk or None, first=first_reply_position(part.prompt_ids),
+                                         chunk_mb=cfg.logprob_chunk_mb)
                     new_logprobs, entropy = out if cfg.entropy_coef > 0 else (out, None)
                     pg = clipped_policy_loss(new_logprobs, mb["old_logprobs"], mb["advantages"], act, cfg.clip_range,
                                              cfg.loss_aggregation, normalizer)

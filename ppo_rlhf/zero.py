@@ -40,7 +40,8 @@ class ZeroStep:
         try:
             import deepspeed
         except ImportError:
-            raise UsageError("a DeepSpeed launch needs DeepSpeed: pip install 'ppo-rlhf[deepspeed]'") from None
+            raise UsageError("a DeepSpeed launch needs DeepSpeed: pip install --no-build-isolation 'deepspeed>=0.19' "
+                             "(it builds against the torch already installed)") from None
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         offload = os.environ.get("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "none").lower()
         dtype = next(p for p in model.parameters() if p.requires_grad).dtype

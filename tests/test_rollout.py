@@ -240,15 +240,24 @@ def test_chunked_equals_unchunked_with_gradients(tokenizer, arch):
     perturb_lora(policy)
     input_ids, attention_mask, action_mask = build_batch(*random_batch(tokenizer), tokenizer.pad_token_id)
     lora_param = next(p for n, p in policy.named_parameters() if "lora_A" in n)
-    results = []
-    for chunk_size in (None, 3):
+    head_calls: list[int] = []
+    policy.get_output_embeddings().register_forward_hook(lambda *_: head_calls.append(1))
+    results, calls = [], []
+    # one pass; 3 positions per chunk; 64 positions but a logits budget so small that each chunk is one position
+    for chunk_size, chunk_mb in ((None, 0.0), (3, 0.0), (64, 1e-9)):
         policy.zero_grad()
-        logp, entropy = token_logprobs(policy, input_ids, attention_mask, 0.7, with_entropy=True, chunk_size=chunk_size)
+        head_calls.clear()
+        logp, entropy = token_logprobs(policy, input_ids, attention_mask, 0.7, with_entropy=True, chunk_size=chunk_size,
+                                       chunk_mb=chunk_mb)
         ((logp + 0.1 * entropy) * action_mask).sum().backward()
         results.append((logp.detach(), entropy.detach(), lora_param.grad.clone()))
-    for plain, chunked in zip(*results):
-        torch.testing.assert_close(chunked, plain, atol=1e-5, rtol=1e-5)
+        calls.append(len(head_calls))
+    for plain, *chunked in zip(*results):
+        for other in chunked:
+            torch.testing.assert_close(other, plain, atol=1e-5, rtol=1e-5)
     assert results[0][2].abs().sum() > 0
+    positions = input_ids.shape[1] - 1  # forward and the checkpoint's recompute: two head calls per chunk
+    assert calls == [1, 2 * -(-positions // 3), 2 * positions]
 
 
 def test_frozen_head_gradient_formed_in_forward_is_exact():
