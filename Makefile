@@ -4,9 +4,9 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 RUNS    ?= runs/demo
-# glibc: large freed blocks go back to the OS and allocations use transparent huge pages (bench/README.md: halves
-# the peak memory of a PPO iteration, no measurable time cost)
-export MALLOC_MMAP_THRESHOLD_ ?= 131072
+# glibc allocations on transparent huge pages: faster fwd+bwd on this machine (bench/README.md). For a large model
+# on a tight machine add MALLOC_MMAP_THRESHOLD_=131072 (large freed blocks go back to the OS): it halved the peak
+# memory of a Qwen2.5-0.5B-shaped iteration, but made SmolLM2's forward+backward slower, so the demo leaves it off.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 .PHONY: venv demo demo-quick test test-fast bench clean
