@@ -93,7 +93,7 @@ class Dist:
     def gradient_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float):
         """The path from `model`'s losses to its weights: a `GradientStep`, or under DeepSpeed a `zero.ZeroStep`."""
         if not self.zero_stage:
-            return GradientStep(self, [p for p in model.parameters() if p.requires_grad], optimizer, max_norm)
+            return GradientStep(self, optimizer, max_norm)
         from ppo_rlhf.zero import ZeroStep
 
         step = ZeroStep(self, model, optimizer, max_norm)
@@ -228,8 +228,9 @@ class GradientStep:
     `finish` (sum the gradients over the processes, clip their norm; returns the norm before clipping) and, if
     the trainer accepts the step, `apply`."""
 
-    def __init__(self, dist: Dist, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, max_norm: float):
-        self.dist, self.params, self.optimizer, self.max_norm = dist, params, optimizer, max_norm
+    def __init__(self, dist: Dist, optimizer: torch.optim.Optimizer, max_norm: float):
+        self.dist, self.optimizer, self.max_norm = dist, optimizer, max_norm
+        self.params = [p for group in optimizer.param_groups for p in group["params"]]  # the trained ones
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
