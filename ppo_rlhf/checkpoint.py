@@ -202,7 +202,7 @@ def load_checkpoint(
             raise UsageError(f"checkpoint {folder}: its optimiser state was {'' if zero is None else 'not '}written under "
                              "DeepSpeed ZeRO; resume it with the launch configuration that wrote it")
         if zero is not None:
-            zero.load(dist, state)
+            zero.load(state)
             continue
         opt.load_state_dict(state)
         for param, param_state in opt.state.items():  # FSDP: the loaded whole moments become this process's shards

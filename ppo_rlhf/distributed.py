@@ -104,7 +104,7 @@ class Dist:
         """What a checkpoint keeps of an optimiser: its whole state (FSDP shards gathered), or under DeepSpeed
         every process's partition. A collective under FSDP or DeepSpeed: every process calls it."""
         zero = self.zero_steps.get(id(optimizer))
-        return zero.state(self) if zero is not None else self.full_tensors(optimizer.state_dict())
+        return zero.state() if zero is not None else self.full_tensors(optimizer.state_dict())
 
     # ----------------------------------------------------------------- reductions
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -58,8 +58,7 @@ class ZeroStep:
             "bf16": {"enabled": dtype == torch.bfloat16},
             "steps_per_print": 2**31 - 1,
         }
-        self.world_size = dist.world_size
-        self.optimizer = optimizer
+        self.dist, self.optimizer = dist, optimizer
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
 
     def zero_grad(self) -> None:
@@ -67,7 +66,7 @@ class ZeroStep:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Add the gradient of `loss` summed over the processes (DeepSpeed averages: hence x world_size)."""
-        self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+        self.engine.backward(loss * self.dist.world_size, scale_wrt_gas=False)
 
     def finish(self) -> float:
         self.engine.step()
@@ -77,13 +76,14 @@ class ZeroStep:
     def apply(self) -> None:
         pass  # `finish` took DeepSpeed's step
 
-    def state(self, dist) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         """Every process's optimiser partition (a collective: every process calls it)."""
+        dist = self.dist
         return {"zero_stage": dist.zero_stage, "ranks": dist.gather_objects(dist.full_tensors(self.optimizer.state_dict()))}
 
-    def load(self, dist, saved: dict[str, Any]) -> None:
+    def load(self, saved: dict[str, Any]) -> None:
         """This process's partition of a saved `state`, after the weights were loaded into the model."""
-        ranks = saved["ranks"]
+        dist, ranks = self.dist, saved["ranks"]
         require(len(ranks) == dist.world_size and saved["zero_stage"] == dist.zero_stage,
                 f"this checkpoint's optimiser state was written by {len(ranks)} DeepSpeed ZeRO-{saved['zero_stage']} "
                 f"processes: resume it with the same launch configuration")
