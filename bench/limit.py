@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/limit.py --batch 8 --minibatch 4 --max-new-tokens 48
 
-1. The machine: fp32 GEMM throughput (torch.matmul, best of several shapes) and memory read bandwidth.
+1. The machine: fp32 and bf16 GEMM throughput (torch.matmul, best of several shapes) and memory read bandwidth.
 2. One warm-up and `--iterations` timed iterations of our trainer on SmolLM2-135M (LoRA policy, LoRA value model).
 3. Per phase: the FLOPs it had to do, from the token counts the trainer actually ran (each chunk trimmed to its own
-   longest row, so padding is counted where it is computed), and the model-FLOPs utilisation = FLOPs / time / GEMM peak.
+   longest row, so padding is counted where it is computed), and the model-FLOPs utilisation = FLOPs / time / GEMM peak
+   of the dtype the phase's matmuls ran in (`--dtype`: the trainer's setting; bf16 stores the frozen weights in bf16,
+   so every large matmul of every phase is a bf16 one; the fp32 LoRA factors (rank 16) are ~5% of SmolLM2's FLOPs).
    N = the body's parameters (no embedding), H = hidden x vocab (the LM head).
      forward            2N per token (+ 2H for the policy's logits, only where the head runs: from the first reply position)
      forward+backward   6N per token, the usual "model FLOPs" (the frozen weights' own gradient is never computed
@@ -33,13 +35,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def gemm_throughput(seconds: float = 1.0) -> dict[str, float]:
-    """GFLOP/s of fp32 matmul for a few shapes (square and the transformer's own)."""
+def gemm_throughput(dtype: torch.dtype, seconds: float = 1.0) -> dict[str, float]:
+    """GFLOP/s of matmul in `dtype` for a few shapes (square and the transformer's own)."""
     shapes = {"2048^3": (2048, 2048, 2048), "1024x576x1536": (1024, 576, 1536), "1024x1536x576": (1024, 1536, 576),
               "1024x576x49152": (1024, 576, 49152), "4096^3": (4096, 4096, 4096)}
     out = {}
     for name, (m, k, n) in shapes.items():
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         a @ b
         best = 0.0
         for _ in range(3):
@@ -87,14 +89,21 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--iterations", type=int, default=1)
+    parser.add_argument("--dtype", default="auto", help="the trainer's dtype setting (auto, float32, bfloat16)")
     parser.add_argument("--json")
     args = parser.parse_args()
 
-    gemm = gemm_throughput()
-    peak = max(gemm.values())
+    from ppo_rlhf.precision import resolve_dtype
+
+    dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    gemms = {str(d).removeprefix("torch."): gemm_throughput(d) for d in (torch.float32, torch.bfloat16)}
+    peaks = {name: max(gemm.values()) for name, gemm in gemms.items()}
+    peak = peaks[str(dtype).removeprefix("torch.")]  # every MFU below is against the peak of the dtype it ran in
     bandwidth = read_bandwidth()
-    print(f"== machine: {torch.get_num_threads()} threads; fp32 GEMM GFLOP/s " +
-          ", ".join(f"{k} {v:.1f}" for k, v in gemm.items()) + f"; peak {peak:.1f}; read bandwidth {bandwidth:.1f} GB/s")
+    print(f"== machine: {torch.get_num_threads()} threads; read bandwidth {bandwidth:.1f} GB/s")
+    for name, gemm in gemms.items():
+        print(f"  {name:8s} GEMM GFLOP/s " + ", ".join(f"{k} {v:.1f}" for k, v in gemm.items()) + f"; peak {peaks[name]:.1f}")
+    print(f"== the trainer runs in {dtype}: MFU against {peak:.1f} GFLOP/s")
 
     from peer_trl import PROMPTS, prepare_model
 
@@ -110,20 +119,21 @@ def main() -> None:
     cfg = build_config(TrainConfig, dict(policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"),
                                          out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
                                          epochs=args.epochs, max_new_tokens=args.max_new_tokens, tensorboard=False,
-                                         quiet=True, device="cpu"))
+                                         quiet=True, device="cpu", dtype=args.dtype))
     trainer = PPOTrainer(cfg)
     body, head = _body_and_lm_head(trainer.policy)
     n_body = sum(p.numel() for name, p in body.named_parameters() if "embed_tokens" not in name and "lora_" not in name)
     n_head = head.weight.numel()
     vbody, _ = backbone_and_head(trainer.value_model)
     n_vbody = sum(p.numel() for name, p in vbody.named_parameters() if "embed_tokens" not in name and "lora_" not in name)
-    weight_bytes = 4 * (n_body + n_head)
+    weight_bytes = dtype.itemsize * (n_body + n_head)  # what each decoding step reads
     print(f"== model {args.model}: N (body, no embedding) {n_body / 1e6:.1f}M, H (LM head) {n_head / 1e6:.1f}M, "
           f"value body {n_vbody / 1e6:.1f}M; batch {args.batch}, minibatch {args.minibatch}, epochs {args.epochs}, "
           f"reply cap {args.max_new_tokens}")
 
     trainer.iteration(0)  # warm-up
-    report = {"gemm_gflops": gemm, "peak_gflops": peak, "bandwidth_gbs": bandwidth, "iterations": []}
+    report = {"gemm_gflops": gemms, "peak_gflops": peaks, "dtype": str(dtype), "mfu_peak_gflops": peak,
+              "bandwidth_gbs": bandwidth, "iterations": []}
     for index in range(1, args.iterations + 1):
         stats, rollout, _ = trainer.iteration(index)
         micro = trainer.micro_size

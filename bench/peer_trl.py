@@ -96,7 +96,8 @@ def run_ours(args) -> dict:
         minibatch_size=args.minibatch, epochs=args.epochs, max_new_tokens=args.max_new_tokens,
         score_batch_size=args.batch,  # scoring passes over the whole batch, as TRL's local_rollout_forward_batch_size
         temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
-        old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device="cpu"))
+        old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device="cpu",
+        dtype="float32"))  # TRL's side runs fp32: the same dtype on both sides
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # TRL has no score normalisation; skip measuring it
     rss_loaded = peak_rss_gb()

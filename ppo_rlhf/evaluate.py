@@ -353,9 +353,10 @@ def evaluate_runs(
 
     from ppo_rlhf.judges import make_judge
     from ppo_rlhf.models import load_causal_lm, load_policy_adapter, load_tokenizer
+    from ppo_rlhf.precision import resolve_dtype
 
     device = str(resolve_device(device))
-    dtype = getattr(torch, settings["dtype"])
+    dtype = resolve_dtype(settings["dtype"], torch.device(device))  # the runs' own setting: "auto" resolves here
     base = settings["policy_model"]
     tokenizer = load_tokenizer(base)
     judges = {"proxy": make_judge(settings["proxy"], batch_size, device), "gold": make_judge(gold, batch_size, device)}

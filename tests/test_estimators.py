@@ -86,7 +86,8 @@ def setup(tmp_path_factory, tokenizer):
 def config(setup, out, **overrides) -> TrainConfig:
     values = dict(policy_model=setup["policy"], reward_model=setup["reward"], prompts=setup["prompts"], out=str(out),
                   iterations=2, batch_size=4, minibatch_size=2, epochs=1, max_new_tokens=5, reward_norm_samples=4,
-                  lora_rank=4, checkpoint_every=1, tensorboard=False, quiet=True, policy_lr=1e-3, value_lr=1e-3)
+                  lora_rank=4, checkpoint_every=1, tensorboard=False, quiet=True, policy_lr=1e-3, value_lr=1e-3,
+                  dtype="float32")  # exact resumes asserted
     values.update(overrides)
     return build_config(TrainConfig, values)
 

@@ -80,7 +80,8 @@ def _env(tmp_path_factory, tiny_model_dirs):
 def small(env, out, **overrides) -> dict:
     values = dict(policy_model=env["policy"], reward_model=env["reward"], prompts=env["prompts"], out=str(out),
                   iterations=2, batch_size=4, minibatch_size=2, epochs=1, max_new_tokens=6, reward_norm_samples=8,
-                  lora_rank=4, checkpoint_every=1, tensorboard=False, quiet=True, policy_lr=1e-3, value_lr=1e-3)
+                  lora_rank=4, checkpoint_every=1, tensorboard=False, quiet=True, policy_lr=1e-3, value_lr=1e-3,
+                  dtype="float32")
     values.update(overrides)
     return values
 
@@ -118,7 +119,7 @@ POSITIVE_INTS = ["iterations", "batch_size", "minibatch_size", "epochs", "max_ne
                  "lora_rank", "checkpoint_every", "sample_every", "max_skipped_steps", "max_prompt_tokens"]
 POSITIVE_FLOATS = ["policy_lr", "value_lr", "adam_eps", "max_grad_norm", "temperature", "kl_target"]
 UNIT_INTERVAL = ["gamma", "lam"]
-ENUMS = {"dtype": ("float32", "bfloat16", "float16"), "loss_aggregation": ("token", "sequence")}
+ENUMS = {"dtype": ("auto", "float32", "bfloat16", "float16"), "loss_aggregation": ("token", "sequence")}
 BOOLS = ["overwrite", "eos_rule", "adaptive_kl", "tensorboard", "quiet", "trust_remote_code"]
 FIELDS = set(TrainConfig.__dataclass_fields__)
 letters = st.text(alphabet="abcdfghjklmopqrsuvwxyz", min_size=1, max_size=8)  # no e/i/n/t: never a number or bool

@@ -39,7 +39,7 @@ def pairs_file(tmp_path_factory):
 def test_learns_a_synthetic_preference_and_reloads(tmp_path, base, pairs_file):
     out = tmp_path / "rm"
     info = train_reward_model(pairs_file, base=base, out_dir=out, epochs=2, lr=3e-2, batch_size=8, lora_rank=4,
-                              heldout_fraction=0.25, seed=0, max_length=128)
+                              heldout_fraction=0.25, seed=0, max_length=128, dtype="float32")
     assert info["train_pairs"] == 36 and info["heldout_pairs"] == 12 and info["dropped_too_long"] == 0
     # The random head already leans the right way (accuracy ~1 at margin ~0): training must widen the margin.
     assert info["after"]["accuracy"] >= 0.9
@@ -57,6 +57,20 @@ def test_learns_a_synthetic_preference_and_reloads(tmp_path, base, pairs_file):
     again = evaluate_pairs(load_sequence_classifier(str(out)), load_tokenizer(str(out)), heldout[:12], batch_size=8)
     assert again["accuracy"] == info["after"]["accuracy"]
     assert again["mean_margin"] == pytest.approx(info["after"]["mean_margin"], abs=1e-4)
+
+
+def test_trains_with_a_bf16_backbone(tmp_path, base, pairs_file):
+    import torch
+
+    from ppo_rlhf.precision import weight_dtypes
+
+    out = tmp_path / "rm"
+    info = train_reward_model(pairs_file, base=base, out_dir=out, epochs=2, lr=3e-2, batch_size=8, lora_rank=4,
+                              heldout_fraction=0.25, seed=0, max_length=128, dtype="bfloat16")
+    assert info["dtype"] == "bfloat16" and info["after"]["accuracy"] >= 0.9
+    assert info["train_loss"][-1] < info["train_loss"][0]
+    loaded = load_sequence_classifier(str(out), torch.bfloat16)  # the saved LoRA + head, merged, backbone in bf16
+    assert loaded.score.weight.dtype == torch.float32 and torch.bfloat16 in weight_dtypes(loaded)
 
 
 def test_drops_pairs_over_max_length(tmp_path, base, pairs_file):

@@ -36,7 +36,8 @@ def setup(request, tmp_path_factory, tokenizer):
 def config(setup, out: Path, **overrides) -> TrainConfig:
     values = dict(policy_model=setup["policy"], reward_model=setup["reward"], prompts=setup["prompts"], out=str(out),
                   iterations=2, batch_size=4, minibatch_size=2, epochs=2, max_new_tokens=6, reward_norm_samples=8,
-                  lora_rank=4, checkpoint_every=1, tensorboard=False, quiet=True, policy_lr=1e-3, value_lr=1e-3)
+                  lora_rank=4, checkpoint_every=1, tensorboard=False, quiet=True, policy_lr=1e-3, value_lr=1e-3,
+                  dtype="float32")  # exactness asserted below: the bf16 path has its own tests
     values.update(overrides)
     return build_config(TrainConfig, values)
 
@@ -47,9 +48,12 @@ def test_first_iteration_ratio_is_one_and_kl_zero(setup, tmp_path, old_logprobs)
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     rollout = trainer.rollout(PROMPTS[:4])
-    assert (rollout.logprobs is not None) == (old_logprobs == "generation")
+    assert rollout.logprobs is not None  # the hf backend always records them: mismatch_kl compares them with the forward
     batch = trainer.score(rollout)
     act = batch.action_mask
+    # pi_old is the recording only with old_logprobs: generation; recomputed, it agrees with it to float32 rounding
+    assert torch.equal(batch.old_logprobs, rollout.logprobs) == (old_logprobs == "generation")
+    assert 0 <= batch.mismatch_kl < 1e-6
     # at the start the policy is the reference: every KL term is zero (exactly, when both come from the same forward)
     if old_logprobs == "recompute":
         assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
