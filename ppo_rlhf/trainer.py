@@ -161,8 +161,7 @@ class PPOTrainer:
         self.device = self.dist.device(cfg.device) if self.dist.world_size > 1 else resolve_device(cfg.device)
         from ppo_rlhf.precision import resolve_dtype
 
-        self.dtype = resolve_dtype(cfg.dtype, self.device)  # frozen weights' storage; trained ones stay fp32
-        dtype = self.dtype
+        dtype = self.dtype = resolve_dtype(cfg.dtype, self.device)  # the frozen weights'; trained ones stay fp32
         remote = cfg.trust_remote_code
         self.prompts = read_prompts(cfg.prompts)
         seed_everything(cfg.seed)
