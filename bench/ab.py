@@ -70,7 +70,7 @@ def main() -> None:
     for i in range(args.pairs):
         for label in (("before", "after") if i % 2 == 0 else ("after", "before")):
             switch(trainer, args.change, label == "after", originals)
-            stats, _, _ = trainer.iteration(1 + len(seen["before"]) + len(seen["after"]))
+            stats, _ = trainer.iteration(1 + len(seen["before"]) + len(seen["after"]))
             seen[label].append({k: round(stats[f"time_{k}"], 2) for k in ("gen", "score", "update", "total")})
             print(label, seen[label][-1], "len", stats["len"], flush=True)
     means = {label: {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]} for label, rows in seen.items()}

@@ -125,7 +125,7 @@ def main() -> None:
     trainer.iteration(0)  # warm-up
     report = {"gemm_gflops": gemm, "peak_gflops": peak, "bandwidth_gbs": bandwidth, "iterations": []}
     for index in range(1, args.iterations + 1):
-        stats, rollout, _ = trainer.iteration(index)
+        stats, rollout = trainer.iteration(index)
         micro = trainer.micro_size
         B = len(rollout.prompts)
         prompt_width = max(len(p) for p in rollout.prompt_ids)

@@ -19,11 +19,11 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import tiny  # noqa: E402
-
 from ppo_rlhf.config import build_config  # noqa: E402
 from ppo_rlhf.train import train  # noqa: E402
 from ppo_rlhf.train_config import TrainConfig  # noqa: E402
+
+import tiny  # noqa: E402
 
 PROMPTS = ["Tell me a story", "Hello! How are you?", "What is the source of energy?", "Once upon a time",
            "I love this day", "The quick brown fox", "This is terrible", "A cat in a house"]

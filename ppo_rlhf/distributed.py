@@ -34,11 +34,14 @@ then the sum over processes and the norm clip (`finish`), then the optimiser ste
 from __future__ import annotations
 
 import os
+import random
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ppo_rlhf.errors import require
+from ppo_rlhf.train_config import resolve_device
 
 
 class Dist:
@@ -55,10 +58,22 @@ class Dist:
         return self.rank == 0
 
     def device(self, name: str) -> torch.device:
+        """This process's device for the configured `name` (several processes: one GPU each, by local rank)."""
+        if self.world_size == 1:
+            return resolve_device(name)
         if name in ("auto", "cuda") and torch.cuda.is_available():
             return torch.device("cuda", self.local_rank)
         require(name in ("auto", "cpu"), f"device {name!r} with {self.world_size} processes: use auto, cuda or cpu")
         return torch.device("cpu")
+
+    def diverge_rngs(self, seed: int) -> None:
+        """Several processes: reseed each differently (after every process built the same initial weights), so
+        they sample different replies; one process keeps its random stream."""
+        if self.world_size > 1:
+            seed += 7919 * self.rank
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
 
     # ----------------------------------------------------------------- splitting
     def shard(self, items: Sequence[Any]) -> list[Any]:

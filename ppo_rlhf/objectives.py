@@ -75,15 +75,17 @@ def kl_k3(new_logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
-def _aggregate(per_token: Tensor, mask: Tensor, aggregation: str, normalizer: float | None) -> Tensor:
-    """Average a per-token loss: over all tokens ("token"), or per reply then over replies ("sequence")."""
+def normalise_loss(per_token: Tensor, mask: Tensor, aggregation: str = "token", count: float | None = None) -> Tensor:
+    """A batch's share of a loss averaged over `count` tokens ("token") or replies ("sequence": each reply's own
+    token mean, then the mean over replies). With `count` the global count (the whole minibatch, every process),
+    the gradient-accumulation micro-batches' shares add up to the minibatch's mean; None: this batch's own count.
+    Every loss term goes through here: policy, value, entropy bonus and PPO-ptx."""
     require(aggregation in AGGREGATIONS, f"loss aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     if aggregation == "token":
-        # A fixed normalizer lets gradient-accumulation micro-batches sum to the per-token mean of the minibatch.
-        return masked_sum(per_token, mask) / (mask.sum() if normalizer is None else normalizer)
-    require(normalizer is None, "a loss normalizer only applies to token aggregation")
+        return masked_sum(per_token, mask) / (mask.sum() if count is None else count)
     has_tokens = mask.sum(1) > 0
-    return masked_mean(per_token[has_tokens], mask[has_tokens], dim=1).mean()
+    per_reply = masked_mean(per_token[has_tokens], mask[has_tokens], dim=1)
+    return per_reply.sum() / (per_reply.numel() if count is None else count)
 
 
 class PolicyLoss(NamedTuple):
@@ -108,7 +110,7 @@ def clipped_policy_loss(
     ratio = probability_ratio(new_logprobs, old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip_range, 1 + clip_range)
-    loss = _aggregate(torch.max(unclipped, clipped), mask, aggregation, normalizer)
+    loss = normalise_loss(torch.max(unclipped, clipped), mask, aggregation, normalizer)
     with torch.no_grad():
         clip_fraction = masked_mean(((ratio - 1).abs() > clip_range).float(), mask)
         approx_kl = masked_mean(kl_k3(new_logprobs, old_logprobs), mask)
@@ -129,12 +131,13 @@ def clipped_value_loss(
     aggregation: str = "token",
     normalizer: float | None = None,
 ) -> ValueLoss:
-    """Section 8.5: 0.5 * max of the plain and the clipped squared error. clip_fraction is the share of tokens whose
-    value moved more than clip_range from old_values (those the clipped term caps)."""
+    """Section 8.5: 0.5 * max of the plain and the clipped squared error. clip_fraction is the chapter's value-clip
+    fraction: the share of reply tokens with |V - V_old| > clip_range (whether or not the clipped term is the larger
+    one, so not the share of tokens where clipping changed the loss)."""
     values, old_values, returns = (_zero_masked(x, mask) for x in (values, old_values, returns))
     clipped_values = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     squared_error = torch.max((values - returns) ** 2, (clipped_values - returns) ** 2)
-    loss = 0.5 * _aggregate(squared_error, mask, aggregation, normalizer)
+    loss = 0.5 * normalise_loss(squared_error, mask, aggregation, normalizer)
     with torch.no_grad():
         clip_fraction = masked_mean(((values - old_values).abs() > clip_range).float(), mask)
     return ValueLoss(loss, clip_fraction)

@@ -83,15 +83,20 @@ class PtxData:
         self.generator.bit_generator.state = state["generator"]
 
 
+def ptx_targets(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, L-1] 1 where a next-token prediction has a text token to predict (position t predicts token t+1)."""
+    return attention_mask[:, 1:].float()
+
+
 def ptx_nll(policy: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            chunk_size: int | None = 64) -> torch.Tensor:
-    """Mean next-token negative log-likelihood over the text tokens, logits at temperature 1 (with gradients)."""
-    from ppo_rlhf.objectives import masked_mean
+            chunk_size: int | None = 64, count: float | None = None) -> torch.Tensor:
+    """Next-token negative log-likelihood summed over the text tokens / `count` (the global count of those tokens;
+    None: this batch's, i.e. its mean), logits at temperature 1 (with gradients)."""
+    from ppo_rlhf.objectives import normalise_loss
     from ppo_rlhf.rollout import token_logprobs
 
     logprobs = token_logprobs(policy, input_ids, attention_mask, 1.0, chunk_size=chunk_size)
-    target_mask = attention_mask[:, 1:].to(logprobs.dtype)  # position t predicts token t+1
-    return -masked_mean(logprobs, target_mask)
+    return normalise_loss(-logprobs, ptx_targets(attention_mask).to(logprobs.dtype), "token", count)
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):

@@ -22,38 +22,38 @@ from ppo_rlhf.checkpoint import (
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
 from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
 from ppo_rlhf.errors import require
+from ppo_rlhf.experience import Experience
 from ppo_rlhf.files import atomic_write_text
 from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import Batch, PPOTrainer, TrainingStopped
+from ppo_rlhf.trainer import PPOTrainer, TrainingStopped
 
 
-def token_table(trainer: PPOTrainer, rollout, batch: Batch) -> tuple[list[dict[str, Any]], int]:
+def token_table(trainer: PPOTrainer, experience: Experience) -> tuple[list[dict[str, Any]], int]:
     """Every number of one reply of the batch (section 8.6): the shortest finished one, or the first."""
-    finished = [i for i in range(len(rollout.prompts)) if bool(rollout.finished[i])]
-    row = min(finished, key=lambda i: len(rollout.reply_ids[i])) if finished else 0
-    positions = batch.action_mask[row].nonzero().flatten().tolist()
+    finished = [i for i in range(len(experience.prompts)) if bool(experience.finished[i])]
+    row = min(finished, key=lambda i: len(experience.reply_ids[i])) if finished else 0
+    positions = experience.action_mask[row].nonzero().flatten().tolist()
     rows = []
     for t, position in enumerate(positions):
-        token_id = int(rollout.input_ids[row, position + 1])
+        token_id = int(experience.input_ids[row, position + 1])
         rows.append({
             "t": t,
             "token": trainer.tokenizer.decode([token_id]),
             "token_id": token_id,
-            "logp_old": float(batch.old_logprobs[row, position]),
-            "logp_ref": float(batch.ref_logprobs[row, position]),
-            "value": float(batch.old_values[row, position]),
-            "reward": float(batch.rewards[row, position]),
-            "advantage": float(batch.advantages[row, position]),
-            "return": float(batch.returns[row, position]),
+            "logp_old": float(experience.old_logprobs[row, position]),
+            "logp_ref": float(experience.ref_logprobs[row, position]),
+            "value": float(experience.old_values[row, position]),
+            "reward": float(experience.rewards[row, position]),
+            "advantage": float(experience.advantages[row, position]),
+            "return": float(experience.returns[row, position]),
         })
     return rows, row
 
 
-def write_token_table(run_dir: Path, trainer: PPOTrainer, rollout, batch: Batch) -> None:
-
-    rows, row = token_table(trainer, rollout, batch)
-    info = {"prompt": rollout.prompts[row], "reply": rollout.reply_texts[row], "finished": bool(rollout.finished[row]),
-            "raw_score": float(batch.raw_scores[row]), "score": float(batch.scores[row]),
+def write_token_table(run_dir: Path, trainer: PPOTrainer, experience: Experience) -> None:
+    rows, row = token_table(trainer, experience)
+    info = {"prompt": experience.prompts[row], "reply": experience.reply_texts[row], "finished": bool(experience.finished[row]),
+            "raw_score": float(experience.raw_scores[row]), "score": float(experience.scores[row]),
             "note": "advantage is GAE after whitening over the batch; return = GAE advantage (before whitening) + V",
             "rows": rows}
     atomic_write_text(run_dir / "token_table.json", json.dumps(info, indent=1))
@@ -62,13 +62,13 @@ def write_token_table(run_dir: Path, trainer: PPOTrainer, rollout, batch: Batch)
     atomic_write_text(run_dir / "token_table.txt", token_table_text(rows, header))
 
 
-def write_samples(run_dir: Path, index: int, rollout, batch: Batch, count: int = 4) -> str:
-    lines = [json.dumps({"iteration": index, "prompt": rollout.prompts[i], "reply": rollout.reply_texts[i],
-                         "finished": bool(rollout.finished[i]), "score": float(batch.scores[i])})
-             for i in range(min(count, len(rollout.prompts)))]
+def write_samples(run_dir: Path, index: int, experience: Experience, count: int = 4) -> str:
+    lines = [json.dumps({"iteration": index, "prompt": experience.prompts[i], "reply": experience.reply_texts[i],
+                         "finished": bool(experience.finished[i]), "score": float(experience.scores[i])})
+             for i in range(min(count, len(experience.prompts)))]
     with open(run_dir / "samples.jsonl", "a") as handle:
         handle.write("\n".join(lines) + "\n")
-    return f"sample [{float(batch.scores[0]):+.2f}] {rollout.prompts[0][:60]!r} -> {rollout.reply_texts[0][:120]!r}"
+    return f"sample [{float(experience.scores[0]):+.2f}] {experience.prompts[0][:60]!r} -> {experience.reply_texts[0][:120]!r}"
 
 
 def check_run_dir(cfg: TrainConfig) -> None:
@@ -167,7 +167,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)
     try:
         for index in progress:
-            stats, rollout, batch = trainer.iteration(index)
+            stats, experience = trainer.iteration(index)
             if not main:
                 history.append(history_line(stats))
                 done = index + 1
@@ -175,7 +175,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
                     checkpoint_now(done)
                 continue
             if index == 0:
-                write_token_table(run_dir, trainer, rollout, batch)
+                write_token_table(run_dir, trainer, experience)
             history.append(history_line(stats))
             with open(run_dir / "history.jsonl", "a") as handle:
                 handle.write(history[-1])
@@ -183,7 +183,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
             log(dashboard_line(stats))
             progress.set_postfix(score=f"{stats['score']:+.2f}", kl=f"{stats['kl']:.2f}", fin=f"{stats['fin']:.2f}")
             if index % cfg.sample_every == 0:
-                log(write_samples(run_dir, index, rollout, batch))
+                log(write_samples(run_dir, index, experience))
             done = index + 1
             if done % cfg.checkpoint_every == 0 or done == cfg.iterations:
                 checkpoint_now(done)

@@ -37,7 +37,7 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     trainer.reward_mean, trainer.reward_std = 0.1, 2.0
     batch = trainer.score(rollout)
     torch.manual_seed(1)
-    stats = trainer.update(rollout, batch)
+    stats = trainer.update(batch)
     trained = {name: p for model in trainer.models.values() for name, p in model.named_parameters() if p.requires_grad}
     params = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})  # FSDP: the shards gathered
     sharded = sum(is_sharded(p) for model in trainer.models.values() for p in model.parameters())
@@ -51,13 +51,13 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
                         optimizer_states, [])
     dist.barrier()
     saved_moments = copy.deepcopy(list(optimizer_states.values()))  # (one process: views of the live moments)
-    trainer.update(rollout, batch)
+    trainer.update(batch)
     load_checkpoint(latest_checkpoint(Path(out)), trainer.models, trainer.optimizers)
     reloaded = dist.full_tensors({name: p.detach() for name, p in trained.items()})
     moments = [dist.optimizer_state(opt) for opt in trainer.optimizers.values()]
     restored = all(torch.equal(reloaded[k], params[k]) for k in params) and same(moments, saved_moments)
     torch.manual_seed(2)
-    trainer.update(rollout, batch)
+    trainer.update(batch)
     resumed = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})
     torch.save({"stats": stats, "params": params, "advantages": batch.advantages, "act": batch.action_mask,
                 "scores": scores, "sharded": sharded, "restored": restored, "resumed": resumed,

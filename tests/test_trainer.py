@@ -125,16 +125,16 @@ def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
     from ppo_rlhf.rollout import score_texts
 
     trainer = PPOTrainer(config(setup, tmp_path / "run"))
-    assert trainer.reward_model is trainer.value_model
+    assert trainer.reward_model is trainer.critic and trainer.critic.model is trainer.value_model
     trainer.iteration(0)
     rollout = trainer.rollout(PROMPTS[:4])
     frozen = load_reward_model(setup["reward"])
-    expected = score_texts(frozen, trainer.reward_tokenizer, rollout.prompts, rollout.reply_texts)
+    expected = score_texts(frozen, trainer.critic.tokenizer, rollout.prompts, rollout.reply_texts)
     torch.testing.assert_close(trainer.raw_scores(rollout), expected, atol=1e-5, rtol=0)
-    adapted = score_texts(trainer.value_model, trainer.reward_tokenizer, rollout.prompts, rollout.reply_texts)
+    adapted = score_texts(trainer.value_model, trainer.critic.tokenizer, rollout.prompts, rollout.reply_texts)
     assert (adapted - expected).abs().max() > 1e-4
     critic_free = PPOTrainer(config(setup, tmp_path / "rloo", advantage_estimator="rloo", group_size=2))
-    assert critic_free.value_model is None and not any(p.requires_grad for p in critic_free.reward_model.parameters())
+    assert critic_free.value_model is None and not any(p.requires_grad for p in critic_free.reward_model.model.parameters())
 
 
 def test_prompt_sampler_without_replacement_and_reshuffle():
@@ -301,8 +301,9 @@ def test_gradient_accumulation_keeps_the_per_token_mean_exact(setup, tmp_path):
                      max_grad_norm=1e9)
         trainer = PPOTrainer(cfg)
         # plain SGD with no clipping: the parameter change is the gradient itself (Adam's first step would hide its scale)
-        trainer.policy_optimizer = torch.optim.SGD(trainable_parameters(trainer.policy), lr=1.0)
-        trainer.value_optimizer = torch.optim.SGD(trainable_parameters(trainer.value_model), lr=1.0)
+        trainer.actor.step.optimizer = torch.optim.SGD(trainable_parameters(trainer.policy), lr=1.0)
+        trainer.critic.step.optimizer = torch.optim.SGD(trainable_parameters(trainer.value_model), lr=1.0)
+        assert trainer.policy_optimizer is trainer.actor.step.optimizer  # the step really takes SGD's
         torch.manual_seed(5)
         rollout = trainer.rollout(PROMPTS[:4])
         batch = trainer.score(rollout)
@@ -310,7 +311,7 @@ def test_gradient_accumulation_keeps_the_per_token_mean_exact(setup, tmp_path):
             for p in trainable_parameters(trainer.policy):
                 p.add_(0.01 * torch.randn_like(p))
         before = [p.detach().clone() for p in trainable_parameters(trainer.policy) + trainable_parameters(trainer.value_model)]
-        trainer.update(rollout, batch)
+        trainer.update(batch)
         after = trainable_parameters(trainer.policy) + trainable_parameters(trainer.value_model)
         return [a.detach() - b for a, b in zip(after, before)]
 
