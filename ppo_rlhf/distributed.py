@@ -51,7 +51,6 @@ class Dist:
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
         self.fsdp = fsdp and world_size > 1  # decoder layers sharded with FSDP2 (`shard_model`)
         self.zero_stage = zero_stage if world_size > 1 else 0  # DeepSpeed ZeRO stage (0: no DeepSpeed)
-        self.zero_steps: dict[int, Any] = {}  # id(optimizer) -> its zero.ZeroStep
 
     @property
     def is_main(self) -> bool:
@@ -109,17 +108,9 @@ class Dist:
         """The path from `model`'s losses to its weights: a `GradientStep`, or under DeepSpeed a `zero.ZeroStep`."""
         if not self.zero_stage:
             return GradientStep(self, optimizer, max_norm)
-        from ppo_rlhf.zero import ZeroStep
+        from ppo_rlhf.zero import ZeroStep  # DeepSpeed is an optional dependency, imported only when launched so
 
-        step = ZeroStep(self, model, optimizer, max_norm)
-        self.zero_steps[id(optimizer)] = step
-        return step
-
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """What a checkpoint keeps of an optimiser: its whole state (FSDP shards gathered), or under DeepSpeed
-        every process's partition. A collective under FSDP or DeepSpeed: every process calls it."""
-        zero = self.zero_steps.get(id(optimizer))
-        return zero.state() if zero is not None else self.full_tensors(optimizer.state_dict())
+        return ZeroStep(self, model, optimizer, max_norm)
 
     # ----------------------------------------------------------------- reductions
     def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -139,9 +130,6 @@ class Dist:
         keys = sorted(values)
         total = self._all_reduce(torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._comm_device()))
         return {k: float(v) for k, v in zip(keys, total.tolist())}
-
-    def mean(self, value: float) -> float:
-        return self.sum(value) / self.world_size
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Sum every parameter's gradient over the processes (one flat buffer, one collective); FSDP-sharded
@@ -240,8 +228,8 @@ class Dist:
 
 class GradientStep:
     """One trained model's path from loss to weights without DeepSpeed: `backward` each micro-batch's loss, then
-    `finish` (sum the gradients over the processes, clip their norm; returns the norm before clipping) and, if
-    the trainer accepts the step, `apply`."""
+    `finish` (sum the gradients over the processes, clip their norm; returns the norm before clipping), then
+    `apply` if the trainer accepts the step (every model's numbers finite) or `discard`. It saves and loads its optimiser's state."""
 
     def __init__(self, dist: Dist, optimizer: torch.optim.Optimizer, max_norm: float):
         self.dist, self.optimizer, self.max_norm = dist, optimizer, max_norm
@@ -259,6 +247,32 @@ class GradientStep:
 
     def apply(self) -> None:
         self.optimizer.step()
+
+    def discard(self) -> None:
+        """The trainer skips this step: nothing was applied, so only the gradients go."""
+        self.zero_grad()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimiser's whole state (FSDP shards gathered, on the CPU). A collective: every process calls it."""
+        return self.dist.full_tensors(self.optimizer.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A saved `state_dict`, cut into this process's shards under FSDP."""
+        require("ranks" not in state, "this optimiser state was written under DeepSpeed ZeRO: resume it with the "
+                                      "launch configuration that wrote it")
+        self.optimizer.load_state_dict(state)
+        for param, param_state in self.optimizer.state.items():  # FSDP: the loaded whole moments become shards
+            if is_sharded(param):
+                for key, value in param_state.items():
+                    if isinstance(value, torch.Tensor) and value.shape == param.shape:
+                        param_state[key] = as_shard_of(param, value)
+
+
+def as_shard_of(param: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """`whole` cut like the FSDP-sharded `param` (every process has read the same file: no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(whole.to(param.device, param.dtype), param.device_mesh, param.placements, src_data_rank=None)
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:

@@ -11,17 +11,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ppo_rlhf.checkpoint import (
-    TrainingState,
-    clean_partial_writes,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    whole_states,
-)
+from ppo_rlhf.checkpoint import clean_partial_writes, latest_checkpoint, load_checkpoint, save_checkpoint
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
 from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
-from ppo_rlhf.errors import require
+from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.experience import Experience
 from ppo_rlhf.files import atomic_write_text
 from ppo_rlhf.train_config import TrainConfig
@@ -115,7 +108,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     run_dir = Path(cfg.out) if resume or not main else prepare_run_dir(cfg)
     trainer.dist.barrier()
     log = (lambda message: None) if cfg.quiet or not main else tqdm.write
-    models, optimizers = trainer.models, trainer.optimizers  # no "value" for rloo / grpo
+    models = trainer.models  # no "value" for rloo / grpo
 
     checkpoint = latest_checkpoint(run_dir, tuple(models)) if resume else None
     if resume:
@@ -123,16 +116,12 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
             clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
     norm_file = run_dir / "reward_norm.json"
     if checkpoint is not None:
-        state, history = load_checkpoint(checkpoint, models, optimizers, trainer.schedulers)
-        if trainer.ptx is not None and "ptx" in state.extra:
-            trainer.ptx.load(state.extra["ptx"])
-        trainer.sampler.load(state.sampler)
-        trainer.beta = state.beta
-        trainer.consecutive_skips = state.extra.get("consecutive_skips", 0)
-        if trainer.kl_controller is not None:
-            trainer.kl_controller.load_state_dict(state.extra["kl_controller"])
+        start, state, history = load_checkpoint(checkpoint, tuple(models))
+        try:
+            trainer.load_state_dict(state)
+        except UsageError as error:
+            raise UsageError(f"checkpoint {checkpoint}: {error}") from None
         norm = json.loads(norm_file.read_text())
-        start = state.iteration
         log(f"resuming {run_dir} from {checkpoint.name} (iteration {start} of {cfg.iterations})")
     else:
         saved = {**vars(cfg), "policy_model": resolve_model_path(cfg.policy_model), "reward_model": resolve_model_path(cfg.reward_model)}
@@ -153,15 +142,9 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     board = TensorBoard(run_dir / "tb" if cfg.tensorboard and main else None, first_iteration=start)
 
     def checkpoint_now(iteration: int) -> None:
-        extra = {"consecutive_skips": trainer.consecutive_skips}
-        if trainer.kl_controller is not None:
-            extra["kl_controller"] = trainer.kl_controller.state_dict()
-        if trainer.ptx is not None:
-            extra["ptx"] = trainer.ptx.state()
-        state = TrainingState(iteration=iteration, sampler=trainer.sampler.state(), beta=trainer.beta, extra=extra)
-        weights, optimizer_states = whole_states(models, optimizers, trainer.dist)  # every process (FSDP gathers)
+        state = trainer.state_dict()  # every process (FSDP gathers shards, DeepSpeed partitions)
         if main:
-            save_checkpoint(run_dir, state, models, weights, optimizer_states, history, trainer.schedulers)
+            save_checkpoint(run_dir, iteration, models, state, history)
         trainer.dist.barrier()  # nobody runs ahead of a checkpoint being written
 
     progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)

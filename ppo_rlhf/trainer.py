@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ppo_rlhf.advantages import make_advantages
+from ppo_rlhf.checkpoint import load_adapter, trained_weights
 from ppo_rlhf.distributed import current, is_sharded
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.experience import Experience
@@ -229,6 +230,38 @@ class PPOTrainer:
         return {name: make_scheduler(opt, cfg.lr_schedule, cfg.warmup_iterations * steps, cfg.iterations * steps)
                 for name, opt in self.optimizers.items()}
 
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs besides the RNG states: trained weights (whole tensors), each gradient
+        step's optimiser state, schedulers, prompt order, KL coefficient and counters. A collective under FSDP and
+        DeepSpeed (shards and partitions are gathered): every process calls it."""
+        return {
+            "weights": {name: trained_weights(model, self.dist) for name, model in self.models.items()},
+            "optimizers": {name: role.step.state_dict() for name, role in self.roles.items()},
+            "schedulers": {name: scheduler.state_dict() for name, scheduler in self.schedulers.items()},
+            "sampler": self.sampler.state(),
+            "beta": self.beta,
+            "consecutive_skips": self.consecutive_skips,
+            "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
+            "ptx": self.ptx.state() if self.ptx else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A saved `state_dict` into this trainer (into FSDP shards and DeepSpeed partitions too)."""
+        for name, model in self.models.items():  # the weights first: DeepSpeed refreshes its master copy from them
+            load_adapter(model, state["weights"][name], f"its {name} adapter does not fit this model")
+        for name, role in self.roles.items():
+            role.step.load_state_dict(state["optimizers"][name])
+        for name, scheduler in self.schedulers.items():
+            require(name in state["schedulers"], f"it has no {name} learning-rate scheduler state")
+            scheduler.load_state_dict(state["schedulers"][name])
+        self.sampler.load(state["sampler"])
+        self.beta, self.consecutive_skips = state["beta"], state["consecutive_skips"]
+        if self.kl_controller is not None:
+            self.kl_controller.load_state_dict(state["kl_controller"])
+        if self.ptx is not None and state["ptx"] is not None:
+            self.ptx.load(state["ptx"])
+
     # ----------------------------------------------------------------------------------------- 1. rollout
     def rollout(self, prompts: list[str]) -> Rollout:
         # token ids from the backend (generation.py); score() recomputes the log-probs the rollout does not carry
@@ -375,6 +408,8 @@ class PPOTrainer:
     def accept_step(self, stats: dict[str, float]) -> bool:
         """Apply every model's step, or none: a non-finite loss or gradient never reaches the weights."""
         if not all(math.isfinite(value) for value in stats.values()):
+            for role in self.roles.values():
+                role.step.discard()
             self.count_skip("consecutive non-finite steps")
             return False
         self.consecutive_skips = 0

@@ -151,12 +151,12 @@ def test_ptx_and_schedule_resume(setup, tmp_path):
     history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert all(math.isfinite(row["ptx_loss"]) and row["ptx_loss"] > 0 for row in history)
     saved = torch.load(latest_checkpoint(run_dir) / "state.pt", weights_only=True)
-    assert saved["schedulers"]["policy"]["last_epoch"] == 4 and "ptx" in saved["state"]["extra"]
+    assert saved["trainer"]["schedulers"]["policy"]["last_epoch"] == 4 and saved["trainer"]["ptx"] is not None
     # the resumed trainer continues the schedule where it stopped
     more = build_config(TrainConfig, {**vars(cfg), "iterations": 3})
     train(more, resume=True)
     saved = torch.load(latest_checkpoint(run_dir) / "state.pt", weights_only=True)
-    assert saved["schedulers"]["policy"]["last_epoch"] == 6
+    assert saved["trainer"]["schedulers"]["policy"]["last_epoch"] == 6
 
 
 def test_ptx_gradient_is_the_lm_loss(setup, tmp_path):

@@ -105,7 +105,7 @@ def test_reference_is_base_model_after_training(setup, tmp_path):
     trainer = PPOTrainer(cfg)
     from ppo_rlhf.checkpoint import latest_checkpoint, load_checkpoint
 
-    load_checkpoint(latest_checkpoint(run_dir), {"policy": trainer.policy, "value": trainer.value_model}, {})
+    trainer.load_state_dict(load_checkpoint(latest_checkpoint(run_dir), ("policy", "value"))[1])
     from ppo_rlhf.models import load_causal_lm
 
     base = load_causal_lm(setup["policy"])
@@ -170,7 +170,7 @@ def test_known_reward_rises(setup, tmp_path, monkeypatch, tokenizer):
     trainer = PPOTrainer(cfg)
     from ppo_rlhf.checkpoint import latest_checkpoint, load_checkpoint
 
-    load_checkpoint(latest_checkpoint(run_dir), {"policy": trainer.policy, "value": trainer.value_model}, {})
+    trainer.load_state_dict(load_checkpoint(latest_checkpoint(run_dir), ("policy", "value"))[1])
     rollout = trainer.rollout(PROMPTS)
 
     @torch.no_grad()
