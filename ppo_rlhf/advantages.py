@@ -18,6 +18,7 @@ from ppo_rlhf.train_config import TrainConfig
 
 class Advantages(Protocol):
     needs_critic: bool  # GAE learns a value model; the group estimators use the other replies to a prompt instead
+    kl_in_loss: bool  # the KL penalty is a loss term on the policy (GRPO), not part of the reward
 
     def __call__(self, rewards: Tensor, values: Tensor, scores: Tensor, kl: Tensor, mask: Tensor,
                  beta: float) -> tuple[Tensor, Tensor, Tensor]: ...
@@ -27,6 +28,7 @@ class GAEAdvantages:
     """GAE (gamma, lambda) over the per-token rewards, whitened over the global batch's reply tokens."""
 
     needs_critic = True
+    kl_in_loss = False
 
     def __init__(self, gamma: float, lam: float, dist: Dist):
         self.gamma, self.lam, self.dist = gamma, lam, dist
@@ -41,6 +43,7 @@ class RLOOAdvantages:
     of the other replies to the same prompt; the return is the sequence reward. Not whitened again."""
 
     needs_critic = False
+    kl_in_loss = False
 
     def __init__(self, group_size: int):
         self.group_size = group_size
@@ -54,15 +57,22 @@ class RLOOAdvantages:
         return rloo_advantages(totals, self.group_size)
 
 
-class GRPOAdvantages(RLOOAdvantages):
-    """GRPO's group normalisation: (R - group mean) / (group std + eps)."""
+class GRPOAdvantages:
+    """GRPO (Shao et al. 2024): the reply's score normalised within its group, (score - group mean) / (group std +
+    eps), on every reply token; the return is the score. The KL penalty is NOT in this reward: dividing by the group
+    std would blow tiny KL differences between tied scores up to full-size advantages (scores [0.5, 0.5], summed KL
+    [1.0, 1.1], beta 0.05: +-0.707 instead of RLOO's +-0.005). As in the paper, it is a separate loss term instead:
+    beta * the k3 estimate of KL(pi || pi_ref), per token, added to the policy loss (`kl_in_loss`)."""
+
+    needs_critic = False
+    kl_in_loss = True
 
     def __init__(self, group_size: int, eps: float):
-        super().__init__(group_size)
-        self.eps = eps
+        self.group_size, self.eps = group_size, eps
 
-    def per_reply(self, totals: Tensor) -> Tensor:
-        return grpo_advantages(totals, self.group_size, self.eps)
+    def __call__(self, rewards, values, scores, kl, mask, beta):
+        per_reply = broadcast_to_tokens(grpo_advantages(scores.to(kl.dtype), self.group_size, self.eps), mask)
+        return per_reply, per_reply, broadcast_to_tokens(scores, mask)
 
 
 def make_advantages(cfg: TrainConfig, dist: Dist) -> Advantages:

@@ -36,7 +36,7 @@ from ppo_rlhf.objectives import (
     clipped_policy_loss,
     clipped_value_loss,
     explained_variance,
-    masked_mean,
+    kl_k3,
     masked_sum,
     normalise_loss,
     per_token_rewards,
@@ -382,6 +382,9 @@ class PPOTrainer:
         pg = clipped_policy_loss(new_logprobs, part.old_logprobs, part.advantages, act, cfg.clip_range,
                                  cfg.loss_aggregation, count)
         loss = pg.loss
+        if self.advantages.kl_in_loss:  # GRPO: beta * k3 estimate of KL(pi || pi_ref), a loss term of its own
+            kl = kl_k3(part.ref_logprobs, new_logprobs)
+            loss = loss + self.beta * normalise_loss(kl, act, cfg.loss_aggregation, count)
         if entropy is not None:
             loss = loss - cfg.entropy_coef * normalise_loss(entropy, act, cfg.loss_aggregation, count)
         return loss, {"pg_loss": float(pg.loss.detach()), "clipfrac": float(pg.clip_fraction) * token_share,
@@ -470,7 +473,10 @@ class PPOTrainer:
         means = {"score": float(experience.scores.mean()), "rm_raw": float(experience.raw_scores.mean()),
                  "kl": float(masked_sum(experience.kl, act, dim=1).mean()),
                  "len": float(experience.reply_lengths.float().mean()),
-                 "fin": float(experience.finished.float().mean()), "ent": float(masked_mean(experience.entropy, act))}
+                 "fin": float(experience.finished.float().mean())}
         means = {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
+        # the entropy is a mean over reply tokens: summed and counted over every process (their counts differ)
+        entropy = self.dist.sum_dict({"sum": float(masked_sum(experience.entropy, act)), "tokens": float(act.sum())})
+        means["ent"] = entropy["sum"] / entropy["tokens"]
         ev = explained_variance(experience.old_values, experience.returns, act) if self.critic else float("nan")
         return {**means, "ev": ev}

@@ -59,9 +59,10 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     trainer.update(batch)
     resumed = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})
     skip = skipped_update_leaves_everything(trainer, batch)
+    ent = trainer.batch_stats(batch)["ent"]  # a mean over every process's reply tokens
     torch.save({"stats": stats, "params": params, "advantages": batch.advantages, "act": batch.action_mask,
                 "scores": scores, "sharded": sharded, "restored": restored, "resumed": resumed,
-                "zero": [sorted(s) for s in state["optimizers"].values()] if dist.zero_stage else None, "skip": skip,
+                "zero": [sorted(s) for s in state["optimizers"].values()] if dist.zero_stage else None, "skip": skip, "ent": ent,
                 "rows": dist.shard(list(range(4)))}, Path(out) / f"rank{dist.rank}.pt")
 
 
