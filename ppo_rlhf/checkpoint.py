@@ -5,8 +5,9 @@ complete; `checkpoints/latest` names the newest complete one and is replaced ato
 killed at any moment therefore leaves `latest` pointing at a whole checkpoint. Weights are PEFT adapters
 in safetensors; the rest of the trainer's state (`PPOTrainer.state_dict()`: optimisers, schedulers, sampler, KL
 coefficient, ...) and the RNG states load with `torch.load(weights_only=True)`. Under FSDP the shards are
-gathered first (each gradient step's `state_dict`), so a checkpoint is the same whatever the number of processes that wrote or read it;
-under DeepSpeed ZeRO it holds every process's optimiser partition and resumes with the same launch (`zero.py`).
+gathered first (each gradient step's `state_dict`), so a checkpoint is the same whatever the number of
+processes that wrote or read it; under DeepSpeed ZeRO it holds every process's optimiser partition and
+resumes with the same launch (`zero.py`).
 This module only writes and reads files: what goes in them is the trainer's business.
 """
 

@@ -47,7 +47,8 @@ from ppo_rlhf.train_config import resolve_device
 class Dist:
     """One process of `world_size` (rank 0 of 1 when not launched in parallel)."""
 
-    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0, fsdp: bool = False, zero_stage: int = 0):
+    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0, fsdp: bool = False,
+                 zero_stage: int = 0):
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
         self.fsdp = fsdp and world_size > 1  # decoder layers sharded with FSDP2 (`shard_model`)
         self.zero_stage = zero_stage if world_size > 1 else 0  # DeepSpeed ZeRO stage (0: no DeepSpeed)
@@ -128,7 +129,8 @@ class Dist:
         if self.world_size == 1:
             return values
         keys = sorted(values)
-        total = self._all_reduce(torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._comm_device()))
+        total = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._comm_device())
+        total = self._all_reduce(total)
         return {k: float(v) for k, v in zip(keys, total.tolist())}
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
@@ -229,7 +231,8 @@ class Dist:
 class GradientStep:
     """One trained model's path from loss to weights without DeepSpeed: `backward` each micro-batch's loss, then
     `finish` (sum the gradients over the processes, clip their norm; returns the norm before clipping), then
-    `apply` if the trainer accepts the step (every model's numbers finite) or `discard`. It saves and loads its optimiser's state."""
+    `apply` if the trainer accepts the step (every model's numbers finite) or `discard`. It saves and loads its
+    optimiser's state."""
 
     def __init__(self, dist: Dist, optimizer: torch.optim.Optimizer, max_norm: float):
         self.dist, self.optimizer, self.max_norm = dist, optimizer, max_norm
@@ -272,7 +275,8 @@ def as_shard_of(param: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     """`whole` cut like the FSDP-sharded `param` (every process has read the same file: no communication)."""
     from torch.distributed.tensor import distribute_tensor
 
-    return distribute_tensor(whole.to(param.device, param.dtype), param.device_mesh, param.placements, src_data_rank=None)
+    whole = whole.to(param.device, param.dtype)
+    return distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:

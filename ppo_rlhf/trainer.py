@@ -79,7 +79,8 @@ class PromptSampler:
 
 
 # what update() reports (means over its optimiser steps), besides skipped_steps
-UPDATE_STATS = ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac", "grad_norm_policy", "grad_norm_value", "ptx_loss")
+UPDATE_STATS = ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac", "grad_norm_policy", "grad_norm_value",
+                "ptx_loss")
 # the order of an iteration's numbers in history.jsonl
 HISTORY_ORDER = ("iteration", "score", "rm_raw", "kl", "len", "fin", "ent", "clipfrac", "approx_kl", "v_loss", "ev",
                  "vclipfrac", "pg_loss", "grad_norm_policy", "grad_norm_value", "ptx_loss", "lr", "beta",
@@ -119,7 +120,8 @@ def per_token_in_chunks(fn, rollout, size: int) -> tuple[torch.Tensor, ...]:
         part = rollout.select(rows)
         pieces.append(fn(part.input_ids, part.attention_mask))
     pad = torch.nn.functional.pad
-    return tuple(torch.cat([pad(piece[k], (0, width - piece[k].shape[1])) for piece in pieces]) for k in range(len(pieces[0])))
+    return tuple(torch.cat([pad(piece[k], (0, width - piece[k].shape[1])) for piece in pieces])
+                 for k in range(len(pieces[0])))
 
 
 def check_prompt_lengths(cfg: TrainConfig, tokenizer, models: list[torch.nn.Module]) -> None:
@@ -156,7 +158,8 @@ class PPOTrainer:
         self.schedulers = self._make_schedulers()
         self.ptx = None
         if cfg.ptx_coef > 0:
-            self.ptx = PtxData(read_texts(cfg.ptx_data), self.tokenizer, cfg.ptx_batch_size, cfg.ptx_max_tokens, cfg.seed + 2)
+            self.ptx = PtxData(read_texts(cfg.ptx_data), self.tokenizer, cfg.ptx_batch_size, cfg.ptx_max_tokens,
+                               cfg.seed + 2)
         self.generator = make_generator(cfg, self.policy, self.tokenizer)
         self.policy_version, self.synced_version = 0, -1  # optimiser steps taken / copied into the generator
         self.dist.diverge_rngs(cfg.seed)  # identical initial weights everywhere; now different samples per process
@@ -276,7 +279,8 @@ class PPOTrainer:
     def measure_reward_norm(self) -> dict[str, float]:
         """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
         n = self.cfg.reward_norm_samples
-        picks = np.random.default_rng(self.cfg.seed + 1).choice(len(self.prompts), size=n, replace=n > len(self.prompts))
+        rng = np.random.default_rng(self.cfg.seed + 1)
+        picks = rng.choice(len(self.prompts), size=n, replace=n > len(self.prompts))
         picks = self.dist.shard(picks.tolist())  # this process's share (all of them in one process)
         scores, finished = [], []
         for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation",
@@ -434,7 +438,8 @@ class PPOTrainer:
 
     def next_prompts(self) -> list[str]:
         """This process's prompts of the next batch: batch_size // group_size prompts drawn (identically on every
-        process), each repeated group_size times in consecutive rows, then this rank's contiguous share of whole groups."""
+        process), each repeated group_size times in consecutive rows, then this rank's contiguous share of whole
+        groups."""
         cfg = self.cfg
         drawn = self.sampler.next(cfg.batch_size // cfg.group_size)
         drawn = self.dist.shard(drawn)
@@ -448,7 +453,8 @@ class PPOTrainer:
         generated = time.perf_counter()
         experience = self.score(rollout)  # 2-4. score, rewards, advantages
         scored = time.perf_counter()
-        finite = all(bool(torch.isfinite(t).all()) for t in (experience.scores, experience.advantages, experience.returns))
+        scored_numbers = (experience.scores, experience.advantages, experience.returns)
+        finite = all(bool(torch.isfinite(t).all()) for t in scored_numbers)
         if finite:
             update = self.update(experience)  # 5. update
         else:  # e.g. a reward model that returned NaN: nothing from this batch reaches the weights

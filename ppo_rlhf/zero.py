@@ -64,7 +64,8 @@ class ZeroStep:
         self.dist, self.optimizer = dist, optimizer
         self.trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
         self.before: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
-        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
+                                               dist_init_required=False)
 
     def zero_grad(self) -> None:
         self.engine.zero_grad()
@@ -99,7 +100,8 @@ class ZeroStep:
     def state_dict(self) -> dict[str, Any]:
         """Every process's optimiser partition (a collective: every process calls it)."""
         dist = self.dist
-        return {"zero_stage": dist.zero_stage, "ranks": dist.gather_objects(dist.full_tensors(self.optimizer.state_dict()))}
+        ranks = dist.gather_objects(dist.full_tensors(self.optimizer.state_dict()))
+        return {"zero_stage": dist.zero_stage, "ranks": ranks}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """This process's partition of a saved `state_dict`, after the weights were loaded into the model."""

@@ -62,7 +62,8 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     ent = trainer.batch_stats(batch)["ent"]  # a mean over every process's reply tokens
     torch.save({"stats": stats, "params": params, "advantages": batch.advantages, "act": batch.action_mask,
                 "scores": scores, "sharded": sharded, "restored": restored, "resumed": resumed,
-                "zero": [sorted(s) for s in state["optimizers"].values()] if dist.zero_stage else None, "skip": skip, "ent": ent,
+                "zero": [sorted(s) for s in state["optimizers"].values()] if dist.zero_stage else None,
+                "skip": skip, "ent": ent,
                 "rows": dist.shard(list(range(4)))}, Path(out) / f"rank{dist.rank}.pt")
 
 
