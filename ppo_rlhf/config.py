@@ -46,6 +46,8 @@ def _field_type(cls: type, field: dataclasses.Field) -> type:
     hint = typing.get_type_hints(cls)[field.name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    if typing.get_origin(hint) is typing.Literal:  # a choice: read as its values' type, checked by validate()
+        hint = type(typing.get_args(hint)[0])
     return hint
 
 

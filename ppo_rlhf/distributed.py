@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from ppo_rlhf.errors import require
+from ppo_rlhf.objectives import masked_sum, masked_whiten, whiten_with
 from ppo_rlhf.train_config import resolve_device
 
 
@@ -203,18 +204,13 @@ class Dist:
 
     def masked_whiten(self, x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
         """objectives.masked_whiten with the mean and (unbiased) variance of all processes' masked entries."""
-        from ppo_rlhf.objectives import _zero_masked, masked_sum, masked_whiten
-
         if self.world_size == 1:
             return masked_whiten(x, mask, shift_mean)
         count, total = self.sum(float(mask.sum())), self.sum(float(masked_sum(x.double(), mask)))
         mean = total / count
         squares = self.sum(float(masked_sum((x.double() - mean) ** 2, mask)))
         variance = squares / count * count / max(count - 1, 1)
-        whitened = (x - mean) * torch.rsqrt(torch.tensor(variance + 1e-8, dtype=x.dtype, device=x.device))
-        if not shift_mean:
-            whitened = whitened + mean
-        return _zero_masked(whitened, mask)
+        return whiten_with(x, mask, mean, torch.tensor(variance, dtype=x.dtype, device=x.device), shift_mean)
 
     def barrier(self) -> None:
         if self.world_size > 1:

@@ -47,7 +47,12 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
 def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
     """(x - mean) / std over the masked entries; shift_mean=False adds the mean back (unit variance, same mean).
     Result is 0 where mask == 0."""
-    mean, variance = masked_mean(x, mask), masked_var(x, mask)
+    return whiten_with(x, mask, masked_mean(x, mask), masked_var(x, mask), shift_mean)
+
+
+def whiten_with(x: Tensor, mask: Tensor, mean: Tensor | float, variance: Tensor, shift_mean: bool = True) -> Tensor:
+    """(x - mean) / sqrt(variance + 1e-8) with given statistics (this batch's, or every process's:
+    `Dist.masked_whiten`); the mean added back when not `shift_mean`; 0 where mask == 0."""
     whitened = (x - mean) * torch.rsqrt(variance + 1e-8)
     if not shift_mean:
         whitened = whitened + mean

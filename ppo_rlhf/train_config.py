@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -30,7 +31,7 @@ class TrainConfig:
     """Seed of every random number: prompt order, sampling, initialisation of the LoRA adapters."""
     device: str = "auto"
     """"auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N"."""
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights and compute dtype: float32 (the chapter's run), bfloat16 or float16 (GPU)."""
     # --- the loop
     iterations: int = 20
@@ -56,9 +57,9 @@ class TrainConfig:
     """Longest chat-templated training prompt in tokens; a longer one is an error naming its line (prompt + max_new_tokens must also fit the models' context)."""
     generation_batch_size: int = 0
     """Prompts per generate call; 0 = the whole batch."""
-    generation_backend: str = "hf"
+    generation_backend: Literal["hf", "vllm"] = "hf"
     """"hf" (Hugging Face generate on the policy) or "vllm" (GPU, extra [vllm]; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
-    old_logprobs: str = "recompute"
+    old_logprobs: Literal["recompute", "generation"] = "recompute"
     """Where log pi_old and the entropy come from: "recompute" (one more forward of the policy after sampling; the first ratio is 1 and the first KL 0 to float rounding) or "generation" (recorded from the logits `generate` computes: one policy forward fewer per iteration, equal to recompute within ~1e-6 in float32; hf backend only)."""
     # --- rewards
     reward_norm_samples: int = 192
@@ -88,9 +89,9 @@ class TrainConfig:
     """Value clip range: the value may move at most this far from its old estimate per batch."""
     entropy_coef: float = 0.0
     """Entropy bonus c2 (usually 0 in RLHF)."""
-    loss_aggregation: str = "token"
+    loss_aggregation: Literal["token", "sequence"] = "token"
     """"token": mean over all reply tokens of the minibatch (detail 8); "sequence": mean per reply, then over replies."""
-    advantage_estimator: str = "gae"
+    advantage_estimator: Literal["gae", "rloo", "grpo"] = "gae"
     """"gae": GAE with a value model (PPO); "rloo": REINFORCE leave-one-out baseline over the group_size replies to a prompt (Chapter 6, no value model); "grpo": group-normalised rewards (no value model)."""
     group_size: int = 1
     """Replies sampled per prompt (consecutive rows of a batch); rloo and grpo need >= 2."""
@@ -109,7 +110,7 @@ class TrainConfig:
     """LoRA rank of the policy and value adapters (all seven linear layers of every block)."""
     lora_alpha: float = 32.0
     """LoRA alpha (scale = alpha / rank)."""
-    lr_schedule: str = "constant"
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule of both optimisers, stepped per optimiser step: constant, linear (to 0) or cosine (to 0) over the run."""
     warmup_iterations: int = 0
     """Iterations of linear learning-rate warm-up at the start of the schedule."""
@@ -170,7 +171,7 @@ class TrainConfig:
         """Estimators, group sampling, schedules, PPO-ptx and the generation backend."""
         from ppo_rlhf.generation import BACKENDS
         from ppo_rlhf.objectives import ESTIMATORS
-        from ppo_rlhf.ptx import SCHEDULES
+        from ppo_rlhf.schedules import SCHEDULES
 
         require(self.advantage_estimator in ESTIMATORS, f"advantage_estimator must be one of {ESTIMATORS}, got {self.advantage_estimator!r}")
         require(self.group_size >= 1, f"group_size must be positive, got {self.group_size}")

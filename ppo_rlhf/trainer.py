@@ -42,9 +42,10 @@ from ppo_rlhf.objectives import (
     per_token_rewards,
 )
 from ppo_rlhf.prompts import read_numbered_prompts, read_prompts
-from ppo_rlhf.ptx import PtxData, make_scheduler, ptx_nll, ptx_targets, read_texts
+from ppo_rlhf.ptx import PtxData, ptx_nll, ptx_targets, read_texts
 from ppo_rlhf.roles import Actor, Critic, RewardModel
 from ppo_rlhf.rollout import Rollout, chat_prompt_ids, first_reply_position
+from ppo_rlhf.schedules import make_scheduler
 from ppo_rlhf.train_config import TrainConfig
 
 

@@ -12,7 +12,7 @@ from ppo_rlhf.checkpoint import latest_checkpoint
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, sequence_rewards
-from ppo_rlhf.ptx import lr_lambda
+from ppo_rlhf.schedules import lr_lambda
 from ppo_rlhf.train import train
 from ppo_rlhf.train_config import TrainConfig
 from ppo_rlhf.trainer import PPOTrainer
