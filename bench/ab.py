@@ -28,9 +28,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 def switch(trainer, change: str, after: bool, originals: dict) -> None:
     """Put the trainer in the before (after=False) or after state of `change`."""
     import ppo_rlhf.rollout as rollout_module
+    import ppo_rlhf.trainer as trainer_module
 
-    if change == "first":
-        rollout_module.first_reply_position = originals["first"] if after else (lambda prompt_ids: 0)
+    if change == "first":  # patched where it is called: the trainer imported it by name
+        trainer_module.first_reply_position = originals["first"] if after else (lambda prompt_ids: 0)
+        assert trainer_module.first_reply_position is not rollout_module.first_reply_position or after
     elif change == "frozen-head":
         rollout_module._frozen_plain_head = originals["frozen"] if after else (lambda head: False)
     elif change == "score-batch":
