@@ -9,6 +9,8 @@ One iteration, in the order of the chapter's listing:
   5. update       K epochs x minibatches of the clipped policy loss and the clipped value loss, averaged over
                   reply tokens; separate AdamW optimisers, gradient norm clipped to 1 for each model
 
+Steps 1-4 make one `Experience` (`make_experience`), step 5 reads it (`update`); the models act through their roles
+(`roles.py`: Actor, Critic, RewardModel) and the advantages through one strategy per estimator (`advantages.py`).
 The run around it (run directory, checkpoints, logging, resume, the `train` command) is in `train.py`.
 """
 

@@ -201,7 +201,8 @@ def test_grpo_kl_is_a_loss_term_not_a_reward(setup, tmp_path):
     batch = trainer.score(trainer.rollout(trainer.next_prompts()))
     act = batch.action_mask
     loss, numbers = trainer.policy_loss(batch, float(act.sum()), 1.0)
-    new = trainer.actor.logprobs(batch.input_ids, batch.attention_mask, 0)
+    with torch.no_grad():
+        new = trainer.actor.logprobs(batch.input_ids, batch.attention_mask, 0)
     pg = clipped_policy_loss(new, batch.old_logprobs, batch.advantages, act, cfg.clip_range).loss
     k3 = masked_mean(kl_k3(batch.ref_logprobs, new), act)
     assert float(k3) > 1e-4 and numbers["pg_loss"] == pytest.approx(float(pg), abs=1e-6)
