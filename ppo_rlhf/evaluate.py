@@ -5,7 +5,8 @@ held-out prompts, several replies each, with torch's RNG reset to the same seed 
 Each reply is scored by two judges: the proxy (the reward model PPO optimised) and the gold (an independent
 judge). Both are put in start-model standard deviations: (score - mean) / std of the start model's replies
 on these prompts, per judge. Reply i of prompt j of a checkpoint is paired with reply i of prompt j of the
-start model, and the mean paired change gets a 95% bootstrap interval.
+start model, and the mean paired change gets a 95% cluster bootstrap interval: the replies to one prompt share
+that prompt's effect, so whole prompts are resampled (stats.bootstrap_mean).
 
 The work is split in two: `evaluate_runs` samples and scores (models needed), and the pure functions
 `standardize_records`, `summarize`, `before_after` and `format_evaluation` turn per-reply records into the
@@ -106,8 +107,8 @@ def standardize_records(records: list[dict], unfinished_score: float = -1.0) -> 
     return norms
 
 
-def _interval(values: np.ndarray, n_boot: int, seed: int) -> dict[str, float]:
-    mean, lo, hi = paired_bootstrap(values, n_boot=n_boot, seed=seed)
+def _interval(values: np.ndarray, prompts: list[int], n_boot: int, seed: int) -> dict[str, float]:
+    mean, lo, hi = paired_bootstrap(values, prompts, n_boot=n_boot, seed=seed)
     return {"mean": mean, "lo": lo, "hi": hi}
 
 
@@ -127,7 +128,7 @@ def summarize_model(records: list[dict], start: list[dict], n_boot: int = 10000,
     }
     for judge in JUDGES:
         diffs = np.array([r[judge] - by_key[k][judge] for r, k in zip(records, keys)])
-        summary[f"{judge}_change"] = _interval(diffs, n_boot, seed)
+        summary[f"{judge}_change"] = _interval(diffs, [prompt for prompt, _ in keys], n_boot, seed)
         summary[judge] = float(np.mean([r[judge] for r in records]))
         summary[f"{judge}_raw"] = float(np.mean([r[f"{judge}_raw"] for r in records]))
     summary.update(
