@@ -43,8 +43,9 @@ def token_table(trainer: PPOTrainer, rollout, batch: Batch) -> tuple[list[dict[s
             "logp_ref": float(batch.ref_logprobs[row, position]),
             "value": float(batch.old_values[row, position]),
             "reward": float(batch.rewards[row, position]),
-            "advantage": float(batch.advantages[row, position]),
+            "advantage": float(batch.raw_advantages[row, position]),
             "return": float(batch.returns[row, position]),
+            "advantage_whitened": float(batch.advantages[row, position]),
         })
     return rows, row
 
@@ -54,12 +55,14 @@ def write_token_table(run_dir: Path, trainer: PPOTrainer, rollout, batch: Batch)
     rows, row = token_table(trainer, rollout, batch)
     info = {"prompt": rollout.prompts[row], "reply": rollout.reply_texts[row], "finished": bool(rollout.finished[row]),
             "raw_score": float(batch.raw_scores[row]), "score": float(batch.scores[row]),
-            "note": "advantage is GAE after whitening over the batch; return = GAE advantage (before whitening) + V",
+            "advantage_estimator": trainer.cfg.advantage_estimator,
+            "note": "advantage is before whitening (GAE: return = advantage + value); advantage_whitened is what "
+                    "the policy loss uses (rloo and grpo do not whiten: the same)",
             "rows": rows}
     atomic_write_text(run_dir / "token_table.json", json.dumps(info, indent=1))
     header = (f"prompt: {info['prompt']!r}\nreply: {info['reply']!r}\n"
               f"raw score {info['raw_score']:+.3f}, normalised {info['score']:+.3f}, finished {info['finished']}\n")
-    atomic_write_text(run_dir / "token_table.txt", token_table_text(rows, header))
+    atomic_write_text(run_dir / "token_table.txt", token_table_text(rows, header, trainer.cfg.advantage_estimator))
 
 
 def write_samples(run_dir: Path, index: int, rollout, batch: Batch, count: int = 4) -> str:

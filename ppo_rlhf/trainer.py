@@ -116,6 +116,7 @@ class Batch:
     kl: torch.Tensor  # log pi_old - log pi_ref on reply tokens
     advantages: torch.Tensor  # GAE, whitened
     returns: torch.Tensor  # value targets, before whitening
+    raw_advantages: torch.Tensor  # before whitening (GAE: returns - old_values), for the per-token table
 
     def rows(self, rows: list[int], width: int) -> dict[str, torch.Tensor]:
         """The per-token tensors of some rows, trimmed to `width` positions."""
@@ -319,11 +320,13 @@ class PPOTrainer:
         if cfg.whiten_rewards:
             rewards = self.dist.masked_whiten(rewards, act, shift_mean=False)
         if cfg.advantage_estimator == "gae":
-            advantages, returns = gae(rewards, old_values, act, gamma=cfg.gamma, lam=cfg.lam)  # 4. advantages
-            advantages = self.dist.masked_whiten(advantages, act)  # over the global batch's reply tokens
+            raw_advantages, returns = gae(rewards, old_values, act, gamma=cfg.gamma, lam=cfg.lam)  # 4. advantages
+            advantages = self.dist.masked_whiten(raw_advantages, act)  # over the global batch's reply tokens
         else:  # one advantage per reply from the other replies to the same prompt, on every reply token
             advantages, returns = self.group_advantages(scores, kl, act)
-        return Batch(act, old_logprobs, ref_logprobs, entropy, old_values, raw, scores, rewards, kl, advantages, returns)
+            raw_advantages = advantages
+        return Batch(act, old_logprobs, ref_logprobs, entropy, old_values, raw, scores, rewards, kl, advantages, returns,
+                     raw_advantages)
 
     def group_advantages(self, scores: torch.Tensor, kl: torch.Tensor, act: torch.Tensor):
         """rloo / grpo: (advantages, returns), both [B, L-1]; the return is the reply's sequence reward
