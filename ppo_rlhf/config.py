@@ -180,14 +180,18 @@ def _number(value: Any, kind: type) -> int | float | None:
 class Checked:
     """An argparse `type` that checks a flag like a config field: `add_argument("--batch", type=POSITIVE_INT)`.
 
-    Its `field_type` says what it accepts (the tests read it to generate out-of-range values for every flag).
+    Its `field_type` says what it accepts (the tests read it to generate out-of-range values for every flag). A flag
+    of a config field (`field` given) is refused with the same message as its YAML key.
     """
 
-    def __init__(self, kind: type, bounds: Bounds = Bounds()):
-        self.field_type = FieldType(kind, bounds=bounds)
-        self.__name__ = kind.__name__  # argparse names the type in its messages
+    def __init__(self, kind: type | FieldType, bounds: Bounds = Bounds(), field: str | None = None):
+        self.field_type = kind if isinstance(kind, FieldType) else FieldType(kind, bounds=bounds)
+        self.field = field
+        self.__name__ = self.field_type.kind.__name__  # argparse names the type in its messages
 
     def __call__(self, text: str) -> Any:
+        if self.field is not None:
+            return check_value(self.field, text, self.field_type)  # (a UsageError passes through argparse)
         try:
             return check_value("flag", text, self.field_type)
         except UsageError:
@@ -208,8 +212,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         help_text = f"{docs.get(field.name, '')} (default: {field.default!r})"
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
-        else:  # checked by build_config, so that a flag and a YAML key get the same message
-            parser.add_argument(flag, type=str, default=argparse.SUPPRESS, metavar=kind.__name__.upper(), help=help_text)
+        else:
+            parser.add_argument(flag, type=Checked(kinds[field.name], field=field.name), default=argparse.SUPPRESS,
+                                metavar=kind.__name__.upper(), help=help_text)
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
