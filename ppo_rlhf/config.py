@@ -96,7 +96,7 @@ class FieldType:
         if self.choices:
             return "one of " + ", ".join(self.choices)
         nouns = {bool: "true or false", int: "an integer", float: "a number", str: "a non-empty string"}
-        bounds = f" {self.bounds}" if str(self.bounds) != "finite" else ""
+        bounds = "" if self.bounds == Bounds() else f" {self.bounds}"
         return nouns[self.kind] + bounds
 
 

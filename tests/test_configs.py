@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo_rlhf.config import build_config, check_value, field_types, read_yaml, to_yaml
+from ppo_rlhf.config import Bounds, build_config, check_value, field_types, read_yaml, to_yaml
 from ppo_rlhf.demo import DemoConfig
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.train_config import TrainConfig
@@ -77,3 +77,13 @@ def test_values_each_field_type_refuses(field, value, message):
 def test_demo_betas_are_distinct_non_negative_numbers(betas):
     with pytest.raises(UsageError, match="betas"):
         build_config(DemoConfig, {"betas": betas})
+
+
+def test_every_number_field_declares_its_interval():
+    """So that the reliability fuzz generates out-of-range values for a new field too (an unbounded number must be
+    said to be one, here)."""
+    any_finite_number = {"unfinished_score"}
+    for cls in (TrainConfig, DemoConfig):
+        for name, kind in field_types(cls).items():
+            if kind.kind in (int, float) and name not in any_finite_number:
+                assert kind.bounds != Bounds(), f"{cls.__name__}.{name}: give its type an interval (PositiveInt, ...)"
