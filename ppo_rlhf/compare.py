@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ppo_rlhf.config import add_config_arguments, build_config, read_yaml
+from ppo_rlhf.config import POSITIVE_INT, SEED, add_config_arguments, build_config, read_yaml
 from ppo_rlhf.errors import require
 from ppo_rlhf.objectives import ESTIMATORS
 
@@ -70,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--estimators", default=",".join(ESTIMATORS), help="comma-separated, from gae, rloo, grpo")
     parser.add_argument("--eval-prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
     parser.add_argument("--gold", default="gold", help="gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
-    parser.add_argument("--replies-per-prompt", type=int, default=2)
-    parser.add_argument("--eval-seed", type=int, default=1234)
+    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2)
+    parser.add_argument("--eval-seed", type=SEED, default=1234)
     add_config_arguments(parser, TrainConfig)  # --out is the parent folder of the runs
 
 

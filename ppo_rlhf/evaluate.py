@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ppo_rlhf.config import read_yaml
+from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED, read_yaml
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.prompts import read_prompts
 from ppo_rlhf.stats import distinct_n, paired_bootstrap, pearson, standardize
@@ -412,12 +412,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
     parser.add_argument("--proxy", default=None, help="the proxy judge (default: rm: + the runs' reward_model)")
     parser.add_argument("--gold", default="gold", help="the gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
-    parser.add_argument("--replies-per-prompt", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=1234, help="sampling seed, the same for every model")
+    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2)
+    parser.add_argument("--seed", type=SEED, default=1234, help="sampling seed, the same for every model")
     parser.add_argument("--checkpoints", default="all", help="all, latest, or iterations like 10,20")
     parser.add_argument("--out", required=True, help="folder for evaluation.json and evaluation.txt")
-    parser.add_argument("--batch-size", type=int, default=16, help="replies generated and scored at once")
-    parser.add_argument("--examples", type=int, default=3, help="prompts shown before/after")
+    parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="replies generated and scored at once")
+    parser.add_argument("--examples", type=NON_NEGATIVE_INT, default=3, help="prompts shown before/after")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
 
 

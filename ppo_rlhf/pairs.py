@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.prompts import message_text, read_jsonl, read_prompts, write_jsonl
 
@@ -118,10 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="output pairs JSONL")
     parser.add_argument("--model", default="smollm2", help="the starting policy that samples the replies")
     parser.add_argument("--judge", default="gold", help="vader | nontoxic | gold | rm:PATH_OR_HUB_ID")
-    parser.add_argument("--reply-cap", type=int, default=128, help="longest reply in tokens")
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=16, help="replies sampled at once")
+    parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128, help="longest reply in tokens")
+    parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=0.7)
+    parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="replies sampled at once")
 
 
 def run(args: argparse.Namespace) -> int:

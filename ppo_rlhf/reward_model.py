@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked
 from ppo_rlhf.errors import require
 from ppo_rlhf.pairs import pair_from_record, read_pairs
 from ppo_rlhf.prompts import load_hf_dataset
@@ -207,13 +208,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--pairs", required=True, help="pairs JSONL (ppo-rlhf pairs) or hf:DATASET[:SPLIT]")
     train.add_argument("--base", default="smollm2", help="backbone and tokenizer (the policy's)")
     train.add_argument("--out", required=True, help="output folder (PEFT adapter + score head + tokenizer)")
-    train.add_argument("--epochs", type=int, default=2)
-    train.add_argument("--lr", type=float, default=1e-4)
-    train.add_argument("--batch-size", type=int, default=8, help="pairs per step")
-    train.add_argument("--lora-rank", type=int, default=16)
-    train.add_argument("--heldout-fraction", type=float, default=0.1, help="pairs kept out to measure accuracy")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--max-length", type=int, default=512, help="longer conversations are dropped, not cut")
+    train.add_argument("--epochs", type=POSITIVE_INT, default=2)
+    train.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-4)
+    train.add_argument("--batch-size", type=POSITIVE_INT, default=8, help="pairs per step")
+    train.add_argument("--lora-rank", type=POSITIVE_INT, default=16)
+    train.add_argument("--heldout-fraction", type=Checked(float, Bounds(0, 1, low_open=True, high_open=True)), default=0.1, help="pairs kept out to measure accuracy")
+    train.add_argument("--seed", type=SEED, default=0)
+    train.add_argument("--max-length", type=POSITIVE_INT, default=512, help="longer conversations are dropped, not cut")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,24 +7,18 @@ import argparse
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from ppo_rlhf.checkpoint import (
-    TrainingState,
-    clean_partial_writes,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    whole_states,
-)
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
-from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
 from ppo_rlhf.errors import require
 from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.paths import require_run_dir
 from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import Batch, PPOTrainer, TrainingStopped
+
+if TYPE_CHECKING:  # torch, transformers and peft are imported by `train`, after the config and its files are checked
+    from ppo_rlhf.trainer import Batch, PPOTrainer
 
 
 def token_table(trainer: PPOTrainer, rollout, batch: Batch) -> tuple[list[dict[str, Any]], int]:
@@ -51,6 +45,7 @@ def token_table(trainer: PPOTrainer, rollout, batch: Batch) -> tuple[list[dict[s
 
 
 def write_token_table(run_dir: Path, trainer: PPOTrainer, rollout, batch: Batch) -> None:
+    from ppo_rlhf.dashboard import token_table_text
 
     rows, row = token_table(trainer, rollout, batch)
     info = {"prompt": rollout.prompts[row], "reply": rollout.reply_texts[row], "finished": bool(rollout.finished[row]),
@@ -109,7 +104,17 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
 
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
     """Run (or continue) PPO; returns the run directory."""
+    from ppo_rlhf.checkpoint import (
+        TrainingState,
+        clean_partial_writes,
+        latest_checkpoint,
+        load_checkpoint,
+        save_checkpoint,
+        whole_states,
+    )
+    from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line
     from ppo_rlhf.models import resolve_model_path
+    from ppo_rlhf.trainer import PPOTrainer, TrainingStopped
 
     if not resume:
         check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
@@ -210,16 +215,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.resume:
-        run_dir = Path(args.resume)
-        require(run_dir.is_dir(), f"run directory {run_dir} not found")
-        require((run_dir / "config.yaml").is_file(),
-                f"{run_dir} is not a run directory (no config.yaml; if its run was stopped while loading, start it again without --resume)")
+        run_dir = require_run_dir(args.resume)
         saved = read_yaml(run_dir / "config.yaml")
         flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
         cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir)})
+        cfg.check_files()
         train(cfg, resume=True)
         return 0
     cfg = config_from_args(TrainConfig, args)
+    cfg.check_files()  # before the config is printed and before anything heavy is imported
+    check_run_dir(cfg)
     if not cfg.quiet:
         print(to_yaml(cfg), end="")
     train(cfg)

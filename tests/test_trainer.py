@@ -261,7 +261,7 @@ def test_existing_run_dir_is_not_overwritten(setup, tmp_path, capsys):
     [
         (["--policy-lr", "-1"], "policy_lr"),
         (["--clip-range", "1.5"], "clip_range"),
-        (["--clip-range", "abc"], "expected float"),
+        (["--clip-range", "abc"], "clip_range: expected a number"),
         (["--policy-model", "/does/not/exist"], "/does/not/exist"),
         (["--batch-size", "3", "--minibatch-size", "2"], "multiple"),
     ],
