@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED, read_yaml
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.paths import require_run_dir
 from ppo_rlhf.prompts import read_prompts
 from ppo_rlhf.stats import distinct_n, paired_bootstrap, pearson, standardize
 from ppo_rlhf.train_config import resolve_device
@@ -43,8 +44,7 @@ def run_name(run_dir: Path) -> str:
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
     """The config.yaml of a run, checked for the keys evaluation needs."""
-    run_dir = Path(run_dir)
-    require(run_dir.is_dir(), f"run directory {run_dir} not found")
+    run_dir = require_run_dir(str(run_dir))
     config = read_yaml(run_dir / "config.yaml")
     missing = [key for key in ("policy_model", "temperature", "max_new_tokens") if key not in config]
     require(not missing, f"{run_dir / 'config.yaml'} lacks {', '.join(missing)}")

@@ -36,6 +36,7 @@ Block = tuple
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
     """The per-iteration dashboard dicts of a run (NaN allowed, as dashboard.history_line writes them)."""
     run_dir = Path(run_dir)
+    require(not run_dir.is_file(), f"{run_dir} is a file, not a run directory")
     require(run_dir.is_dir(), f"run directory {run_dir} not found")
     path = run_dir / "history.jsonl"
     require(path.is_file(), f"{run_dir} has no history.jsonl")

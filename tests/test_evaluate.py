@@ -220,3 +220,14 @@ def test_report_on_the_evaluation(run_dir, evaluation, tmp_path):
     assert (tmp_path / "report" / "dashboard.png").is_file()
     assert (tmp_path / "report" / "overoptimisation.png").is_file()
     assert page.read_text().count("data:image/png;base64,") == 2
+
+
+def test_a_file_given_as_a_run_directory_says_so(tmp_path, capsys):
+    from ppo_rlhf.cli import main
+
+    path = tmp_path / "config.yaml"
+    path.write_text("policy_model: x\n")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    assert main(["evaluate", str(path), "--prompts", str(prompts), "--out", str(tmp_path / "e")]) == 2
+    assert "is a file, not a run directory" in capsys.readouterr().err

@@ -129,3 +129,10 @@ def test_overoptimisation_plot_reads_without_the_chapter(tmp_path):
         assert "95% interval" in legend.get_title().get_text()
         labels = [t.get_text() for t in axis.texts]
         assert labels.count("it 10") == 2 and labels.count("it 20") == 2 and "start model" in labels
+
+
+def test_a_file_given_as_a_run_directory_says_so(tmp_path, capsys):
+    path = tmp_path / "history.jsonl"
+    path.write_text("{}\n")
+    assert main(["report", str(path), "--out", str(tmp_path / "r")]) == 2
+    assert "is a file, not a run directory" in capsys.readouterr().err
