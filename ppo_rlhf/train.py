@@ -4,8 +4,10 @@ the per-token table, samples, atomic checkpoints and `--resume`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -104,10 +106,21 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
     return run_dir
 
 
-def train(cfg: TrainConfig, resume: bool = False) -> Path:
-    """Run (or continue) PPO; returns the run directory."""
+FILE_FIELDS = ("prompts", "ptx_data", "out")  # model fields are resolved by resolve_model_path
+
+
+def saved_config(cfg: TrainConfig) -> TrainConfig:
+    """The config as config.yaml keeps it: model names resolved and every path absolute, so that `evaluate RUN` and
+    `train --resume RUN` read the same files from any directory."""
     from ppo_rlhf.models import resolve_model_path
 
+    files = {name: str(Path(getattr(cfg, name)).resolve()) for name in FILE_FIELDS if getattr(cfg, name)}
+    models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model")}
+    return dataclasses.replace(cfg, **files, **models)
+
+
+def train(cfg: TrainConfig, resume: bool = False) -> Path:
+    """Run (or continue) PPO; returns the run directory."""
     if not resume:
         check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
     trainer = PPOTrainer(cfg)
@@ -121,6 +134,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     if resume:
         if main:
             clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
+            if checkpoint is None:  # killed before its first checkpoint: nothing to continue from, and say so
+                print(f"no checkpoint yet in {run_dir}: starting from iteration 0", file=sys.stderr)
     norm_file = run_dir / "reward_norm.json"
     if checkpoint is not None:
         state, history = load_checkpoint(checkpoint, models, optimizers, trainer.schedulers)
@@ -135,9 +150,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         start = state.iteration
         log(f"resuming {run_dir} from {checkpoint.name} (iteration {start} of {cfg.iterations})")
     else:
-        saved = {**vars(cfg), "policy_model": resolve_model_path(cfg.policy_model), "reward_model": resolve_model_path(cfg.reward_model)}
         if main:
-            atomic_write_text(run_dir / "config.yaml", to_yaml(TrainConfig(**saved)))
+            atomic_write_text(run_dir / "config.yaml", to_yaml(saved_config(cfg)))
         norm = trainer.measure_reward_norm()  # every process: the statistics are gathered over all of them
         if main:
             atomic_write_text(norm_file, json.dumps(norm, indent=1))
