@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,19 +140,27 @@ class Stages:
             print(f"[{name}] done already, skipping")
             return key
         continuing = record is not None and record["key"] == key
-        changed = [f"{field} {record['settings'].get(field)} -> {value}" for field, value in settings.items()
-                   if not continuing and record is not None and record["settings"].get(field) != value]
-        if changed:  # the stages after it run again too, since their inputs' keys change
-            print(f"[{name}] settings changed ({', '.join(changed)}): running it and every later stage again")
         self._save(name, {"key": key, "settings": settings, "finished": False})
-        why = " (continuing)" if continuing else " (its inputs changed)" if record is not None and not changed else ""
-        print(f"[{name}] ...{why}", flush=True)
+        print(f"[{name}] ...{self._reason(record, continuing, settings, output)}", flush=True)
         start = time.perf_counter()
         work(continuing)
         seconds = round(time.perf_counter() - start, 1)
         self._save(name, {"key": key, "settings": settings, "finished": True, "seconds": seconds})
         print(f"[{name}] finished in {seconds:.0f}s", flush=True)
         return key
+
+    @staticmethod
+    def _reason(record: dict | None, continuing: bool, settings: dict[str, Any], output: Path) -> str:
+        """Why a stage that ran before runs again: a killed run, the settings that changed, or its inputs."""
+        if continuing:
+            return " (continuing)"
+        if record is None:
+            return " (no record of the settings it ran with)" if output.exists() else ""
+        changed = [f"{field} {record['settings'].get(field)} -> {value}" for field, value in settings.items()
+                   if record["settings"].get(field) != value]
+        if changed:  # every later stage runs again too: their inputs' keys change
+            return f" (settings changed: {', '.join(changed)}; every later stage runs again)"
+        return " (its inputs changed)"
 
     def timings(self) -> dict[str, float]:
         """Seconds of this demo's stages (when each last ran)."""
@@ -203,13 +212,16 @@ def demo(cfg: DemoConfig) -> Path:
         run_dirs.append(run_dir)
         train_cfg = build_config(TrainConfig, dict(
             policy_model=cfg.model, reward_model=str(reward_dir), prompts=str(ppo_prompts), out=str(run_dir),
-            overwrite=True, seed=cfg.seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
+            seed=cfg.seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
             minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap, reward_norm_samples=cfg.reward_norm_samples,
             beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr, checkpoint_every=max(1, cfg.iterations // 2), sample_every=max(1, cfg.iterations // 4)))
 
         def ppo(continuing: bool, c: TrainConfig = train_cfg, d: Path = run_dir) -> None:
-            # the same key: a killed run continues from its latest checkpoint; a new key starts the run over
-            train(c, resume=continuing and (d / "config.yaml").is_file())
+            if continuing and (d / "config.yaml").is_file():
+                train(c, resume=True)  # killed with the same key: continue from its latest checkpoint
+            else:
+                shutil.rmtree(d, ignore_errors=True)  # a run with other settings, or one killed while loading
+                train(c)
 
         final_checkpoint = run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
         run_keys.append(stages.run(f"ppo {run_dir.name}", settings("ppo", beta=beta), [reward_key], final_checkpoint, ppo))

@@ -87,7 +87,7 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     assert main(demo_args(rm_epochs=2, betas="0.1,0")) == 0
     printed = capsys.readouterr().out
     assert "[prompts] done already" in printed and "[pairs] done already" in printed
-    assert "[reward model] settings changed (rm_epochs 1 -> 2): running it and every later stage again" in printed
+    assert "[reward model] ... (settings changed: rm_epochs 1 -> 2; every later stage runs again)\n" in printed
     assert "[ppo beta01] ...\n" in printed and "[ppo nokl] ... (its inputs changed)" in printed
     assert "[evaluation] ... (its inputs changed)" in printed and "[report] ... (its inputs changed)" in printed
     assert json.loads((out / "reward_model/rm_info.json").read_text())["epochs"] == 2
