@@ -58,7 +58,7 @@ def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_p
                            seed=seed, checkpoints="latest", device=next(iter(configs.values())).device)
     table = side_by_side(result["summary"])
     (out / "compare.txt").write_text(table)
-    (out / "compare.json").write_text(json.dumps({"estimators": estimators, "runs": [str(r) for r in runs],
+    (out / "compare.json").write_text(json.dumps({"estimators": estimators, "runs": [str(r.resolve()) for r in runs],
                                                   "summary": result["summary"]}, indent=1) + "\n")
     return {"table": table, "summary": result["summary"], "runs": runs}
 

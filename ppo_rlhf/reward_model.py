@@ -151,7 +151,6 @@ def train_reward_model(
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
     before = evaluate_pairs(model, tokenizer, heldout, batch_size)
-    print(f"held-out accuracy before training {before['accuracy']:.3f} ({len(heldout)} pairs)")
 
     generator = torch.Generator().manual_seed(seed)
     epoch_losses = []
@@ -174,14 +173,13 @@ def train_reward_model(
             bar.set_postfix(loss=f"{total / seen:.4f}", acc=f"{correct / seen:.3f}")
         epoch_losses.append(total / seen)
     after = evaluate_pairs(model, tokenizer, heldout, batch_size)
-    print(f"held-out accuracy after training {after['accuracy']:.3f}; length bias corr {after['length_corr']}")
 
     # The adapter must name the folder its weights apply to, not an alias like "smollm2".
     model.peft_config["default"].base_model_name_or_path = resolve_model_path(base)
     info = {
         "base": base,
         "base_path": resolve_model_path(base),
-        "pairs_source": str(pairs_source),
+        "pairs_source": str(pairs_source) if str(pairs_source).startswith("hf:") else str(Path(pairs_source).resolve()),
         "pairs": len(pairs),
         "dropped_too_long": len(pairs) - len(usable),
         "train_pairs": len(train),
@@ -200,6 +198,15 @@ def train_reward_model(
     }
     save_atomically(model, tokenizer, info, Path(out_dir))
     return info
+
+
+def summary_line(info: dict) -> str:
+    """The result of a training in words, one line (for `reward-model train` and the demo)."""
+    before, after = info["before"], info["after"]
+    corr = "n/a (equal lengths)" if after["length_corr"] is None else f"{after['length_corr']:+.2f}"
+    return (f"reward model: held-out accuracy {after['accuracy']:.2f} on {info['heldout_pairs']} pairs "
+            f"({before['accuracy']:.2f} before training, {info['train_pairs']} training pairs), "
+            f"score-length correlation {corr}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -230,9 +237,5 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_length=args.max_length,
     )
-    before, after = info["before"], info["after"]
-    print(
-        f"wrote {args.out}: {info['train_pairs']} train / {info['heldout_pairs']} held-out pairs, held-out accuracy "
-        f"{before['accuracy']:.3f} -> {after['accuracy']:.3f}, length bias corr {after['length_corr']}"
-    )
+    print(f"wrote {args.out}; {summary_line(info)}")
     return 0

@@ -4,8 +4,10 @@ the per-token table, samples, atomic checkpoints and `--resume`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +104,19 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
     return run_dir
 
 
+FILE_FIELDS = ("prompts", "ptx_data", "out")  # model fields are resolved by resolve_model_path
+
+
+def saved_config(cfg: TrainConfig) -> TrainConfig:
+    """The config as config.yaml keeps it: model names resolved and every path absolute, so that `evaluate RUN` and
+    `train --resume RUN` read the same files from any directory."""
+    from ppo_rlhf.models import resolve_model_path
+
+    files = {name: str(Path(getattr(cfg, name)).resolve()) for name in FILE_FIELDS if getattr(cfg, name)}
+    models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model")}
+    return dataclasses.replace(cfg, **files, **models)
+
+
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
     """Run (or continue) PPO; returns the run directory."""
     from ppo_rlhf.checkpoint import (
@@ -113,7 +128,6 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         whole_states,
     )
     from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line
-    from ppo_rlhf.models import resolve_model_path
     from ppo_rlhf.trainer import PPOTrainer, TrainingStopped
 
     if not resume:
@@ -129,6 +143,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     if resume:
         if main:
             clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
+            if checkpoint is None:  # killed before its first checkpoint: nothing to continue from, and say so
+                print(f"no checkpoint yet in {run_dir}: starting from iteration 0", file=sys.stderr)
     norm_file = run_dir / "reward_norm.json"
     if checkpoint is not None:
         state, history = load_checkpoint(checkpoint, models, optimizers, trainer.schedulers)
@@ -143,9 +159,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         start = state.iteration
         log(f"resuming {run_dir} from {checkpoint.name} (iteration {start} of {cfg.iterations})")
     else:
-        saved = {**vars(cfg), "policy_model": resolve_model_path(cfg.policy_model), "reward_model": resolve_model_path(cfg.reward_model)}
         if main:
-            atomic_write_text(run_dir / "config.yaml", to_yaml(TrainConfig(**saved)))
+            atomic_write_text(run_dir / "config.yaml", to_yaml(saved_config(cfg)))
         norm = trainer.measure_reward_norm()  # every process: the statistics are gathered over all of them
         if main:
             atomic_write_text(norm_file, json.dumps(norm, indent=1))
