@@ -19,12 +19,12 @@ from torch import nn
 
 from ppo_rlhf.errors import require
 from ppo_rlhf.objectives import normalise_loss
+from ppo_rlhf.paths import require_file
 from ppo_rlhf.rollout import token_logprobs
 
 
 def read_texts(path: str | Path) -> list[str]:
-    path = Path(path)
-    require(path.is_file(), f"ptx_data file not found: {path}")
+    path = require_file("ptx_data", str(path))
     texts = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():

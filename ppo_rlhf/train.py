@@ -4,21 +4,24 @@ the per-token table, samples, atomic checkpoints and `--resume`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from ppo_rlhf.checkpoint import clean_partial_writes, latest_checkpoint, load_checkpoint, save_checkpoint
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
-from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.experience import Experience
 from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.paths import require_run_dir
 from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import PPOTrainer, TrainingStopped
+
+if TYPE_CHECKING:  # torch, transformers and peft are imported by `train`, after the config and its files are checked
+    from ppo_rlhf.experience import Experience
+    from ppo_rlhf.trainer import PPOTrainer
 
 
 def token_table(trainer: PPOTrainer, experience: Experience) -> tuple[list[dict[str, Any]], int]:
@@ -37,22 +40,28 @@ def token_table(trainer: PPOTrainer, experience: Experience) -> tuple[list[dict[
             "logp_ref": float(experience.ref_logprobs[row, position]),
             "value": float(experience.old_values[row, position]),
             "reward": float(experience.rewards[row, position]),
-            "advantage": float(experience.advantages[row, position]),
+            "advantage": float(experience.raw_advantages[row, position]),
             "return": float(experience.returns[row, position]),
+            "advantage_whitened": float(experience.advantages[row, position]),
         })
     return rows, row
 
 
 def write_token_table(run_dir: Path, trainer: PPOTrainer, experience: Experience) -> None:
+    from ppo_rlhf.dashboard import token_table_text
+
     rows, row = token_table(trainer, experience)
-    info = {"prompt": experience.prompts[row], "reply": experience.reply_texts[row], "finished": bool(experience.finished[row]),
+    info = {"prompt": experience.prompts[row], "reply": experience.reply_texts[row],
+            "finished": bool(experience.finished[row]),
             "raw_score": float(experience.raw_scores[row]), "score": float(experience.scores[row]),
-            "note": "advantage is GAE after whitening over the batch; return = GAE advantage (before whitening) + V",
+            "advantage_estimator": trainer.cfg.advantage_estimator,
+            "note": "advantage is before whitening (GAE: return = advantage + value); advantage_whitened is what "
+                    "the policy loss uses (rloo and grpo do not whiten: the same)",
             "rows": rows}
     atomic_write_text(run_dir / "token_table.json", json.dumps(info, indent=1))
     header = (f"prompt: {info['prompt']!r}\nreply: {info['reply']!r}\n"
               f"raw score {info['raw_score']:+.3f}, normalised {info['score']:+.3f}, finished {info['finished']}\n")
-    atomic_write_text(run_dir / "token_table.txt", token_table_text(rows, header))
+    atomic_write_text(run_dir / "token_table.txt", token_table_text(rows, header, trainer.cfg.advantage_estimator))
 
 
 def write_samples(run_dir: Path, index: int, experience: Experience, count: int = 4) -> str:
@@ -97,9 +106,24 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
     return run_dir
 
 
+FILE_FIELDS = ("prompts", "ptx_data", "out")  # model fields are resolved by resolve_model_path
+
+
+def saved_config(cfg: TrainConfig) -> TrainConfig:
+    """The config as config.yaml keeps it: model names resolved and every path absolute, so that `evaluate RUN` and
+    `train --resume RUN` read the same files from any directory."""
+    from ppo_rlhf.models import resolve_model_path
+
+    files = {name: str(Path(getattr(cfg, name)).resolve()) for name in FILE_FIELDS if getattr(cfg, name)}
+    models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model")}
+    return dataclasses.replace(cfg, **files, **models)
+
+
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
     """Run (or continue) PPO; returns the run directory."""
-    from ppo_rlhf.models import resolve_model_path
+    from ppo_rlhf.checkpoint import clean_partial_writes, latest_checkpoint, load_checkpoint, save_checkpoint
+    from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line
+    from ppo_rlhf.trainer import PPOTrainer, TrainingStopped
 
     if not resume:
         check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
@@ -114,6 +138,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     if resume:
         if main:
             clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
+            if checkpoint is None:  # killed before its first checkpoint: nothing to continue from, and say so
+                print(f"no checkpoint yet in {run_dir}: starting from iteration 0", file=sys.stderr)
     norm_file = run_dir / "reward_norm.json"
     if checkpoint is not None:
         start, state, history = load_checkpoint(checkpoint, tuple(models))
@@ -124,9 +150,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         norm = json.loads(norm_file.read_text())
         log(f"resuming {run_dir} from {checkpoint.name} (iteration {start} of {cfg.iterations})")
     else:
-        saved = {**vars(cfg), "policy_model": resolve_model_path(cfg.policy_model), "reward_model": resolve_model_path(cfg.reward_model)}
         if main:
-            atomic_write_text(run_dir / "config.yaml", to_yaml(TrainConfig(**saved)))
+            atomic_write_text(run_dir / "config.yaml", to_yaml(saved_config(cfg)))
         norm = trainer.measure_reward_norm()  # every process: the statistics are gathered over all of them
         if main:
             atomic_write_text(norm_file, json.dumps(norm, indent=1))
@@ -190,16 +215,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.resume:
-        run_dir = Path(args.resume)
-        require(run_dir.is_dir(), f"run directory {run_dir} not found")
-        require((run_dir / "config.yaml").is_file(),
-                f"{run_dir} is not a run directory (no config.yaml; if its run was stopped while loading, start it again without --resume)")
+        run_dir = require_run_dir(args.resume)
         saved = read_yaml(run_dir / "config.yaml")
         flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
         cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir)})
+        cfg.check_files()
         train(cfg, resume=True)
         return 0
     cfg = config_from_args(TrainConfig, args)
+    cfg.check_files()  # before the config is printed and before anything heavy is imported
+    check_run_dir(cfg)
     if not cfg.quiet:
         print(to_yaml(cfg), end="")
     train(cfg)

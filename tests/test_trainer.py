@@ -223,6 +223,19 @@ def test_run_outputs(setup, tmp_path):
     assert table["rows"] and {"logp_old", "logp_ref", "value", "reward", "advantage", "return"} <= set(table["rows"][0])
     last = table["rows"][-1]
     assert abs(last["return"] - (table["score"] if table["finished"] else last["return"])) < 1e-4 or not table["finished"]
+    # the chapter's table: A_t is GAE before whitening, so return = A_t + V(s_t) on every row
+    assert table["advantage_estimator"] == "gae"
+    for row in table["rows"]:
+        assert row["return"] == pytest.approx(row["advantage"] + row["value"], abs=1e-5)
+    assert [r["advantage_whitened"] for r in table["rows"]] != [r["advantage"] for r in table["rows"]]
+    # and so it reads in the printed table (3 decimals each: at most 1.5e-3 of rounding)
+    lines = (run_dir / "token_table.txt").read_text().splitlines()
+    title = next(i for i, line in enumerate(lines) if line.lstrip().startswith("t token"))
+    assert lines[title].split()[-5:] == ["A_t", "(GAE)", "return", "A_t", "whitened"]
+    printed = [[float(x) for x in line.split()[-7:]] for line in lines[title + 1 :]]
+    assert len(printed) == len(table["rows"])
+    for _, _, value, _, advantage, ret, _ in printed:
+        assert ret == pytest.approx(advantage + value, abs=1.6e-3)
     assert any((run_dir / "tb").iterdir())
     # the policy adapter loads with plain peft
     from peft import PeftModel
@@ -248,7 +261,7 @@ def test_existing_run_dir_is_not_overwritten(setup, tmp_path, capsys):
     [
         (["--policy-lr", "-1"], "policy_lr"),
         (["--clip-range", "1.5"], "clip_range"),
-        (["--clip-range", "abc"], "expected float"),
+        (["--clip-range", "abc"], "clip_range: expected a number"),
         (["--policy-model", "/does/not/exist"], "/does/not/exist"),
         (["--batch-size", "3", "--minibatch-size", "2"], "multiple"),
     ],
