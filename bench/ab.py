@@ -28,9 +28,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 def switch(trainer, change: str, after: bool, originals: dict) -> None:
     """Put the trainer in the before (after=False) or after state of `change`."""
     import ppo_rlhf.rollout as rollout_module
+    import ppo_rlhf.trainer as trainer_module
 
-    if change == "first":
-        rollout_module.first_reply_position = originals["first"] if after else (lambda prompt_ids: 0)
+    if change == "first":  # patched where it is called: the trainer imported it by name
+        trainer_module.first_reply_position = originals["first"] if after else (lambda prompt_ids: 0)
+        assert trainer_module.first_reply_position is not rollout_module.first_reply_position or after
     elif change == "frozen-head":
         rollout_module._frozen_plain_head = originals["frozen"] if after else (lambda head: False)
     elif change == "score-batch":
@@ -71,7 +73,7 @@ def main() -> None:
     for i in range(args.pairs):
         for label in (("before", "after") if i % 2 == 0 else ("after", "before")):
             switch(trainer, args.change, label == "after", originals)
-            stats, _, _ = trainer.iteration(1 + len(seen["before"]) + len(seen["after"]))
+            stats, _ = trainer.iteration(1 + len(seen["before"]) + len(seen["after"]))
             seen[label].append({k: round(stats[f"time_{k}"], 2) for k in ("gen", "score", "update", "total")})
             print(label, seen[label][-1], "len", stats["len"], flush=True)
     means = {label: {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]} for label, rows in seen.items()}

@@ -135,7 +135,7 @@ def main() -> None:
     report = {"gemm_gflops": gemms, "peak_gflops": peaks, "dtype": str(dtype), "mfu_peak_gflops": peak,
               "bandwidth_gbs": bandwidth, "iterations": []}
     for index in range(1, args.iterations + 1):
-        stats, rollout, _ = trainer.iteration(index)
+        stats, rollout = trainer.iteration(index)
         micro = trainer.micro_size
         B = len(rollout.prompts)
         prompt_width = max(len(p) for p in rollout.prompt_ids)

@@ -103,7 +103,7 @@ def run_ours(args) -> dict:
     rss_loaded = peak_rss_gb()
     rows = []
     for index in range(args.warmup + args.iterations):
-        stats, rollout, _ = trainer.iteration(index)
+        stats, rollout = trainer.iteration(index)
         if index >= args.warmup:
             rows.append({"gen": stats["time_gen"], "score": stats["time_score"], "update": stats["time_update"],
                          "total": stats["time_total"], "len": stats["len"],

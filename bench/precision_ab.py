@@ -79,13 +79,14 @@ def main() -> None:
             out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
             results[side].append(json.loads(out.strip().splitlines()[-1]))
             print(f"round {round_index + 1} {side}: " + ", ".join(
-                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in results[side][-1].items()), flush=True)
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in results[side][-1].items()),
+                flush=True)
 
     def mean(side: str, key: str) -> float:
         return sum(r[key] for r in results[side]) / len(results[side])
 
-    print(f"\n{args.model}, batch {args.batch}, minibatch {args.minibatch}, cap {args.max_new_tokens}, seed {args.seed}, "
-          f"{args.rounds} round(s) x {args.iterations} timed iteration(s) per side")
+    print(f"\n{args.model}, batch {args.batch}, minibatch {args.minibatch}, cap {args.max_new_tokens}, "
+          f"seed {args.seed}, {args.rounds} round(s) x {args.iterations} timed iteration(s) per side")
     print(f"{'':16s} {'float32':>10s} {'bfloat16':>10s} {'bf16/fp32':>10s}")
     for key in PHASES + ("peak_rss_gb", "load_s", "len"):
         fp32, bf16 = mean("float32", key), mean("bfloat16", key)

@@ -3,9 +3,12 @@
 A checkpoint is a folder `checkpoints/iter_NNNNNN/` written under a temporary name and renamed when
 complete; `checkpoints/latest` names the newest complete one and is replaced atomically last. A run
 killed at any moment therefore leaves `latest` pointing at a whole checkpoint. Weights are PEFT adapters
-in safetensors; optimiser and RNG states load with `torch.load(weights_only=True)`. Under FSDP the shards are
-gathered first (`whole_states`), so a checkpoint is the same whatever the number of processes that wrote or read it;
-under DeepSpeed ZeRO it holds every process's optimiser partition and resumes with the same launch (`zero.py`).
+in safetensors; the rest of the trainer's state (`PPOTrainer.state_dict()`: optimisers, schedulers, sampler, KL
+coefficient, ...) and the RNG states load with `torch.load(weights_only=True)`. Under FSDP the shards are
+gathered first (each gradient step's `state_dict`), so a checkpoint is the same whatever the number of
+processes that wrote or read it; under DeepSpeed ZeRO it holds every process's optimiser partition and
+resumes with the same launch (`zero.py`).
+This module only writes and reads files: what goes in them is the trainer's business.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
-from ppo_rlhf.distributed import Dist, current, is_sharded
+from ppo_rlhf.distributed import Dist, as_shard_of, is_sharded
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.files import atomic_write_text
 
@@ -32,20 +34,6 @@ LATEST = "latest"
 
 def checkpoint_name(iteration: int) -> str:
     return f"iter_{iteration:06d}"
-
-
-@dataclass
-class TrainingState:
-    """Everything besides adapters, optimisers and RNGs that a resumed run needs to continue exactly."""
-
-    iteration: int
-    """Iterations completed."""
-    sampler: dict[str, Any]
-    """The prompt sampler's order, position and generator state."""
-    beta: float
-    """The KL coefficient now (changes only with the adaptive controller)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Anything else (counters of skipped steps, controller state)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -70,47 +58,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def whole_states(
-    models: dict[str, PeftModel], optimizers: dict[str, torch.optim.Optimizer], dist: Dist
-) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, dict[str, Any]]]:
-    """(trained weights, optimiser states) by model name, whole tensors on the CPU. Under FSDP it gathers the
-    shards: every process calls it, then one writes."""
-    weights = {}
-    for name, model in models.items():
-        trained = {key for key, p in model.named_parameters() if p.requires_grad}
-        weights[name] = dist.full_tensors({k: v for k, v in model.state_dict().items() if k in trained})
-    return weights, {name: dist.optimizer_state(opt) for name, opt in optimizers.items()}
+def trained_weights(model: PeftModel, dist: Dist) -> dict[str, torch.Tensor]:
+    """The trained parameters (adapter and head copy) as whole CPU tensors. Under FSDP it gathers the shards: every
+    process calls it, in the same order."""
+    trained = {key for key, p in model.named_parameters() if p.requires_grad}
+    return dist.full_tensors({k: v for k, v in model.state_dict().items() if k in trained})
 
 
-def save_checkpoint(
-    run_dir: Path,
-    state: TrainingState,
-    models: dict[str, PeftModel],
-    weights: dict[str, dict[str, torch.Tensor]],
-    optimizer_states: dict[str, dict[str, Any]],
-    history_lines: list[str],
-    schedulers: dict[str, Any] | None = None,
-) -> Path:
-    """Write checkpoint `iter_{state.iteration}` atomically and point `latest` at it: each model's adapter (from
-    its trained `weights`, `whole_states`) and the optimiser states. `models` may be any subset (the critic-free
-    estimators have no value model); `schedulers` are LR schedulers, saved like the optimisers."""
+def save_checkpoint(run_dir: Path, iteration: int, models: dict[str, PeftModel], state: dict[str, Any],
+                    history_lines: list[str]) -> Path:
+    """Write checkpoint `iter_{iteration}` atomically and point `latest` at it: the trainer's `state`
+    (`PPOTrainer.state_dict()`), its "weights" as one PEFT adapter folder per model (what `evaluate` reads), the rest
+    with the RNG states in state.pt, and the history so far."""
     root = run_dir / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
-    final = root / checkpoint_name(state.iteration)
+    final = root / checkpoint_name(iteration)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     for name, model in models.items():
-        model.save_pretrained(tmp / name, state_dict=weights[name])
-    torch.save(
-        {
-            "state": state.__dict__,
-            "optimizers": optimizer_states,
-            "schedulers": {name: sched.state_dict() for name, sched in (schedulers or {}).items()},
-            "rng": rng_state(),
-        },
-        tmp / "state.pt",
-    )
+        model.save_pretrained(tmp / name, state_dict=state["weights"][name])
+    rest = {key: value for key, value in state.items() if key != "weights"}
+    torch.save({"iteration": iteration, "trainer": rest, "rng": rng_state()}, tmp / "state.pt")
     (tmp / "history.jsonl").write_text("".join(history_lines))
     _fsync_tree(tmp)
     if final.exists():  # a checkpoint of the same iteration from a run that was killed after writing it
@@ -177,53 +146,22 @@ def clean_partial_writes(run_dir: Path) -> list[Path]:
     return leftovers
 
 
-def load_checkpoint(
-    folder: Path,
-    models: dict[str, PeftModel],
-    optimizers: dict[str, torch.optim.Optimizer],
-    schedulers: dict[str, Any] | None = None,
-    dist: Dist | None = None,
-) -> tuple[TrainingState, list[str]]:
-    """Restore adapters, optimisers and RNG states in place (into FSDP shards and DeepSpeed partitions too); return
-    the training state and the history lines."""
-    dist = dist or current()
-    for name, model in models.items():
-        weights = folder / name / "adapter_model.safetensors"
-        if not weights.is_file():
+def load_checkpoint(folder: Path, models: tuple[str, ...]) -> tuple[int, dict[str, Any], list[str]]:
+    """(iterations done, the trainer's state for `PPOTrainer.load_state_dict`, the history lines) of a checkpoint
+    with adapters for `models`; the RNG states are restored in place."""
+    weights = {}
+    for name in models:
+        path = folder / name / "adapter_model.safetensors"
+        if not path.is_file():
             raise UsageError(f"checkpoint {folder} has no {name} adapter")
-        load_adapter(model, load_file(weights), f"checkpoint {folder}: {name} adapter does not fit this model")
+        weights[name] = load_file(path)
     try:
         saved = torch.load(folder / "state.pt", weights_only=True)
     except Exception as error:  # truncated or foreign file: unpickling errors of many types
         raise UsageError(f"checkpoint {folder}: state.pt is not readable ({type(error).__name__})") from error
-    for name, opt in optimizers.items():
-        state, zero = saved["optimizers"][name], dist.zero_steps.get(id(opt))
-        if ("ranks" in state) != (zero is not None):
-            raise UsageError(f"checkpoint {folder}: its optimiser state was {'' if zero is None else 'not '}written under "
-                             "DeepSpeed ZeRO; resume it with the launch configuration that wrote it")
-        if zero is not None:
-            zero.load(state)
-            continue
-        opt.load_state_dict(state)
-        for param, param_state in opt.state.items():  # FSDP: the loaded whole moments become this process's shards
-            if is_sharded(param):
-                for key, value in param_state.items():
-                    if isinstance(value, torch.Tensor) and value.shape == param.shape:
-                        param_state[key] = as_shard_of(param, value)
-    for name, sched in (schedulers or {}).items():
-        if name not in saved.get("schedulers", {}):
-            raise UsageError(f"checkpoint {folder} has no {name} learning-rate scheduler state")
-        sched.load_state_dict(saved["schedulers"][name])
     set_rng_state(saved["rng"])
     history = (folder / "history.jsonl").read_text().splitlines(keepends=True)
-    return TrainingState(**saved["state"]), history
-
-
-def as_shard_of(param: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
-    """`whole` cut like the FSDP-sharded `param` (every process has read the same file: no communication)."""
-    from torch.distributed.tensor import distribute_tensor
-
-    return distribute_tensor(whole.to(param.device, param.dtype), param.device_mesh, param.placements, src_data_rank=None)
+    return saved["iteration"], {**saved["trainer"], "weights": weights}, history
 
 
 def load_adapter(model: PeftModel, weights: dict[str, torch.Tensor], mismatch: str) -> None:

@@ -13,6 +13,7 @@ import difflib
 import importlib
 import sys
 
+from ppo_rlhf import __version__
 from ppo_rlhf.errors import UsageError
 
 # name -> (module, one-line help)
@@ -30,12 +31,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def non_empty_text(text: str) -> str:
+    """The type of every text argument without one of its own: an empty path or name is never meant."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag is a UsageError (one line on stderr, exit 2) instead of usage text + SystemExit."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)  # --ep must not silently mean --epochs
         super().__init__(*args, **kwargs)
+        self.register("type", None, non_empty_text)  # (subcommand parsers are OneLineParsers too)
+
+    def add_subparsers(self, **kwargs):  # type: ignore[override]
+        action = super().add_subparsers(**kwargs)
+        action.type = str  # a subcommand's arguments pass through here unchecked: its own parser checks them
+        return action
 
     def error(self, message: str):  # type: ignore[override]
         raise UsageError(f"{message} (see {self.prog} --help)")
@@ -43,6 +57,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = OneLineParser(prog="ppo-rlhf", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -53,6 +68,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["--version"], ["-V"]):
+        print(f"ppo-rlhf {__version__}")
+        return 0
     command = next((a for a in argv if not a.startswith("-")), None)
     if command not in COMMANDS:
         parser = build_parser()

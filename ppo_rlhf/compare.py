@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ppo_rlhf.config import add_config_arguments, build_config, read_yaml
+from ppo_rlhf.config import POSITIVE_INT, SEED, add_config_arguments, build_config, read_yaml
 from ppo_rlhf.errors import require
 from ppo_rlhf.objectives import ESTIMATORS
 
@@ -58,7 +58,7 @@ def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_p
                            seed=seed, checkpoints="latest", device=next(iter(configs.values())).device)
     table = side_by_side(result["summary"])
     (out / "compare.txt").write_text(table)
-    (out / "compare.json").write_text(json.dumps({"estimators": estimators, "runs": [str(r) for r in runs],
+    (out / "compare.json").write_text(json.dumps({"estimators": estimators, "runs": [str(r.resolve()) for r in runs],
                                                   "summary": result["summary"]}, indent=1) + "\n")
     return {"table": table, "summary": result["summary"], "runs": runs}
 
@@ -70,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--estimators", default=",".join(ESTIMATORS), help="comma-separated, from gae, rloo, grpo")
     parser.add_argument("--eval-prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
     parser.add_argument("--gold", default="gold", help="gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
-    parser.add_argument("--replies-per-prompt", type=int, default=2)
-    parser.add_argument("--eval-seed", type=int, default=1234)
+    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2)
+    parser.add_argument("--eval-seed", type=SEED, default=1234)
     add_config_arguments(parser, TrainConfig)  # --out is the parent folder of the runs
 
 

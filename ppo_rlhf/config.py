@@ -2,7 +2,8 @@
 
 Every field of a config dataclass becomes a `--flag` (underscores become dashes); the docstring written
 under the field is its help text and its comment in the saved `config.yaml`. Precedence: defaults < YAML
-file < flags. Unknown keys, wrong types and out-of-range values are `UsageError`s with one-line messages.
+file < flags. Unknown keys, wrong types and out-of-range values are `UsageError`s with one-line messages: the
+checks are driven by each field's type hint (`check_value`), so `batch_size: PositiveInt` is all a field declares.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
 import textwrap
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 
@@ -42,54 +44,177 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _field_type(cls: type, field: dataclasses.Field) -> type:
-    hint = typing.get_type_hints(cls)[field.name]
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
-    return hint
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """The interval a number field must lie in, attached to its type: `Annotated[int, Bounds(low=0, low_open=True)]`.
+
+    Every number field is also finite: NaN and infinity are never a setting.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # low itself excluded
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def __str__(self) -> str:
+        low, high = (f"{x:.0f}" if float(x).is_integer() else f"{x:g}" for x in (self.low or 0, self.high or 0))
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {low}"
+        return f"{'<' if self.high_open else '<='} {high}" if self.high is not None else "finite"
 
 
-def _coerce(name: str, value: Any, kind: type) -> Any:
-    """Convert a YAML or CLI value to the field's type; YAML gives '1e-5' as a string, for example."""
+POSITIVE = Bounds(low=0, low_open=True)
+NON_NEGATIVE = Bounds(low=0)
+UNIT_INTERVAL = Bounds(low=0, high=1)
+PositiveInt = Annotated[int, POSITIVE]
+NonNegativeInt = Annotated[int, NON_NEGATIVE]
+PositiveFloat = Annotated[float, POSITIVE]
+NonNegativeFloat = Annotated[float, NON_NEGATIVE]
+Seed = Annotated[int, Bounds(low=0, high=2**32 - 1)]  # numpy's and every seeding function's range
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldType:
+    """What a field's type hint allows: its base type, whether null means "none", its interval, its choices."""
+
+    kind: type  # bool, int, float or str
+    optional: bool = False  # `X | None`: null is a value ("none"); otherwise null is refused
+    bounds: Bounds = Bounds()
+    choices: tuple[str, ...] = ()  # `Literal[...]`
+
+    @property
+    def noun(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        nouns = {bool: "true or false", int: "an integer", float: "a number", str: "a non-empty string"}
+        bounds = "" if self.bounds == Bounds() else f" {self.bounds}"
+        return nouns[self.kind] + bounds
+
+
+def field_types(cls: type) -> dict[str, FieldType]:
+    """Each field's `FieldType`, read from the dataclass's type hints."""
+    found = {}
+    for name, hint in typing.get_type_hints(cls, include_extras=True).items():
+        if name not in {field.name for field in dataclasses.fields(cls)}:
+            continue
+        optional = False
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+            args = typing.get_args(hint)
+            optional = type(None) in args
+            hint = next(arg for arg in args if arg is not type(None))
+        bounds = Bounds()
+        if typing.get_origin(hint) is Annotated:
+            hint, *extras = typing.get_args(hint)
+            bounds = next((extra for extra in extras if isinstance(extra, Bounds)), Bounds())
+        choices: tuple[str, ...] = ()
+        if typing.get_origin(hint) is Literal:
+            choices, hint = typing.get_args(hint), str
+        found[name] = FieldType(hint, optional, bounds, choices)
+    return found
+
+
+def check_value(name: str, value: Any, field_type: FieldType) -> Any:
+    """`value` (from YAML or a flag) as the field's type, or a one-line UsageError naming the field.
+
+    Refused: null (unless the type is optional), empty or blank strings, lists and maps, booleans for numbers or
+    strings, numbers for strings, non-numeric strings for numbers, NaN/inf, values outside the field's bounds or
+    choices. A number may come as a string (flags always do; YAML reads 1e-5 as a string).
+    """
+    kind = field_type.kind
+
+    def refuse(why: str = "") -> UsageError:
+        shown = "null (an empty value)" if value is None else repr(value)
+        return UsageError(f"{name}: expected {field_type.noun}, got {shown}{why}")
+
     if value is None:
-        return None
+        if field_type.optional:
+            return None
+        raise refuse()
+    if isinstance(value, (list, dict)) or (isinstance(value, bool) and kind is not bool):
+        raise refuse()
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise refuse()
+        return value
+    if kind is str:
+        if not isinstance(value, str):
+            raise refuse(" (quote it in YAML if it is meant as text)")
+        if not value.strip() or (field_type.choices and value not in field_type.choices):
+            raise refuse()
+        return value
+    number = _number(value, kind)
+    if number is None or number not in field_type.bounds:
+        raise refuse()
+    return number
+
+
+def _number(value: Any, kind: type) -> int | float | None:
+    """`value` as an int or float, or None when it is not one (a non-integer for an int, text that is no number)."""
     try:
-        if kind is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "yes", "1", "on"):
-                return True
-            if str(value).lower() in ("false", "no", "0", "off"):
-                return False
-            raise ValueError
-        if kind is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(float(value)) if isinstance(value, str) and "e" in value.lower() else int(value)
-        if kind is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if kind is str:
-            if isinstance(value, (dict, list)):
-                raise ValueError
-            return str(value)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: int("1e400"), float(10**400)
-        raise UsageError(f"{name}: expected {kind.__name__}, got {value!r}") from None
-    return value
+        if isinstance(value, str):
+            try:
+                number: Any = int(value.strip())
+            except ValueError:
+                number = float(value)
+        else:
+            number = value
+        if not isinstance(number, (int, float)):
+            return None
+        float(number)  # OverflowError: an integer too large for any setting
+        if kind is int and isinstance(number, float):
+            return int(number) if number.is_integer() else None  # (False for NaN and infinity)
+        return number if kind is int else float(number)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+class Checked:
+    """An argparse `type` that checks a flag like a config field: `add_argument("--batch", type=POSITIVE_INT)`.
+
+    Its `field_type` says what it accepts (the tests read it to generate out-of-range values for every flag). A flag
+    of a config field (`field` given) is refused with the same message as its YAML key.
+    """
+
+    def __init__(self, kind: type | FieldType, bounds: Bounds = Bounds(), field: str | None = None):
+        self.field_type = kind if isinstance(kind, FieldType) else FieldType(kind, bounds=bounds)
+        self.field = field
+        self.__name__ = self.field_type.kind.__name__  # argparse names the type in its messages
+
+    def __call__(self, text: str) -> Any:
+        if self.field is not None:
+            return check_value(self.field, text, self.field_type)  # (a UsageError passes through argparse)
+        try:
+            return check_value("flag", text, self.field_type)
+        except UsageError:
+            raise argparse.ArgumentTypeError(f"expected {self.field_type.noun}, got {text!r}") from None
+
+
+POSITIVE_INT, NON_NEGATIVE_INT, POSITIVE_FLOAT = Checked(int, POSITIVE), Checked(int, NON_NEGATIVE), Checked(float, POSITIVE)
+SEED = Checked(int, typing.get_args(Seed)[1])
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """One flag per field. Defaults are suppressed so that only the flags actually given override the YAML."""
     docs = field_docs(cls)
+    kinds = field_types(cls)
     for field in dataclasses.fields(cls):
-        kind = _field_type(cls, field)
+        kind = kinds[field.name].kind
         flag = "--" + field.name.replace("_", "-")
         help_text = f"{docs.get(field.name, '')} (default: {field.default!r})"
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         else:
-            parser.add_argument(flag, type=str, default=argparse.SUPPRESS, metavar=kind.__name__.upper(), help=help_text)
+            parser.add_argument(flag, type=Checked(kinds[field.name], field=field.name), default=argparse.SUPPRESS,
+                                metavar=kind.__name__.upper(), help=help_text)
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -114,7 +239,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 def build_config(cls: type[T], *sources: dict[str, Any]) -> T:
     """Merge sources left to right into a `cls`, checking keys and types, then run its `validate()`."""
     names = [field.name for field in dataclasses.fields(cls)]  # type: ignore[arg-type]
-    kinds = {field.name: _field_type(cls, field) for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kinds = field_types(cls)
     values: dict[str, Any] = {}
     for source in sources:
         for key, value in source.items():
@@ -123,7 +248,7 @@ def build_config(cls: type[T], *sources: dict[str, Any]) -> T:
                 close = difflib.get_close_matches(name, names, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise UsageError(f"unknown config key {key!r}{hint}")
-            values[name] = _coerce(name, value, kinds[name])
+            values[name] = check_value(name, value, kinds[name])
     config = cls(**values)
     validate = getattr(config, "validate", None)
     if validate is not None:

@@ -66,17 +66,26 @@ class TensorBoard:
             self.writer.close()
 
 
-TOKEN_TABLE_COLUMNS = ["t", "token", "logp_old", "logp_ref", "value", "reward", "advantage", "return"]
+def token_table_text(rows: list[dict[str, Any]], header: str, estimator: str = "gae") -> str:
+    """The per-token table of section 8.6: `t  token  log pi_old  log pi_ref  V(s_t)  r_t  A_t (GAE)  return`.
 
+    A_t is the advantage before whitening, so that return = A_t + V(s_t) on every row, as in the chapter; the
+    whitened A_t that the policy loss uses follows in its own column. rloo and grpo do not whiten: their one
+    A_t column is named after the estimator.
+    """
+    # (row key, title, width, number format); the token is left-aligned, numbers right-aligned
+    columns = [("t", "t", 3, "d"), ("token", "token", 16, ""), ("logp_old", "log pi_old", 10, ".3f"),
+               ("logp_ref", "log pi_ref", 10, ".3f"), ("value", "V(s_t)", 8, ".3f"), ("reward", "r_t", 8, "+.3f"),
+               ("advantage", f"A_t ({estimator.upper()})", 10, "+.3f"), ("return", "return", 8, "+.3f")]
+    if estimator == "gae":
+        columns.append(("advantage_whitened", "A_t whitened", 12, "+.3f"))
 
-def token_table_text(rows: list[dict[str, Any]], header: str) -> str:
-    """The per-token table of section 8.6: `t  token  log pi_old  log pi_ref  V(s_t)  r_t  A_t (GAE)  return`."""
-    lines = [header, f"{'t':>3}  {'token':<16} {'log pi_old':>10} {'log pi_ref':>10} {'V(s_t)':>8} {'r_t':>8} {'A_t (GAE)':>10} {'return':>8}"]
+    def cell(text: str, key: str, width: int) -> str:
+        return f"{text:<{width}}" if key == "token" else f"{text:>{width}}"
+
+    lines = [header, " ".join(cell(title, key, width) for key, title, width, _ in columns)]
     for row in rows:
         row = {k: v + 0.0 if isinstance(v, float) else v for k, v in row.items()}  # print -0.0 (from -beta * 0) as 0.0
-        token = repr(row["token"])[:16]
-        lines.append(
-            f"{row['t']:>3}  {token:<16} {row['logp_old']:>10.3f} {row['logp_ref']:>10.3f} {row['value']:>8.3f}"
-            f" {row['reward']:>+8.3f} {row['advantage']:>+10.3f} {row['return']:>+8.3f}"
-        )
+        row["token"] = repr(row["token"])[:16]
+        lines.append(" ".join(cell(format(row[key], spec), key, width) for key, _, width, spec in columns))
     return "\n".join(lines) + "\n"

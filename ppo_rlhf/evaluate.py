@@ -5,7 +5,8 @@ held-out prompts, several replies each, with torch's RNG reset to the same seed 
 Each reply is scored by two judges: the proxy (the reward model PPO optimised) and the gold (an independent
 judge). Both are put in start-model standard deviations: (score - mean) / std of the start model's replies
 on these prompts, per judge. Reply i of prompt j of a checkpoint is paired with reply i of prompt j of the
-start model, and the mean paired change gets a 95% bootstrap interval.
+start model, and the mean paired change gets a 95% cluster bootstrap interval: the replies to one prompt share
+that prompt's effect, so whole prompts are resampled (stats.bootstrap_mean).
 
 The work is split in two: `evaluate_runs` samples and scores (models needed), and the pure functions
 `standardize_records`, `summarize`, `before_after` and `format_evaluation` turn per-reply records into the
@@ -23,8 +24,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ppo_rlhf.config import read_yaml
+from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED, read_yaml
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.paths import require_run_dir
 from ppo_rlhf.prompts import read_prompts
 from ppo_rlhf.stats import distinct_n, paired_bootstrap, pearson, standardize
 from ppo_rlhf.train_config import resolve_device
@@ -42,8 +44,7 @@ def run_name(run_dir: Path) -> str:
 
 def read_run_config(run_dir: Path) -> dict[str, Any]:
     """The config.yaml of a run, checked for the keys evaluation needs."""
-    run_dir = Path(run_dir)
-    require(run_dir.is_dir(), f"run directory {run_dir} not found")
+    run_dir = require_run_dir(str(run_dir))
     config = read_yaml(run_dir / "config.yaml")
     missing = [key for key in ("policy_model", "temperature", "max_new_tokens") if key not in config]
     require(not missing, f"{run_dir / 'config.yaml'} lacks {', '.join(missing)}")
@@ -106,8 +107,8 @@ def standardize_records(records: list[dict], unfinished_score: float = -1.0) -> 
     return norms
 
 
-def _interval(values: np.ndarray, n_boot: int, seed: int) -> dict[str, float]:
-    mean, lo, hi = paired_bootstrap(values, n_boot=n_boot, seed=seed)
+def _interval(values: np.ndarray, prompts: list[int], n_boot: int, seed: int) -> dict[str, float]:
+    mean, lo, hi = paired_bootstrap(values, prompts, n_boot=n_boot, seed=seed)
     return {"mean": mean, "lo": lo, "hi": hi}
 
 
@@ -127,7 +128,7 @@ def summarize_model(records: list[dict], start: list[dict], n_boot: int = 10000,
     }
     for judge in JUDGES:
         diffs = np.array([r[judge] - by_key[k][judge] for r, k in zip(records, keys)])
-        summary[f"{judge}_change"] = _interval(diffs, n_boot, seed)
+        summary[f"{judge}_change"] = _interval(diffs, [prompt for prompt, _ in keys], n_boot, seed)
         summary[judge] = float(np.mean([r[judge] for r in records]))
         summary[f"{judge}_raw"] = float(np.mean([r[f"{judge}_raw"] for r in records]))
     summary.update(
@@ -385,12 +386,12 @@ def evaluate_runs(
         "settings": {
             **settings,
             "gold": gold,
-            "prompts": str(prompts_path),
+            "prompts": str(Path(prompts_path).resolve()),  # absolute, like every saved path
             "n_prompts": len(prompts),
             "replies_per_prompt": replies_per_prompt,
             "seed": seed,
             "checkpoints": checkpoints,
-            "runs": {name: str(d) for name, d in zip(configs, run_dirs)},
+            "runs": {name: str(d.resolve()) for name, d in zip(configs, run_dirs)},
         },
         "norms": norms,
         "summary": summary,
@@ -412,12 +413,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
     parser.add_argument("--proxy", default=None, help="the proxy judge (default: rm: + the runs' reward_model)")
     parser.add_argument("--gold", default="gold", help="the gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
-    parser.add_argument("--replies-per-prompt", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=1234, help="sampling seed, the same for every model")
+    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2)
+    parser.add_argument("--seed", type=SEED, default=1234, help="sampling seed, the same for every model")
     parser.add_argument("--checkpoints", default="all", help="all, latest, or iterations like 10,20")
     parser.add_argument("--out", required=True, help="folder for evaluation.json and evaluation.txt")
-    parser.add_argument("--batch-size", type=int, default=16, help="replies generated and scored at once")
-    parser.add_argument("--examples", type=int, default=3, help="prompts shown before/after")
+    parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="replies generated and scored at once")
+    parser.add_argument("--examples", type=NON_NEGATIVE_INT, default=3, help="prompts shown before/after")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
 
 

@@ -6,8 +6,10 @@ Weights and optimiser state, per parameter:
 * fp32 everywhere (the chapter's own run): trained 16 bytes = 4 weights + 4 grads + 8 Adam; frozen 4 bytes.
 GB are 1e9 bytes. Activations and the KV cache come on top; `activation_estimate` sizes the two biggest pieces.
 
-Sizes come from `--params` (7B, 494M, 0.5e9) or from `--config` (a folder, a config.json or a Hugging Face id):
-the model is then built on the meta device, which allocates no memory and needs no weights, and counted.
+Sizes come from `--params` (7B, 494M, 0.5e9) or from `--config` (a folder, a config.json, a Hugging Face id or the
+alias smollm2): the model is then built on the meta device, which allocates no memory and needs no weights, and
+counted. The LoRA, logits and KV-cache lines need widths and depth: with `--params` alone they use the Qwen2.5
+shape nearest in size, and say so.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ppo_rlhf.config import POSITIVE_INT
 from ppo_rlhf.errors import UsageError, require
 
 GB = 1e9
@@ -42,6 +45,34 @@ class ModelShape:
     lora_linears: tuple[tuple[int, int], ...]  # (in, out) features of every LoRA target layer
 
 
+@dataclass(frozen=True)
+class LlamaStyle:
+    """The numbers of a Llama/Qwen2-style decoder's config.json: enough to count its parameters and LoRA factors."""
+
+    name: str
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool  # the LM head shares the embedding matrix
+    qkv_bias: bool = True  # Qwen2 has biases on q, k and v
+
+    def shape(self) -> ModelShape:
+        head_dim = self.hidden // self.heads
+        q, kv = self.heads * head_dim, self.kv_heads * head_dim
+        attention = self.hidden * (q + 2 * kv) + q * self.hidden + (q + 2 * kv if self.qkv_bias else 0)
+        block = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden  # + MLP + two RMSNorms
+        backbone = self.vocab * self.hidden + self.layers * block + self.hidden  # embedding, blocks, final norm
+        return ModelShape(
+            name=self.name, parameters=backbone + (0 if self.tied else self.vocab * self.hidden),
+            backbone_parameters=backbone, hidden_size=self.hidden, layers=self.layers, kv_heads=self.kv_heads,
+            head_dim=head_dim, vocab_size=self.vocab,
+            lora_linears=llama_style_linears(self.hidden, self.intermediate, self.heads, self.kv_heads, self.layers),
+        )
+
+
 def llama_style_linears(hidden: int, intermediate: int, heads: int, kv_heads: int, layers: int) -> tuple:
     """(in, out) of q, k, v, o, gate, up, down in every block of a Llama/Qwen2-style decoder."""
     head_dim = hidden // heads
@@ -50,13 +81,27 @@ def llama_style_linears(hidden: int, intermediate: int, heads: int, kv_heads: in
     return tuple(block * layers)
 
 
-# The chapter's model; its parameter count is exact (tied embeddings, so the backbone is the whole model).
-QWEN25_05B = ModelShape(
-    name="Qwen2.5-0.5B", parameters=494_032_768, backbone_parameters=494_032_768, hidden_size=896, layers=24,
-    kv_heads=2, head_dim=64, vocab_size=151_936,
-    lora_linears=llama_style_linears(hidden=896, intermediate=4864, heads=14, kv_heads=2, layers=24),
+# The chapter's model family, from each model's config.json. `--params N` alone borrows the shape nearest to N
+# for the LoRA, logits and KV-cache lines: they depend on widths and depth, not on the count alone.
+QWEN25 = (
+    LlamaStyle("Qwen2.5-0.5B", hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab=151_936, tied=True),
+    LlamaStyle("Qwen2.5-1.5B", hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab=151_936, tied=True),
+    LlamaStyle("Qwen2.5-3B", hidden=2048, intermediate=11008, layers=36, heads=16, kv_heads=2, vocab=151_936, tied=True),
+    LlamaStyle("Qwen2.5-7B", hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, vocab=152_064, tied=False),
+    LlamaStyle("Qwen2.5-14B", hidden=5120, intermediate=13824, layers=48, heads=40, kv_heads=8, vocab=152_064, tied=False),
+    LlamaStyle("Qwen2.5-32B", hidden=5120, intermediate=27648, layers=64, heads=40, kv_heads=8, vocab=152_064, tied=False),
+    LlamaStyle("Qwen2.5-72B", hidden=8192, intermediate=29568, layers=80, heads=64, kv_heads=8, vocab=152_064, tied=False),
 )
+# The chapter's model; its parameter count is exact (tied embeddings, so the backbone is the whole model).
+QWEN25_05B = QWEN25[0].shape()
 BOOK_ROWS = [("0.5B (our Qwen2.5-0.5B)", QWEN25_05B.parameters), ("7B", 7_000_000_000), ("70B", 70_000_000_000)]
+
+
+def representative_shape(parameters: int) -> ModelShape:
+    """The Qwen2.5 shape nearest to `parameters` (on a log scale), named so that the output says whose it is."""
+    shapes = [family.shape() for family in QWEN25]
+    nearest = min(shapes, key=lambda shape: abs(math.log(shape.parameters / parameters)))
+    return replace(nearest, name=f"{nearest.name}, the Qwen2.5 shape nearest to {parameters:,} parameters")
 
 
 def parse_parameter_count(text: str) -> int:
@@ -127,10 +172,20 @@ def shape_from_config(source: str) -> ModelShape:
     from torch import nn
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    looks_local = source.startswith(("/", "./", "../", "~")) or source.endswith(".json")
-    require(Path(source).expanduser().exists() or not looks_local, f"--config: no such file or folder: {source}")
+    from ppo_rlhf.models import resolve_model_path
+
+    if source.endswith(".json"):
+        where = str(Path(source).expanduser())
+        require(Path(where).is_file(), f"--config: no such file: {source}")
+    else:
+        try:
+            where = resolve_model_path(source)  # "smollm2", a .gguf file, a folder or a hub id, as `train` takes them
+        except UsageError as error:
+            raise UsageError(f"--config: {error}") from None
+        require(not Path(where).is_dir() or (Path(where) / "config.json").is_file(),
+                f"--config: {source} has no config.json (an adapter folder? give its base model)")
     try:
-        config = AutoConfig.from_pretrained(str(Path(source).expanduser()) if looks_local else source)
+        config = AutoConfig.from_pretrained(where)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     except (OSError, ValueError, KeyError) as error:
@@ -206,24 +261,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--params", help="parameter count of one model: 7B, 494M, 0.5e9 (default: the chapter's rows)")
     size.add_argument("--config", help="model folder, config.json or Hugging Face id; parameters counted from it")
-    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (default 16, the chapter's)")
-    parser.add_argument("--batch", type=int, default=16, help="sequences per forward pass (default 16)")
-    parser.add_argument("--seq-len", type=int, default=512, help="tokens per sequence, prompt + reply (default 512)")
-    parser.add_argument("--vocab", type=int, help="vocabulary size for the logits (default: from the model)")
+    parser.add_argument("--lora-rank", type=POSITIVE_INT, default=16, help="LoRA rank (default 16, the chapter's)")
+    parser.add_argument("--batch", type=POSITIVE_INT, default=16, help="sequences per forward pass (default 16)")
+    parser.add_argument("--seq-len", type=POSITIVE_INT, default=512, help="tokens per sequence, prompt + reply (default 512)")
+    parser.add_argument("--vocab", type=POSITIVE_INT, help="vocabulary size for the logits (default: from the model)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
 def run(args: argparse.Namespace) -> int:
-    for flag in ("lora_rank", "batch", "seq_len", "vocab"):
-        value = getattr(args, flag)
-        require(value is None or value > 0, f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
     if args.config:
         shape = shape_from_config(args.config)
         rows = [(shape.name, shape.parameters)]
     elif args.params:
         parameters = parse_parameter_count(args.params)
-        shape, rows = None, [(f"{parameters:,} parameters", parameters)]
-        require(args.vocab is None, "--vocab needs a model shape for the activation estimate: use --config instead")
+        shape, rows = representative_shape(parameters), [(f"{parameters:,} parameters", parameters)]
     else:
         shape, rows = QWEN25_05B, BOOK_ROWS
     report = build_report(rows, shape, args.lora_rank, args.batch, args.seq_len, args.vocab)

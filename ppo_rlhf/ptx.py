@@ -1,19 +1,15 @@
-"""PPO-ptx and learning-rate schedules (section 8.12's "what we did not do"; both off by default).
+"""PPO-ptx (section 8.12's "what we did not do"; off by default).
 
 PPO-ptx (InstructGPT): a language-modelling loss on given text mixed into every optimiser step,
     loss = policy loss + ptx_coef * mean next-token NLL of a batch of `ptx_batch_size` texts,
 the NLL at temperature 1 (it is ordinary language modelling, not the sampling distribution). The texts come from
 `ptx_data`, a JSONL file with one {"text": ...} per line or a plain text file with one text per line, shuffled
 with the run's seed and cycled through; the position is saved in checkpoints.
-
-Schedules: `lr_schedule` constant | linear | cosine with `warmup_iterations` of linear warm-up, a
-torch.optim.lr_scheduler.LambdaLR stepped once per optimiser step.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +18,13 @@ import torch
 from torch import nn
 
 from ppo_rlhf.errors import require
-
-SCHEDULES = ("constant", "linear", "cosine")
+from ppo_rlhf.objectives import normalise_loss
+from ppo_rlhf.paths import require_file
+from ppo_rlhf.rollout import token_logprobs
 
 
 def read_texts(path: str | Path) -> list[str]:
-    path = Path(path)
-    require(path.is_file(), f"ptx_data file not found: {path}")
+    path = require_file("ptx_data", str(path))
     texts = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -83,32 +79,14 @@ class PtxData:
         self.generator.bit_generator.state = state["generator"]
 
 
+def ptx_targets(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, L-1] 1 where a next-token prediction has a text token to predict (position t predicts token t+1)."""
+    return attention_mask[:, 1:].float()
+
+
 def ptx_nll(policy: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            chunk_size: int | None = 64) -> torch.Tensor:
-    """Mean next-token negative log-likelihood over the text tokens, logits at temperature 1 (with gradients)."""
-    from ppo_rlhf.objectives import masked_mean
-    from ppo_rlhf.rollout import token_logprobs
-
+            chunk_size: int | None = 64, count: float | None = None) -> torch.Tensor:
+    """Next-token negative log-likelihood summed over the text tokens / `count` (the global count of those tokens;
+    None: this batch's, i.e. its mean), logits at temperature 1 (with gradients)."""
     logprobs = token_logprobs(policy, input_ids, attention_mask, 1.0, chunk_size=chunk_size)
-    target_mask = attention_mask[:, 1:].to(logprobs.dtype)  # position t predicts token t+1
-    return -masked_mean(logprobs, target_mask)
-
-
-def lr_lambda(schedule: str, warmup_steps: int, total_steps: int):
-    """The LR multiplier after `step` optimiser steps: linear warm-up from 1/warmup to 1, then constant,
-    linear decay to 0, or cosine decay to 0 at `total_steps`."""
-    require(schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}, got {schedule!r}")
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, schedule: str, warmup_steps: int, total_steps: int):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(schedule, warmup_steps, total_steps))
+    return normalise_loss(-logprobs, ptx_targets(attention_mask).to(logprobs.dtype), "token", count)

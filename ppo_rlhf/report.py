@@ -15,10 +15,13 @@ import html
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ppo_rlhf.dashboard import DASHBOARD
 from ppo_rlhf.errors import UsageError, require
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 EDGE_ITERATIONS = 5  # "first five and last five iterations"
 
@@ -33,6 +36,7 @@ Block = tuple
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
     """The per-iteration dashboard dicts of a run (NaN allowed, as dashboard.history_line writes them)."""
     run_dir = Path(run_dir)
+    require(not run_dir.is_file(), f"{run_dir} is a file, not a run directory")
     require(run_dir.is_dir(), f"run directory {run_dir} not found")
     path = run_dir / "history.jsonl"
     require(path.is_file(), f"{run_dir} has no history.jsonl")
@@ -67,31 +71,77 @@ def _number(value: Any) -> float:
 # ---------------------------------------------------------------- plots
 
 
-def plot_dashboard(histories: dict[str, list[dict]], path: Path) -> Path:
-    """One panel per dashboard number, iterations on x, one line per run."""
-    from matplotlib.figure import Figure
+# What each dashboard number is, in words, and its unit (the y-axis label); keys as in dashboard.DASHBOARD.
+PANELS: dict[str, tuple[str, str]] = {
+    "score": ("Reward score (normalised, EOS rule)", "start-policy sd"),
+    "rm_raw": ("Reward score, raw", "reward-model units"),
+    "kl": ("KL from the reference policy", "nats per reply"),
+    "len": ("Reply length", "tokens"),
+    "fin": ("Replies that ended with EOS", "share of replies"),
+    "ent": ("Policy entropy", "nats per token"),
+    "clipfrac": ("Tokens with the policy ratio clipped", "share of tokens"),
+    "approx_kl": ("Policy change per update", "approx. KL, nats per token"),
+    "v_loss": ("Value model loss", "(score sd)²"),
+    "ev": ("Value model: explained variance", "fraction (1 = perfect)"),
+    "vclipfrac": ("Tokens with the value update clipped", "share of tokens"),
+}
 
-    columns = 4
-    rows = math.ceil(len(DASHBOARD) / columns)
-    figure = Figure(figsize=(4 * columns, 3 * rows), layout="constrained")
-    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+# Lines of different runs can coincide (the same seed gives the same first iterations): each run gets its own
+# hollow marker and dash pattern, so that every run stays visible under the others and in the legend.
+MARKERS = ("o", "s", "^", "D", "v", "P")
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def run_style(k: int) -> dict[str, Any]:
+    return {"marker": MARKERS[k % len(MARKERS)], "linestyle": LINESTYLES[k % len(LINESTYLES)],
+            "markerfacecolor": "none", "markersize": 5 + 2 * (k % 3)}
+
+
+def dashboard_figure(histories: dict[str, list[dict]]) -> Figure:
+    """One panel per dashboard number, iterations on x, one line per run; the legend in the spare panel."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    columns = 3  # panels wide enough to read at the page's width
+    panels = math.ceil((len(DASHBOARD) + 1) / columns) * columns  # one more for the legend
+    figure = Figure(figsize=(4.2 * columns, 3.2 * panels // columns), layout="constrained")
+    axes = figure.subplots(panels // columns, columns, squeeze=False).ravel()
     for axis, (key, label, _) in zip(axes, DASHBOARD):
-        for name, history in histories.items():
+        title, unit = PANELS[key]
+        logged = False
+        iterations: list[int] = []
+        for k, (name, history) in enumerate(histories.items()):
             x = [row.get("iteration", i) for i, row in enumerate(history)]
-            axis.plot(x, [_number(row.get(key)) for row in history], marker=".", label=name)
-        axis.set_title(label)
+            y = [_number(row.get(key)) for row in history]
+            logged |= not all(math.isnan(v) for v in y)
+            iterations += x
+            axis.plot(x, y, label=name, **run_style(k))
+        if not logged:  # e.g. the value model's numbers of critic-free runs: say so rather than leave a blank panel
+            axis.text(0.5, 0.5, "not logged by these runs", transform=axis.transAxes, ha="center", va="center")
+            axis.set_xlim(min(iterations), max(iterations))  # NaN lines set no limits: the runs' iterations do
+            axis.set_yticks([])
+        axis.set_title(f"{title} [{label}]", fontsize=10)
+        axis.set_ylabel(unit)
         axis.set_xlabel("iteration")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.ticklabel_format(axis="y", useOffset=False)  # "+5.689" above the axis is easy to miss: full numbers
         axis.grid(alpha=0.3)
     for axis in axes[len(DASHBOARD) :]:
         axis.set_axis_off()
     handles, labels = axes[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower right", title="run")
-    figure.savefig(path, dpi=100)
-    return path
+    axes[len(DASHBOARD)].legend(handles, labels, loc="center", title="run", fontsize=11, title_fontsize=11)
+    return figure
 
 
-def plot_overoptimisation(summary: list[dict], path: Path) -> Path:
-    """Gold and proxy change (95% bootstrap intervals) against KL to the start model, one series per run.
+JUDGE_TITLES = {
+    "gold": "Gold judge (not trained on): change from the start model",
+    "proxy": "Proxy (the reward model PPO maximised): change from the start model",
+}
+
+
+def overoptimisation_figure(summary: list[dict]) -> Figure:
+    """Gold and proxy change (95% bootstrap intervals over prompts) against KL to the start model, one series per
+    run, each point labelled with its iteration.
 
     Every series starts at the start model, (0, 0): Gao et al.'s picture is gold rising with KL and then
     falling while the proxy keeps rising.
@@ -103,28 +153,26 @@ def plot_overoptimisation(summary: list[dict], path: Path) -> Path:
     for s in summary:
         if s["run"] is not None:
             runs.setdefault(s["run"], []).append(s)
-    figure = Figure(figsize=(11, 4.2), layout="constrained")
+    figure = Figure(figsize=(12, 4.6), layout="constrained")
     axes = figure.subplots(1, 2, sharex=True)
     for axis, judge in zip(axes, ("gold", "proxy")):
-        for name, points in runs.items():
+        for k, (name, points) in enumerate(runs.items()):
             points = [start] + sorted(points, key=lambda s: s["iteration"])
             changes = [s[f"{judge}_change"] for s in points]
             means = [c["mean"] for c in changes]
             errors = [[m - c["lo"] for m, c in zip(means, changes)], [c["hi"] - m for m, c in zip(means, changes)]]
             kls = [s["kl"] for s in points]
-            axis.errorbar(kls, means, yerr=errors, marker="o", capsize=3, label=name)
+            axis.errorbar(kls, means, yerr=errors, capsize=3, label=name, **run_style(k))
             for s, x, y in zip(points[1:], kls[1:], means[1:]):
-                axis.annotate(str(s["iteration"]), (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+                axis.annotate(f"it {s['iteration']}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        axis.annotate("start model", (start["kl"], 0.0), textcoords="offset points", xytext=(5, -12), fontsize=8)
         axis.axhline(0.0, color="grey", linewidth=0.8)
         axis.set_xlabel("KL to the start model (nats per reply)")
-        axis.set_ylabel(f"{judge} change (start-model sd)")
-        axis.set_title(f"{judge} change vs KL, 95% bootstrap intervals")
+        axis.set_ylabel("score change (start-model sd)")
+        axis.set_title(JUDGE_TITLES[judge], fontsize=10)
         axis.grid(alpha=0.3)
-    axes[0].legend(title="run")
-    figure.savefig(path, dpi=100)
-    return path
-
-
+        axis.legend(title="run (bars: 95% interval)", fontsize=9, title_fontsize=9)
+    return figure
 # ---------------------------------------------------------------- tables
 
 
@@ -247,10 +295,11 @@ def _evaluation_blocks(evaluation: dict[str, Any], out_dir: Path) -> list[Block]
         blocks.append(("p", f"{settings.get('n_prompts')} held-out prompts x {settings.get('replies_per_prompt')} "
                             f"replies per model, sampling seed {settings.get('seed')}; proxy {settings.get('proxy')}, "
                             f"gold {settings.get('gold')}. Scores in start-model standard deviations; changes are "
-                            "paired with the start model's reply to the same prompt."))
+                            "paired with the start model's reply to the same prompt; their 95% intervals resample "
+                            "prompts (all replies of a drawn prompt together)."))
     blocks.append(("table", *evaluation_table(summary)))
     if any(s["run"] is not None for s in summary):
-        plot_overoptimisation(summary, out_dir / "overoptimisation.png")
+        overoptimisation_figure(summary).savefig(out_dir / "overoptimisation.png", dpi=100)
         blocks.append(("img", "overoptimisation.png", "gold and proxy change against KL to the start model"))
     examples = evaluation.get("examples", [])
     if examples:
@@ -275,10 +324,11 @@ def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_di
     out_dir.mkdir(parents=True, exist_ok=True)
     blocks: list[Block] = []
     if histories:
-        plot_dashboard(histories, out_dir / "dashboard.png")
+        dashboard_figure(histories).savefig(out_dir / "dashboard.png", dpi=100)
         blocks += [
             ("h2", "Training dashboard"),
-            ("img", "dashboard.png", "the dashboard over iterations, one line per run"),
+            ("img", "dashboard.png", "the dashboard over iterations, one line per run; [brackets]: the name in "
+                                     "history.jsonl and the table below"),
             ("table", *history_table(histories)),
         ]
     if evaluation is not None:

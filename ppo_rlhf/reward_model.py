@@ -24,8 +24,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked, FieldType
 from ppo_rlhf.errors import require
 from ppo_rlhf.pairs import pair_from_record, read_pairs
+from ppo_rlhf.precision import DTYPES, resolve_dtype
 from ppo_rlhf.prompts import load_hf_dataset
 from ppo_rlhf.stats import pearson
 
@@ -127,7 +129,6 @@ def train_reward_model(
         load_tokenizer,
         resolve_model_path,
     )
-    from ppo_rlhf.precision import resolve_dtype
     from ppo_rlhf.train_config import resolve_device
 
     require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
@@ -155,7 +156,6 @@ def train_reward_model(
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
     before = evaluate_pairs(model, tokenizer, heldout, batch_size)
-    print(f"held-out accuracy before training {before['accuracy']:.3f} ({len(heldout)} pairs)")
 
     generator = torch.Generator().manual_seed(seed)
     epoch_losses = []
@@ -178,14 +178,13 @@ def train_reward_model(
             bar.set_postfix(loss=f"{total / seen:.4f}", acc=f"{correct / seen:.3f}")
         epoch_losses.append(total / seen)
     after = evaluate_pairs(model, tokenizer, heldout, batch_size)
-    print(f"held-out accuracy after training {after['accuracy']:.3f}; length bias corr {after['length_corr']}")
 
     # The adapter must name the folder its weights apply to, not an alias like "smollm2".
     model.peft_config["default"].base_model_name_or_path = resolve_model_path(base)
     info = {
         "base": base,
         "base_path": resolve_model_path(base),
-        "pairs_source": str(pairs_source),
+        "pairs_source": str(pairs_source) if str(pairs_source).startswith("hf:") else str(Path(pairs_source).resolve()),
         "pairs": len(pairs),
         "dropped_too_long": len(pairs) - len(usable),
         "train_pairs": len(train),
@@ -207,20 +206,29 @@ def train_reward_model(
     return info
 
 
+def summary_line(info: dict) -> str:
+    """The result of a training in words, one line (for `reward-model train` and the demo)."""
+    before, after = info["before"], info["after"]
+    corr = "n/a (equal lengths)" if after["length_corr"] is None else f"{after['length_corr']:+.2f}"
+    return (f"reward model: held-out accuracy {after['accuracy']:.2f} on {info['heldout_pairs']} pairs "
+            f"({before['accuracy']:.2f} before training, {info['train_pairs']} training pairs), "
+            f"score-length correlation {corr}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     train = actions.add_parser("train", help="train a reward model on preference pairs")
     train.add_argument("--pairs", required=True, help="pairs JSONL (ppo-rlhf pairs) or hf:DATASET[:SPLIT]")
     train.add_argument("--base", default="smollm2", help="backbone and tokenizer (the policy's)")
     train.add_argument("--out", required=True, help="output folder (PEFT adapter + score head + tokenizer)")
-    train.add_argument("--epochs", type=int, default=2)
-    train.add_argument("--lr", type=float, default=1e-4)
-    train.add_argument("--batch-size", type=int, default=8, help="pairs per step")
-    train.add_argument("--lora-rank", type=int, default=16)
-    train.add_argument("--heldout-fraction", type=float, default=0.1, help="pairs kept out to measure accuracy")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--max-length", type=int, default=512, help="longer conversations are dropped, not cut")
-    train.add_argument("--dtype", default="auto",
+    train.add_argument("--epochs", type=POSITIVE_INT, default=2)
+    train.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-4)
+    train.add_argument("--batch-size", type=POSITIVE_INT, default=8, help="pairs per step")
+    train.add_argument("--lora-rank", type=POSITIVE_INT, default=16)
+    train.add_argument("--heldout-fraction", type=Checked(float, Bounds(0, 1, low_open=True, high_open=True)), default=0.1, help="pairs kept out to measure accuracy")
+    train.add_argument("--seed", type=SEED, default=0)
+    train.add_argument("--max-length", type=POSITIVE_INT, default=512, help="longer conversations are dropped, not cut")
+    train.add_argument("--dtype", type=Checked(FieldType(str, choices=DTYPES)), default="auto",
                        help="frozen backbone's dtype (auto: bfloat16 where the hardware has it natively; LoRA and head fp32)")
 
 
@@ -238,9 +246,5 @@ def run(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         dtype=args.dtype,
     )
-    before, after = info["before"], info["after"]
-    print(
-        f"wrote {args.out}: {info['train_pairs']} train / {info['heldout_pairs']} held-out pairs, held-out accuracy "
-        f"{before['accuracy']:.3f} -> {after['accuracy']:.3f}, length bias corr {after['length_corr']}"
-    )
+    print(f"wrote {args.out}; {summary_line(info)}")
     return 0

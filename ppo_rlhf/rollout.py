@@ -157,7 +157,8 @@ class SampledTokenLogprobs(LogitsProcessor):
 
 
 def per_token_layout(prompt_ids: list[list[int]], values: list[list[float]], width: int) -> torch.Tensor:
-    """Per-reply-token values placed in the [B, width - 1] per-token layout (entry len(prompt) - 1 + s for reply token s)."""
+    """Per-reply-token values placed in the [B, width - 1] per-token layout (entry len(prompt) - 1 + s for reply
+    token s)."""
     out = torch.zeros((len(prompt_ids), width - 1), dtype=torch.float32)
     for row, (prompt, row_values) in enumerate(zip(prompt_ids, values)):
         out[row, len(prompt) - 1 : len(prompt) - 1 + len(row_values)] = torch.tensor(row_values, dtype=torch.float32)

@@ -1,6 +1,6 @@
-"""Small statistics for evaluation: bootstrap intervals, distinct-n, correlation, standardisation.
+"""Small statistics for evaluation: cluster bootstrap intervals, distinct-n, correlation, standardisation.
 
-numpy only, so these functions are cheap to import and easy to test.
+numpy (and scipy.special for one quantile, imported when used), so these functions are cheap to import and easy to test.
 """
 
 from __future__ import annotations
@@ -11,32 +11,72 @@ import numpy as np
 
 
 def bootstrap_mean(
-    values: Sequence[float], n_boot: int = 10000, level: float = 0.95, seed: int = 0
+    values: Sequence[float],
+    clusters: Sequence[int] | None = None,
+    n_boot: int = 10000,
+    level: float = 0.95,
+    seed: int = 0,
 ) -> tuple[float, float, float]:
-    """Mean of `values` and its percentile bootstrap interval at `level`: (mean, lo, hi).
+    """Mean of `values` and its expanded percentile bootstrap interval at `level`: (mean, lo, hi).
 
-    All resamples are drawn at once as an [n_boot, n] index matrix, so 10,000 resamples of a few hundred
-    values take milliseconds.
+    `clusters[k]` names the group value k belongs to (the prompt of a reply). Values of one group share the
+    group's effect, so they are not independent draws: resampling them one by one treats 40 prompts x 2 replies
+    as 80 independent values and gives too narrow an interval. The cluster bootstrap resamples whole groups
+    instead, every value of a drawn group together. Without `clusters` every value is its own group.
+
+    With few groups the plain percentile interval is too narrow (the bootstrap spread of a mean is sd/sqrt(n)
+    with the (n-1)/n variance, and a normal rather than a t quantile): 40 prompts give about 93.7% coverage for
+    a nominal 95%. The expanded percentile interval (Hesterberg 2015, "What teachers should know about the
+    bootstrap") takes the quantiles at the wider level whose normal quantile is sqrt(n/(n-1)) * t_{n-1}.
+
+    All resamples are drawn at once as an [n_boot, groups] index matrix into per-group sums and counts, so
+    10,000 resamples of a few hundred values take milliseconds.
     """
     x = np.asarray(values, dtype=np.float64)
     if x.ndim != 1 or x.size == 0:
         raise ValueError("bootstrap_mean needs a non-empty 1-d sequence")
+    if clusters is None:
+        group = np.arange(x.size)
+    else:
+        labels = np.asarray(clusters)
+        if labels.shape != x.shape:
+            raise ValueError(f"bootstrap_mean needs one cluster per value, got {labels.shape} for {x.shape}")
+        group = np.unique(labels, return_inverse=True)[1]
+    sums, counts = np.bincount(group, weights=x), np.bincount(group)
     rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
-    tail = (1.0 - level) / 2.0
+    draws = rng.integers(0, sums.size, size=(n_boot, sums.size))
+    # groups may differ in size: a resample's mean is its values' total over its values' count
+    means = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
+    tail = (1.0 - expanded_level(level, sums.size)) / 2.0
     lo, hi = np.quantile(means, [tail, 1.0 - tail])
     return float(x.mean()), float(lo), float(hi)
 
 
+def expanded_level(level: float, n: int) -> float:
+    """The level whose normal quantile is sqrt(n / (n - 1)) times the t quantile of `level` with n - 1 degrees
+    of freedom; `level` itself for n < 2 (one group: every resample is the sample, the interval has no width)."""
+    from scipy.special import ndtr, stdtrit
+
+    if n < 2:
+        return level
+    z = np.sqrt(n / (n - 1)) * stdtrit(n - 1, (1.0 + level) / 2.0)
+    return float(2.0 * ndtr(z) - 1.0)
+
+
 def paired_bootstrap(
-    diffs: Sequence[float], n_boot: int = 10000, level: float = 0.95, seed: int = 0
+    diffs: Sequence[float],
+    clusters: Sequence[int] | None = None,
+    n_boot: int = 10000,
+    level: float = 0.95,
+    seed: int = 0,
 ) -> tuple[float, float, float]:
     """Mean paired difference with its percentile bootstrap interval: (mean, lo, hi).
 
-    `diffs[k]` is one pair's difference (model reply k minus the start model's reply k). Resampling pairs,
-    not the two sides separately, keeps the shared prompt difficulty out of the interval.
+    `diffs[k]` is one pair's difference (model reply k minus the start model's reply k), `clusters[k]` its
+    prompt. Resampling pairs, not the two sides separately, keeps the shared prompt difficulty out of the
+    interval; resampling prompts, not pairs, keeps in it how differently the model changed on each prompt.
     """
-    return bootstrap_mean(diffs, n_boot=n_boot, level=level, seed=seed)
+    return bootstrap_mean(diffs, clusters, n_boot=n_boot, level=level, seed=seed)
 
 
 def distinct_n(texts: Sequence[str], n: int = 2) -> float:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ppo_rlhf.errors import require
+from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked
 from ppo_rlhf.objectives import clipped_policy_loss, cpi_objective, probability_ratio
 
 TRUE_MEANS = torch.tensor([0.3, 0.2, 0.1, 0.0, -0.1, -0.2], dtype=torch.float64)
@@ -210,19 +210,16 @@ def format_loop(results: dict[str, dict], seeds: int, batch: int) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experiment", choices=["all", "cases", "one-batch", "loop"], default="all")
-    parser.add_argument("--seeds", type=int, default=500, help="independent runs (default 500)")
-    parser.add_argument("--iterations", type=int, default=40, help="iterations of the loop experiment (default 40)")
-    parser.add_argument("--batch", type=int, default=32, help="tokens sampled per batch (default 32)")
-    parser.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"Adam learning rate (default {DEFAULT_LR})")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--seeds", type=POSITIVE_INT, default=500, help="independent runs (default 500)")
+    parser.add_argument("--iterations", type=POSITIVE_INT, default=40, help="iterations of the loop experiment (default 40)")
+    parser.add_argument("--batch", type=Checked(int, Bounds(low=2)), default=32,
+                        help="tokens sampled per batch, at least 2: advantage = reward - batch mean (default 32)")
+    parser.add_argument("--lr", type=POSITIVE_FLOAT, default=DEFAULT_LR, help=f"Adam learning rate (default {DEFAULT_LR})")
+    parser.add_argument("--seed", type=SEED, default=0, help="random seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
 def run(args: argparse.Namespace) -> int:
-    require(args.seeds > 0, f"--seeds must be a positive integer, got {args.seeds}")
-    require(args.iterations > 0, f"--iterations must be a positive integer, got {args.iterations}")
-    require(args.batch > 1, f"--batch must be at least 2 (advantage = reward - batch mean), got {args.batch}")
-    require(math.isfinite(args.lr) and args.lr > 0, f"--lr must be a positive number, got {args.lr}")
     # [seeds, 6] tensors are too small to gain from threads; on a busy machine extra threads only cost time.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -4,71 +4,73 @@ the per-token table, samples, atomic checkpoints and `--resume`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from ppo_rlhf.checkpoint import (
-    TrainingState,
-    clean_partial_writes,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    whole_states,
-)
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
-from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
-from ppo_rlhf.errors import require
+from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.paths import require_run_dir
 from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import Batch, PPOTrainer, TrainingStopped
+
+if TYPE_CHECKING:  # torch, transformers and peft are imported by `train`, after the config and its files are checked
+    from ppo_rlhf.experience import Experience
+    from ppo_rlhf.trainer import PPOTrainer
 
 
-def token_table(trainer: PPOTrainer, rollout, batch: Batch) -> tuple[list[dict[str, Any]], int]:
+def token_table(trainer: PPOTrainer, experience: Experience) -> tuple[list[dict[str, Any]], int]:
     """Every number of one reply of the batch (section 8.6): the shortest finished one, or the first."""
-    finished = [i for i in range(len(rollout.prompts)) if bool(rollout.finished[i])]
-    row = min(finished, key=lambda i: len(rollout.reply_ids[i])) if finished else 0
-    positions = batch.action_mask[row].nonzero().flatten().tolist()
+    finished = [i for i in range(len(experience.prompts)) if bool(experience.finished[i])]
+    row = min(finished, key=lambda i: len(experience.reply_ids[i])) if finished else 0
+    positions = experience.action_mask[row].nonzero().flatten().tolist()
     rows = []
     for t, position in enumerate(positions):
-        token_id = int(rollout.input_ids[row, position + 1])
+        token_id = int(experience.input_ids[row, position + 1])
         rows.append({
             "t": t,
             "token": trainer.tokenizer.decode([token_id]),
             "token_id": token_id,
-            "logp_old": float(batch.old_logprobs[row, position]),
-            "logp_ref": float(batch.ref_logprobs[row, position]),
-            "value": float(batch.old_values[row, position]),
-            "reward": float(batch.rewards[row, position]),
-            "advantage": float(batch.advantages[row, position]),
-            "return": float(batch.returns[row, position]),
+            "logp_old": float(experience.old_logprobs[row, position]),
+            "logp_ref": float(experience.ref_logprobs[row, position]),
+            "value": float(experience.old_values[row, position]),
+            "reward": float(experience.rewards[row, position]),
+            "advantage": float(experience.raw_advantages[row, position]),
+            "return": float(experience.returns[row, position]),
+            "advantage_whitened": float(experience.advantages[row, position]),
         })
     return rows, row
 
 
-def write_token_table(run_dir: Path, trainer: PPOTrainer, rollout, batch: Batch) -> None:
+def write_token_table(run_dir: Path, trainer: PPOTrainer, experience: Experience) -> None:
+    from ppo_rlhf.dashboard import token_table_text
 
-    rows, row = token_table(trainer, rollout, batch)
-    info = {"prompt": rollout.prompts[row], "reply": rollout.reply_texts[row], "finished": bool(rollout.finished[row]),
-            "raw_score": float(batch.raw_scores[row]), "score": float(batch.scores[row]),
-            "note": "advantage is GAE after whitening over the batch; return = GAE advantage (before whitening) + V",
+    rows, row = token_table(trainer, experience)
+    info = {"prompt": experience.prompts[row], "reply": experience.reply_texts[row],
+            "finished": bool(experience.finished[row]),
+            "raw_score": float(experience.raw_scores[row]), "score": float(experience.scores[row]),
+            "advantage_estimator": trainer.cfg.advantage_estimator,
+            "note": "advantage is before whitening (GAE: return = advantage + value); advantage_whitened is what "
+                    "the policy loss uses (rloo and grpo do not whiten: the same)",
             "rows": rows}
     atomic_write_text(run_dir / "token_table.json", json.dumps(info, indent=1))
     header = (f"prompt: {info['prompt']!r}\nreply: {info['reply']!r}\n"
               f"raw score {info['raw_score']:+.3f}, normalised {info['score']:+.3f}, finished {info['finished']}\n")
-    atomic_write_text(run_dir / "token_table.txt", token_table_text(rows, header))
+    atomic_write_text(run_dir / "token_table.txt", token_table_text(rows, header, trainer.cfg.advantage_estimator))
 
 
-def write_samples(run_dir: Path, index: int, rollout, batch: Batch, count: int = 4) -> str:
-    lines = [json.dumps({"iteration": index, "prompt": rollout.prompts[i], "reply": rollout.reply_texts[i],
-                         "finished": bool(rollout.finished[i]), "score": float(batch.scores[i])})
-             for i in range(min(count, len(rollout.prompts)))]
+def write_samples(run_dir: Path, index: int, experience: Experience, count: int = 4) -> str:
+    lines = [json.dumps({"iteration": index, "prompt": experience.prompts[i], "reply": experience.reply_texts[i],
+                         "finished": bool(experience.finished[i]), "score": float(experience.scores[i])})
+             for i in range(min(count, len(experience.prompts)))]
     with open(run_dir / "samples.jsonl", "a") as handle:
         handle.write("\n".join(lines) + "\n")
-    return f"sample [{float(batch.scores[0]):+.2f}] {rollout.prompts[0][:60]!r} -> {rollout.reply_texts[0][:120]!r}"
+    return f"sample [{float(experience.scores[0]):+.2f}] {experience.prompts[0][:60]!r} -> {experience.reply_texts[0][:120]!r}"
 
 
 def check_run_dir(cfg: TrainConfig) -> None:
@@ -104,9 +106,24 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
     return run_dir
 
 
+FILE_FIELDS = ("prompts", "ptx_data", "out")  # model fields are resolved by resolve_model_path
+
+
+def saved_config(cfg: TrainConfig) -> TrainConfig:
+    """The config as config.yaml keeps it: model names resolved and every path absolute, so that `evaluate RUN` and
+    `train --resume RUN` read the same files from any directory."""
+    from ppo_rlhf.models import resolve_model_path
+
+    files = {name: str(Path(getattr(cfg, name)).resolve()) for name in FILE_FIELDS if getattr(cfg, name)}
+    models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model")}
+    return dataclasses.replace(cfg, **files, **models)
+
+
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
     """Run (or continue) PPO; returns the run directory."""
-    from ppo_rlhf.models import resolve_model_path
+    from ppo_rlhf.checkpoint import clean_partial_writes, latest_checkpoint, load_checkpoint, save_checkpoint
+    from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line
+    from ppo_rlhf.trainer import PPOTrainer, TrainingStopped
 
     if not resume:
         check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
@@ -115,29 +132,26 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     run_dir = Path(cfg.out) if resume or not main else prepare_run_dir(cfg)
     trainer.dist.barrier()
     log = (lambda message: None) if cfg.quiet or not main else tqdm.write
-    models, optimizers = trainer.models, trainer.optimizers  # no "value" for rloo / grpo
+    models = trainer.models  # no "value" for rloo / grpo
 
     checkpoint = latest_checkpoint(run_dir, tuple(models)) if resume else None
     if resume:
         if main:
             clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
+            if checkpoint is None:  # killed before its first checkpoint: nothing to continue from, and say so
+                print(f"no checkpoint yet in {run_dir}: starting from iteration 0", file=sys.stderr)
     norm_file = run_dir / "reward_norm.json"
     if checkpoint is not None:
-        state, history = load_checkpoint(checkpoint, models, optimizers, trainer.schedulers)
-        if trainer.ptx is not None and "ptx" in state.extra:
-            trainer.ptx.load(state.extra["ptx"])
-        trainer.sampler.load(state.sampler)
-        trainer.beta = state.beta
-        trainer.consecutive_skips = state.extra.get("consecutive_skips", 0)
-        if trainer.kl_controller is not None:
-            trainer.kl_controller.load_state_dict(state.extra["kl_controller"])
+        start, state, history = load_checkpoint(checkpoint, tuple(models))
+        try:
+            trainer.load_state_dict(state)
+        except UsageError as error:
+            raise UsageError(f"checkpoint {checkpoint}: {error}") from None
         norm = json.loads(norm_file.read_text())
-        start = state.iteration
         log(f"resuming {run_dir} from {checkpoint.name} (iteration {start} of {cfg.iterations})")
     else:
-        saved = {**vars(cfg), "policy_model": resolve_model_path(cfg.policy_model), "reward_model": resolve_model_path(cfg.reward_model)}
         if main:
-            atomic_write_text(run_dir / "config.yaml", to_yaml(TrainConfig(**saved)))
+            atomic_write_text(run_dir / "config.yaml", to_yaml(saved_config(cfg)))
         norm = trainer.measure_reward_norm()  # every process: the statistics are gathered over all of them
         if main:
             atomic_write_text(norm_file, json.dumps(norm, indent=1))
@@ -153,21 +167,15 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     board = TensorBoard(run_dir / "tb" if cfg.tensorboard and main else None, first_iteration=start)
 
     def checkpoint_now(iteration: int) -> None:
-        extra = {"consecutive_skips": trainer.consecutive_skips}
-        if trainer.kl_controller is not None:
-            extra["kl_controller"] = trainer.kl_controller.state_dict()
-        if trainer.ptx is not None:
-            extra["ptx"] = trainer.ptx.state()
-        state = TrainingState(iteration=iteration, sampler=trainer.sampler.state(), beta=trainer.beta, extra=extra)
-        weights, optimizer_states = whole_states(models, optimizers, trainer.dist)  # every process (FSDP gathers)
+        state = trainer.state_dict()  # every process (FSDP gathers shards, DeepSpeed partitions)
         if main:
-            save_checkpoint(run_dir, state, models, weights, optimizer_states, history, trainer.schedulers)
+            save_checkpoint(run_dir, iteration, models, state, history)
         trainer.dist.barrier()  # nobody runs ahead of a checkpoint being written
 
     progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)
     try:
         for index in progress:
-            stats, rollout, batch = trainer.iteration(index)
+            stats, experience = trainer.iteration(index)
             if not main:
                 history.append(history_line(stats))
                 done = index + 1
@@ -175,7 +183,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
                     checkpoint_now(done)
                 continue
             if index == 0:
-                write_token_table(run_dir, trainer, rollout, batch)
+                write_token_table(run_dir, trainer, experience)
             history.append(history_line(stats))
             with open(run_dir / "history.jsonl", "a") as handle:
                 handle.write(history[-1])
@@ -183,7 +191,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
             log(dashboard_line(stats))
             progress.set_postfix(score=f"{stats['score']:+.2f}", kl=f"{stats['kl']:.2f}", fin=f"{stats['fin']:.2f}")
             if index % cfg.sample_every == 0:
-                log(write_samples(run_dir, index, rollout, batch))
+                log(write_samples(run_dir, index, experience))
             done = index + 1
             if done % cfg.checkpoint_every == 0 or done == cfg.iterations:
                 checkpoint_now(done)
@@ -207,16 +215,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.resume:
-        run_dir = Path(args.resume)
-        require(run_dir.is_dir(), f"run directory {run_dir} not found")
-        require((run_dir / "config.yaml").is_file(),
-                f"{run_dir} is not a run directory (no config.yaml; if its run was stopped while loading, start it again without --resume)")
+        run_dir = require_run_dir(args.resume)
         saved = read_yaml(run_dir / "config.yaml")
         flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
         cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir)})
+        cfg.check_files()
         train(cfg, resume=True)
         return 0
     cfg = config_from_args(TrainConfig, args)
+    cfg.check_files()  # before the config is printed and before anything heavy is imported
+    check_run_dir(cfg)
     if not cfg.quiet:
         print(to_yaml(cfg), end="")
     train(cfg)

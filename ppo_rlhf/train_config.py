@@ -1,15 +1,25 @@
 """`TrainConfig`: every setting of a PPO run, one docstring per field (the help text of its flag and its comment
-in the saved `config.yaml`), and the checks that reject bad values before anything is loaded."""
+in the saved `config.yaml`), and the checks that reject bad values before anything is loaded: each field's type
+hint says what it accepts (`PositiveInt`, `Literal[...]`), and `validate` checks the relations between fields."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import torch
-
+from ppo_rlhf.config import (
+    UNIT_INTERVAL,
+    Bounds,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Seed,
+)
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.precision import DTYPES
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -27,172 +37,159 @@ class TrainConfig:
     """Replace an existing run directory instead of refusing to touch it."""
     trust_remote_code: bool = False
     """Allow model code from the model's repository (off unless you trust it)."""
-    seed: int = 1
+    seed: Seed = 1
     """Seed of every random number: prompt order, sampling, initialisation of the LoRA adapters."""
     device: str = "auto"
     """"auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N"."""
-    dtype: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Storage and matmul dtype of the frozen base weights: "auto" (bfloat16 where the CPU has AVX512-BF16/AMX-BF16 or the GPU supports bf16, else float32), "bfloat16", "float16" (GPU) or "float32" (the chapter's run, bit-exact). LoRA, score heads, optimiser states, log-probs, KL, GAE and losses are fp32 in every case."""
     # --- the loop
-    iterations: int = 20
+    iterations: PositiveInt = 20
     """PPO iterations; each samples `batch_size` fresh replies."""
-    batch_size: int = 32
+    batch_size: PositiveInt = 32
     """Replies per iteration: batch_size // group_size prompts, group_size replies to each."""
-    minibatch_size: int = 16
+    minibatch_size: PositiveInt = 16
     """Replies per optimiser step."""
-    micro_batch_size: int = 0
+    micro_batch_size: NonNegativeInt = 0
     """Replies per forward/backward pass inside a minibatch (gradient accumulation, the per-token mean kept exact); 0 = the whole minibatch."""
-    score_batch_size: int = 0
+    score_batch_size: NonNegativeInt = 0
     """Replies per forward pass when scoring (log-probs, values, rewards; no gradients, so no activations are kept and larger passes cost little memory); 0 = micro_batch_size."""
-    epochs: int = 2
+    epochs: PositiveInt = 2
     """Passes over each batch (the chapter's K)."""
     # --- sampling
-    temperature: float = 0.7
+    temperature: PositiveFloat = 0.7
     """Sampling temperature; the same temperature divides the logits in every log-probability (detail 4)."""
-    top_p: float = 1.0
+    top_p: Annotated[float, Bounds(low=0, high=1, low_open=True)] = 1.0
     """Nucleus sampling; 1.0 samples from the full tempered distribution, as PPO's log-probs assume."""
-    max_new_tokens: int = 128
+    max_new_tokens: PositiveInt = 128
     """Reply cap in tokens; a reply without EOS by then is unfinished."""
-    max_prompt_tokens: int = 512
+    max_prompt_tokens: PositiveInt = 512
     """Longest chat-templated training prompt in tokens; a longer one is an error naming its line (prompt + max_new_tokens must also fit the models' context)."""
-    generation_batch_size: int = 0
+    generation_batch_size: NonNegativeInt = 0
     """Prompts per generate call; 0 = the whole batch."""
-    generation_backend: str = "hf"
+    generation_backend: Literal["hf", "vllm"] = "hf"
     """"hf" (Hugging Face generate on the policy) or "vllm" (GPU, extra [vllm]; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
-    old_logprobs: str = "recompute"
+    old_logprobs: Literal["recompute", "generation"] = "recompute"
     """Where log pi_old and the entropy come from: "recompute" (one more forward of the policy after sampling; the first ratio is 1 and the first KL 0 to float rounding) or "generation" (recorded from the logits `generate` computes: one policy forward fewer per iteration, equal to recompute within ~1e-6 in float32; hf backend only)."""
-    tis_cap: float = 0.0
+    tis_cap: NonNegativeFloat = 0.0
     """Truncated importance sampling (Yao et al. 2025): weight each token's policy loss by min(pi_old / pi_rollout, tis_cap), pi_rollout the probability generate sampled the token with (bf16 generation and the training forward differ); 0 = off. Needs old_logprobs recompute and generation_backend hf."""
     # --- rewards
-    reward_norm_samples: int = 192
+    reward_norm_samples: PositiveInt = 192
     """Start-policy replies used to measure the mean and std that normalise the reward model's score (detail 1)."""
     eos_rule: bool = True
     """Give a reply that never emitted EOS within the cap the fixed score `unfinished_score` (the EOS trick, detail 3)."""
     unfinished_score: float = -1.0
     """Normalised score of an unfinished reply under the EOS rule."""
-    beta: float = 0.05
+    beta: NonNegativeFloat = 0.05
     """Per-token KL penalty coefficient against the reference (adapter off)."""
     adaptive_kl: bool = False
     """Adapt beta towards `kl_target` with Ziegler et al.'s proportional controller."""
-    kl_target: float = 6.0
+    kl_target: PositiveFloat = 6.0
     """Target KL (nats per reply) of the adaptive controller."""
-    kl_horizon: int = 10000
+    kl_horizon: PositiveInt = 10000
     """Horizon (in replies) of the adaptive controller."""
     whiten_rewards: bool = False
     """Whiten the per-token rewards before GAE (detail 7; optional, off)."""
     # --- advantages and losses
-    gamma: float = 1.0
+    gamma: Annotated[float, UNIT_INTERVAL] = 1.0
     """Discount in GAE."""
-    lam: float = 0.95
+    lam: Annotated[float, UNIT_INTERVAL] = 0.95
     """GAE lambda."""
-    clip_range: float = 0.2
+    clip_range: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.2
     """PPO clip range epsilon: ratios are clipped to [1-eps, 1+eps]."""
-    value_clip_range: float = 0.2
+    value_clip_range: PositiveFloat = 0.2
     """Value clip range: the value may move at most this far from its old estimate per batch."""
-    entropy_coef: float = 0.0
+    entropy_coef: NonNegativeFloat = 0.0
     """Entropy bonus c2 (usually 0 in RLHF)."""
-    loss_aggregation: str = "token"
+    loss_aggregation: Literal["token", "sequence"] = "token"
     """"token": mean over all reply tokens of the minibatch (detail 8); "sequence": mean per reply, then over replies."""
-    advantage_estimator: str = "gae"
+    advantage_estimator: Literal["gae", "rloo", "grpo"] = "gae"
     """"gae": GAE with a value model (PPO); "rloo": REINFORCE leave-one-out baseline over the group_size replies to a prompt (Chapter 6, no value model); "grpo": group-normalised rewards (no value model)."""
-    group_size: int = 1
+    group_size: PositiveInt = 1
     """Replies sampled per prompt (consecutive rows of a batch); rloo and grpo need >= 2."""
-    grpo_eps: float = 1e-6
+    grpo_eps: PositiveFloat = 1e-6
     """Added to the group std in GRPO's normalisation."""
     # --- optimisers
-    policy_lr: float = 2e-5
+    policy_lr: PositiveFloat = 2e-5
     """AdamW learning rate of the policy's LoRA adapter."""
-    value_lr: float = 5e-5
+    value_lr: PositiveFloat = 5e-5
     """AdamW learning rate of the value model's LoRA adapter and score head."""
-    adam_eps: float = 1e-5
+    adam_eps: PositiveFloat = 1e-5
     """Adam epsilon (detail 9)."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: PositiveFloat = 1.0
     """Gradient norm clip, applied to each model separately (detail 9)."""
-    lora_rank: int = 16
+    lora_rank: PositiveInt = 16
     """LoRA rank of the policy and value adapters (all seven linear layers of every block)."""
-    lora_alpha: float = 32.0
+    lora_alpha: PositiveFloat = 32.0
     """LoRA alpha (scale = alpha / rank)."""
-    lr_schedule: str = "constant"
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule of both optimisers, stepped per optimiser step: constant, linear (to 0) or cosine (to 0) over the run."""
-    warmup_iterations: int = 0
+    warmup_iterations: NonNegativeInt = 0
     """Iterations of linear learning-rate warm-up at the start of the schedule."""
     # --- PPO-ptx (section 8.12)
-    ptx_coef: float = 0.0
+    ptx_coef: NonNegativeFloat = 0.0
     """Coefficient of the language-modelling loss on ptx_data added to every policy step (InstructGPT's PPO-ptx); 0 = off."""
-    ptx_data: str = ""
-    """Texts for the ptx loss: a JSONL file of {"text": ...} lines or a text file with one text per line."""
-    ptx_batch_size: int = 8
+    ptx_data: str | None = None
+    """Texts for the ptx loss: a JSONL file of {"text": ...} lines or a text file with one text per line (null: none)."""
+    ptx_batch_size: PositiveInt = 8
     """Texts per optimiser step in the ptx loss (cycling through ptx_data)."""
-    ptx_max_tokens: int = 256
+    ptx_max_tokens: Annotated[int, Bounds(low=2)] = 256
     """Each ptx text is cut to this many tokens."""
     # --- speed and memory
-    logprob_chunk: int = 64
+    logprob_chunk: NonNegativeInt = 64
     """Positions per chunk of the LM head when computing log-probs (never the full-vocabulary log-softmax at once); 0 = one pass."""
-    logprob_chunk_mb: float = 128.0
+    logprob_chunk_mb: NonNegativeFloat = 128.0
     """At most this many MB of fp32 logits per chunk: fewer positions per chunk for many rows x a wide vocabulary; 0 = no limit."""
     # --- observability and checkpoints
-    checkpoint_every: int = 10
+    checkpoint_every: PositiveInt = 10
     """Save a checkpoint every N iterations (and always at the end)."""
-    sample_every: int = 5
+    sample_every: PositiveInt = 5
     """Write sample replies every N iterations to samples.jsonl (and show one)."""
     tensorboard: bool = True
     """Write TensorBoard scalars under RUN_DIR/tb."""
-    max_skipped_steps: int = 3
+    max_skipped_steps: PositiveInt = 3
     """Stop after this many consecutive skipped (non-finite) optimiser steps; the last good checkpoint stays."""
     quiet: bool = False
     """No progress bar and no dashboard lines on stdout (history.jsonl is still written)."""
 
     def validate(self) -> None:
+        """What the field types cannot say: required fields and relations between fields. (Each field's own type,
+        interval and choices are checked by `ppo_rlhf.config.check_value` as it is read.)"""
         require(bool(self.reward_model), "reward_model is required (a folder from `ppo-rlhf reward-model train` or a model id)")
         require(bool(self.prompts), "prompts is required (a JSONL file, see `ppo-rlhf prompts`)")
-        for name in ("iterations", "batch_size", "minibatch_size", "epochs", "max_new_tokens", "reward_norm_samples",
-                     "lora_rank", "checkpoint_every", "sample_every", "max_skipped_steps"):
-            require(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("micro_batch_size", "score_batch_size", "generation_batch_size", "logprob_chunk", "logprob_chunk_mb"):
-            require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("policy_lr", "value_lr", "adam_eps", "max_grad_norm", "temperature", "kl_target", "kl_horizon"):
-            value = getattr(self, name)
-            require(math.isfinite(value) and value > 0, f"{name} must be a positive number, got {value}")
-        require(0 < self.clip_range < 1, f"clip_range must be in (0, 1), got {self.clip_range}")
-        require(self.value_clip_range > 0, f"value_clip_range must be positive, got {self.value_clip_range}")
-        require(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
-        require(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "gamma and lam must be in [0, 1]")
-        require(self.beta >= 0 and math.isfinite(self.beta), f"beta must be >= 0, got {self.beta}")
-        require(self.entropy_coef >= 0, f"entropy_coef must be >= 0, got {self.entropy_coef}")
-        require(math.isfinite(self.unfinished_score), "unfinished_score must be finite")
-        require(self.minibatch_size <= self.batch_size, "minibatch_size must not exceed batch_size")
-        require(self.batch_size % self.minibatch_size == 0, "batch_size must be a multiple of minibatch_size")
-        require(self.micro_batch_size <= self.minibatch_size, "micro_batch_size must not exceed minibatch_size")
-        require(self.loss_aggregation in ("token", "sequence"), "loss_aggregation must be 'token' or 'sequence'")
-        require(self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        require(self.max_prompt_tokens > 0, f"max_prompt_tokens must be positive, got {self.max_prompt_tokens}")
-        resolve_device(self.device)  # an unknown device or missing CUDA fails here, before anything is loaded
-        self._validate_extensions()
-
-    def _validate_extensions(self) -> None:
-        """Estimators, group sampling, schedules, PPO-ptx and the generation backend."""
-        from ppo_rlhf.generation import BACKENDS
-        from ppo_rlhf.objectives import ESTIMATORS
-        from ppo_rlhf.ptx import SCHEDULES
-
-        require(self.advantage_estimator in ESTIMATORS, f"advantage_estimator must be one of {ESTIMATORS}, got {self.advantage_estimator!r}")
-        require(self.group_size >= 1, f"group_size must be positive, got {self.group_size}")
+        require(self.minibatch_size <= self.batch_size,
+                f"minibatch_size ({self.minibatch_size}) must not exceed batch_size ({self.batch_size})")
+        require(self.batch_size % self.minibatch_size == 0,
+                f"batch_size ({self.batch_size}) must be a multiple of minibatch_size ({self.minibatch_size})")
+        require(self.micro_batch_size <= self.minibatch_size,
+                f"micro_batch_size ({self.micro_batch_size}) must not exceed minibatch_size ({self.minibatch_size})")
         require(self.advantage_estimator == "gae" or self.group_size >= 2,
                 f"advantage_estimator {self.advantage_estimator} needs group_size >= 2 replies per prompt")
-        require(self.batch_size % self.group_size == 0, "batch_size (replies) must be a multiple of group_size")
-        require(self.grpo_eps > 0, f"grpo_eps must be positive, got {self.grpo_eps}")
-        require(self.lr_schedule in SCHEDULES, f"lr_schedule must be one of {SCHEDULES}, got {self.lr_schedule!r}")
-        require(0 <= self.warmup_iterations <= self.iterations, "warmup_iterations must be in [0, iterations]")
-        require(self.ptx_coef >= 0 and math.isfinite(self.ptx_coef), f"ptx_coef must be >= 0, got {self.ptx_coef}")
+        require(self.batch_size % self.group_size == 0,
+                f"batch_size ({self.batch_size} replies) must be a multiple of group_size ({self.group_size})")
+        require(self.warmup_iterations <= self.iterations,
+                f"warmup_iterations ({self.warmup_iterations}) must not exceed iterations ({self.iterations})")
         require(self.ptx_coef == 0 or bool(self.ptx_data), "ptx_coef > 0 needs ptx_data (a file of texts)")
-        require(self.ptx_batch_size > 0 and self.ptx_max_tokens >= 2, "ptx_batch_size must be positive and ptx_max_tokens >= 2")
-        require(self.generation_backend in BACKENDS, f"generation_backend must be one of {BACKENDS}, got {self.generation_backend!r}")
-        require(self.old_logprobs in ("recompute", "generation"), f"old_logprobs must be 'recompute' or 'generation', got {self.old_logprobs!r}")
-        require(math.isfinite(self.tis_cap) and self.tis_cap >= 0, f"tis_cap must be >= 0 (0 = off), got {self.tis_cap}")
         require(self.tis_cap == 0 or (self.old_logprobs == "recompute" and self.generation_backend == "hf"),
                 "tis_cap needs old_logprobs: recompute and generation_backend: hf (the rollout's own log-probs)")
         require(self.old_logprobs == "recompute" or self.generation_backend == "hf",
                 "old_logprobs: generation needs generation_backend hf (vLLM's log-probs are never trusted)")
+        if self.device not in ("auto", "cpu"):  # the others need torch: an unknown device or missing CUDA fails here
+            resolve_device(self.device)
+
+    def check_files(self) -> None:
+        """Every file and folder the config names exists and is of its kind. Called before the config is printed
+        and before torch or a model is loaded; the files' contents are checked as they are read."""
+        from ppo_rlhf.paths import check_model_name, require_file
+
+        for field in ("policy_model", "reward_model"):
+            try:
+                check_model_name(getattr(self, field))
+            except UsageError as error:
+                raise UsageError(f"{field}: {error}") from None
+        require_file("prompts", self.prompts)
+        if self.ptx_data is not None:
+            require_file("ptx_data", self.ptx_data)
 
     @property
     def has_value_model(self) -> bool:
@@ -201,6 +198,8 @@ class TrainConfig:
 
 
 def resolve_device(name: str) -> torch.device:
+    import torch  # here, not at the top: a config is checked (and its files) before torch is imported
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -12,8 +12,10 @@ trainer's own AdamW (eps, no weight decay and learning rate from the training co
   trainer's losses are already divided by the global token count, so the average of N x loss is the global sum,
   the same arithmetic as `Dist.all_reduce_grads`;
 * gradient_clipping = max_grad_norm (DeepSpeed's clip is torch's: scale by max_norm / (norm + 1e-6) when above).
-DeepSpeed's step is one call (finish the reduction, clip, skip a non-finite gradient, update), so a model whose
-gradient is not finite is skipped by DeepSpeed's own overflow check, model by model.
+DeepSpeed's step is one call (finish the reduction, clip, skip a non-finite gradient, update), taken in `finish`;
+when another model's gradient is not finite the trainer skips every model's step, so `discard` puts back the
+weights and optimiser partition `finish` saved (LoRA's: small): a skip leaves every model untouched, as in the
+other layouts.
 
 Checkpoints hold each process's optimiser partition (AdamW's moments over its flat slice), gathered into the one
 state.pt rank 0 writes; a run resumes with the same number of processes and ZeRO stage.
@@ -21,6 +23,7 @@ state.pt rank 0 writes; a run resumes with the same number of processes and ZeRO
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from typing import Any
@@ -33,7 +36,7 @@ from ppo_rlhf.errors import UsageError, require
 class ZeroStep:
     """One trained model's path from loss to weights through a DeepSpeed engine (`distributed.GradientStep`'s
     interface): `zero_grad`, `backward` per micro-batch, `finish` (the engine's step; returns the gradient norm
-    before clipping, inf for a step DeepSpeed skipped) and `apply` (nothing left to do)."""
+    before clipping, inf for a step DeepSpeed skipped), then `apply` (keep it) or `discard` (undo it)."""
 
     def __init__(self, dist, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float):
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
@@ -59,7 +62,10 @@ class ZeroStep:
             "steps_per_print": 2**31 - 1,
         }
         self.dist, self.optimizer = dist, optimizer
-        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
+        self.trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self.before: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
+                                               dist_init_required=False)
 
     def zero_grad(self) -> None:
         self.engine.zero_grad()
@@ -69,21 +75,39 @@ class ZeroStep:
         self.engine.backward(loss * self.dist.world_size, scale_wrt_gas=False)
 
     def finish(self) -> float:
+        """DeepSpeed's whole step (reduce, clip, update, or skip a non-finite gradient); what it changed is kept
+        until the trainer `apply`s or `discard`s it. Returns the gradient norm before clipping, inf when skipped."""
+        self.before = ({name: p.detach().clone() for name, p in self.trained.items()},
+                       copy.deepcopy(self.optimizer.state_dict()))
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float("inf") if norm is None or not self.engine.was_step_applied() else float(norm)
 
     def apply(self) -> None:
-        pass  # `finish` took DeepSpeed's step
+        self.before = None  # `finish` took DeepSpeed's step
 
-    def state(self) -> dict[str, Any]:
+    def discard(self) -> None:
+        """Undo `finish`'s step (another model's gradient was not finite): the weights and this process's optimiser
+        partition as they were, the master copy refreshed from those weights."""
+        weights, optimizer_state = self.before
+        with torch.no_grad():
+            for name, p in self.trained.items():
+                p.copy_(weights[name])
+        self.optimizer.load_state_dict(optimizer_state)
+        self.engine.optimizer.refresh_fp32_params()
+        self.before = None
+
+    def state_dict(self) -> dict[str, Any]:
         """Every process's optimiser partition (a collective: every process calls it)."""
         dist = self.dist
-        return {"zero_stage": dist.zero_stage, "ranks": dist.gather_objects(dist.full_tensors(self.optimizer.state_dict()))}
+        ranks = dist.gather_objects(dist.full_tensors(self.optimizer.state_dict()))
+        return {"zero_stage": dist.zero_stage, "ranks": ranks}
 
-    def load(self, saved: dict[str, Any]) -> None:
-        """This process's partition of a saved `state`, after the weights were loaded into the model."""
-        dist, ranks = self.dist, saved["ranks"]
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """This process's partition of a saved `state_dict`, after the weights were loaded into the model."""
+        dist, ranks = self.dist, saved.get("ranks")
+        require(ranks is not None, "this optimiser state was not written under DeepSpeed ZeRO: resume it with the "
+                                   "launch configuration that wrote it")
         require(len(ranks) == dist.world_size and saved["zero_stage"] == dist.zero_stage,
                 f"this checkpoint's optimiser state was written by {len(ranks)} DeepSpeed ZeRO-{saved['zero_stage']} "
                 f"processes: resume it with the same launch configuration")

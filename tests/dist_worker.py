@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ppo_rlhf.checkpoint import TrainingState, latest_checkpoint, load_checkpoint, save_checkpoint, whole_states  # noqa: E402
+from ppo_rlhf.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from ppo_rlhf.config import build_config  # noqa: E402
 from ppo_rlhf.distributed import is_sharded  # noqa: E402
 from ppo_rlhf.rollout import generate_rollout  # noqa: E402
@@ -37,7 +37,7 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     trainer.reward_mean, trainer.reward_std = 0.1, 2.0
     batch = trainer.score(rollout)
     torch.manual_seed(1)
-    stats = trainer.update(rollout, batch)
+    stats = trainer.update(batch)
     trained = {name: p for model in trainer.models.values() for name, p in model.named_parameters() if p.requires_grad}
     params = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})  # FSDP: the shards gathered
     sharded = sum(is_sharded(p) for model in trainer.models.values() for p in model.parameters())
@@ -45,24 +45,42 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
 
     # a checkpoint round trip: gathered and written by rank 0; the run moves on, then reads it back (into this
     # process's shards or partitions) and continues from it
-    weights, optimizer_states = whole_states(trainer.models, trainer.optimizers, dist)
+    state = trainer.state_dict()
     if dist.is_main:
-        save_checkpoint(Path(out), TrainingState(1, trainer.sampler.state(), trainer.beta), trainer.models, weights,
-                        optimizer_states, [])
+        save_checkpoint(Path(out), 1, trainer.models, state, [])
     dist.barrier()
-    saved_moments = copy.deepcopy(list(optimizer_states.values()))  # (one process: views of the live moments)
-    trainer.update(rollout, batch)
-    load_checkpoint(latest_checkpoint(Path(out)), trainer.models, trainer.optimizers)
+    saved_moments = copy.deepcopy(state["optimizers"])  # (one process: views of the live moments)
+    trainer.update(batch)
+    trainer.load_state_dict(load_checkpoint(latest_checkpoint(Path(out)), tuple(trainer.models))[1])
     reloaded = dist.full_tensors({name: p.detach() for name, p in trained.items()})
-    moments = [dist.optimizer_state(opt) for opt in trainer.optimizers.values()]
+    moments = {name: role.step.state_dict() for name, role in trainer.roles.items()}
     restored = all(torch.equal(reloaded[k], params[k]) for k in params) and same(moments, saved_moments)
     torch.manual_seed(2)
-    trainer.update(rollout, batch)
+    trainer.update(batch)
     resumed = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})
+    skip = skipped_update_leaves_everything(trainer, batch)
+    ent = trainer.batch_stats(batch)["ent"]  # a mean over every process's reply tokens
     torch.save({"stats": stats, "params": params, "advantages": batch.advantages, "act": batch.action_mask,
                 "scores": scores, "sharded": sharded, "restored": restored, "resumed": resumed,
-                "zero": [sorted(state) for state in optimizer_states.values()] if dist.zero_stage else None,
+                "zero": [sorted(s) for s in state["optimizers"].values()] if dist.zero_stage else None,
+                "skip": skip, "ent": ent,
                 "rows": dist.shard(list(range(4)))}, Path(out) / f"rank{dist.rank}.pt")
+
+
+def skipped_update_leaves_everything(trainer, batch) -> dict:
+    """An inf in one gradient of the value model only (its head copy, whole under every layout): every step of the
+    update is skipped, and neither model's weights nor optimiser state moves (issue 13, item 15)."""
+    dist = trainer.dist
+    trained = {name: p for model in trainer.models.values() for name, p in model.named_parameters() if p.requires_grad}
+    head = next(p for name, p in trainer.value_model.named_parameters() if p.requires_grad and "score" in name)
+    before = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})
+    moments = copy.deepcopy({name: role.step.state_dict() for name, role in trainer.roles.items()})
+    handle = head.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    stats = trainer.update(batch)
+    handle.remove()
+    after = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})
+    return {"skipped": stats["skipped_steps"], "weights": same(before, after),
+            "moments": same(moments, {name: role.step.state_dict() for name, role in trainer.roles.items()})}
 
 
 def same(a, b) -> bool:

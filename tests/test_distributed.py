@@ -95,6 +95,11 @@ def test_two_processes_equal_one(tmp_path, tokenizer, sharding):
     assert all((part["sharded"] > 0) == (sharding == "fsdp") for part in ranks) and one["sharded"] == 0
     # DeepSpeed: the optimisers really ran in ZeRO engines, and the checkpoint holds their partitions
     assert all((part["zero"] == [["ranks", "zero_stage"]] * 2) == (sharding == "deepspeed") for part in ranks)
+    # the entropy on the dashboard is the mean over all reply tokens (the processes' token counts differ)
+    assert all(part["ent"] == pytest.approx(one["ent"], rel=1e-5) for part in ranks)
+    # an inf in the value model's gradient alone: every step skipped, neither model nor optimiser state moved
+    for part in [one, *ranks]:
+        assert part["skip"] == {"skipped": 2, "weights": True, "moments": True}, part["skip"]
 
 
 @pytest.mark.parametrize("env, message", [

@@ -12,7 +12,7 @@ from ppo_rlhf.checkpoint import latest_checkpoint
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, sequence_rewards
-from ppo_rlhf.ptx import lr_lambda
+from ppo_rlhf.schedules import lr_lambda
 from ppo_rlhf.train import train
 from ppo_rlhf.train_config import TrainConfig
 from ppo_rlhf.trainer import PPOTrainer
@@ -123,7 +123,9 @@ def test_critic_free_run_and_resume(setup, tmp_path, estimator):
     act = batch.action_mask
     # one advantage per reply, on every reply token, from the sequence rewards of its group
     per_reply = sequence_rewards(batch.scores, batch.kl, act, trainer.beta)
-    expected = (rloo_advantages(per_reply, 2) if estimator == "rloo" else grpo_advantages(per_reply, 2, cfg.grpo_eps))
+    # (GRPO: from the scores alone; its KL penalty is a loss term, test_grpo_kl_is_a_loss_term_not_a_reward)
+    expected = (rloo_advantages(per_reply, 2) if estimator == "rloo"
+                else grpo_advantages(batch.scores, 2, cfg.grpo_eps))
     assert torch.allclose(batch.advantages, broadcast_to_tokens(expected, act), atol=1e-6)
     assert torch.all(batch.old_values == 0)
 
@@ -152,12 +154,12 @@ def test_ptx_and_schedule_resume(setup, tmp_path):
     history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
     assert all(math.isfinite(row["ptx_loss"]) and row["ptx_loss"] > 0 for row in history)
     saved = torch.load(latest_checkpoint(run_dir) / "state.pt", weights_only=True)
-    assert saved["schedulers"]["policy"]["last_epoch"] == 4 and "ptx" in saved["state"]["extra"]
+    assert saved["trainer"]["schedulers"]["policy"]["last_epoch"] == 4 and saved["trainer"]["ptx"] is not None
     # the resumed trainer continues the schedule where it stopped
     more = build_config(TrainConfig, {**vars(cfg), "iterations": 3})
     train(more, resume=True)
     saved = torch.load(latest_checkpoint(run_dir) / "state.pt", weights_only=True)
-    assert saved["schedulers"]["policy"]["last_epoch"] == 6
+    assert saved["trainer"]["schedulers"]["policy"]["last_epoch"] == 6
 
 
 def test_ptx_gradient_is_the_lm_loss(setup, tmp_path):
@@ -176,3 +178,33 @@ def test_ptx_gradient_is_the_lm_loss(setup, tmp_path):
     ids, att = trainer.ptx.next_batch()
     (ptx_nll(trainer.policy, ids, att) * 2.0).backward()
     assert all(torch.allclose(a, p.grad) for a, p in zip(got, params))
+
+
+def test_grpo_kl_is_a_loss_term_not_a_reward(setup, tmp_path):
+    """Issue 13 item 12: tied scores give GRPO no advantage, whatever the KL (RLOO keeps its small KL difference);
+    GRPO's policy loss adds beta * the k3 estimate of KL(pi || pi_ref) instead."""
+    from ppo_rlhf.advantages import GRPOAdvantages, RLOOAdvantages
+    from ppo_rlhf.objectives import clipped_policy_loss, kl_k3, masked_mean
+
+    scores, mask = torch.tensor([0.5, 0.5]), torch.ones(2, 2)
+    kl = torch.tensor([[0.5, 0.5], [0.5, 0.6]])  # summed: 1.0 and 1.1
+    grpo, _, _ = GRPOAdvantages(2, 1e-6)(None, None, scores, kl, mask, 0.05)
+    rloo, _, _ = RLOOAdvantages(2)(None, None, scores, kl, mask, 0.05)
+    assert torch.equal(grpo, torch.zeros(2, 2))
+    assert torch.allclose(rloo[:, 0], torch.tensor([0.005, -0.005]), atol=1e-6)
+
+    cfg = config(setup, tmp_path / "run", advantage_estimator="grpo", group_size=2, beta=0.3)
+    trainer = PPOTrainer(cfg)
+    with torch.no_grad():  # move the policy away from the reference, so the KL term is not zero
+        for p in trainer.policy.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    batch = trainer.score(trainer.rollout(trainer.next_prompts()))
+    act = batch.action_mask
+    loss, numbers = trainer.policy_loss(batch, float(act.sum()), 1.0)
+    with torch.no_grad():
+        new = trainer.actor.logprobs(batch.input_ids, batch.attention_mask, 0)
+    pg = clipped_policy_loss(new, batch.old_logprobs, batch.advantages, act, cfg.clip_range).loss
+    k3 = masked_mean(kl_k3(batch.ref_logprobs, new), act)
+    assert float(k3) > 1e-4 and numbers["pg_loss"] == pytest.approx(float(pg), abs=1e-6)
+    assert float(loss) == pytest.approx(float(pg + 0.3 * k3), rel=1e-5, abs=1e-7)

@@ -1,6 +1,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -14,6 +15,7 @@ from ppo_rlhf.evaluate import (
     standardize_records,
     summarize,
 )
+from ppo_rlhf.stats import paired_bootstrap
 
 
 def record(run, iteration, prompt_index, reply_index, proxy_raw, gold_raw, finished=True, tokens=5, kl=0.0, reply="a b"):
@@ -58,6 +60,27 @@ def test_standardize_and_paired_changes():
     assert ckpt["kl"] == pytest.approx(2.0) and start["kl"] == 0.0
     assert ckpt["tokens"] == 5.0 and start["finished"] == 0.5
     assert ckpt["entropy"] == pytest.approx(0.5)
+
+
+def test_change_intervals_resample_prompts():
+    # 6 prompts x 2 replies; the checkpoint's change is mostly its prompt's (shared by both replies)
+    rng = np.random.default_rng(0)
+    effect = rng.normal(size=6)
+    records = []
+    for j in range(6):
+        for i in range(2):
+            start_proxy, start_gold = rng.normal(size=2)
+            change = effect[j] + 0.1 * rng.normal()
+            records += [record(None, None, j, i, start_proxy, start_gold),
+                        record("beta005", 10, j, i, start_proxy + change, start_gold - change)]
+    standardize_records(records)
+    start, ckpt = summarize(records, n_boot=2000, seed=3)
+    diffs = np.array([c["proxy"] - s["proxy"] for s, c in zip(records[::2], records[1::2])])
+    prompts = [r["prompt_index"] for r in records[::2]]
+    by_prompt = paired_bootstrap(diffs, prompts, n_boot=2000, seed=3)
+    by_reply = paired_bootstrap(diffs, None, n_boot=2000, seed=3)
+    assert (ckpt["proxy_change"]["lo"], ckpt["proxy_change"]["hi"]) == pytest.approx(by_prompt[1:])
+    assert by_prompt[2] - by_prompt[1] > by_reply[2] - by_reply[1]  # the shared effect widens the interval
 
 
 def test_eos_rule_only_hits_unfinished_replies():
@@ -197,3 +220,14 @@ def test_report_on_the_evaluation(run_dir, evaluation, tmp_path):
     assert (tmp_path / "report" / "dashboard.png").is_file()
     assert (tmp_path / "report" / "overoptimisation.png").is_file()
     assert page.read_text().count("data:image/png;base64,") == 2
+
+
+def test_a_file_given_as_a_run_directory_says_so(tmp_path, capsys):
+    from ppo_rlhf.cli import main
+
+    path = tmp_path / "config.yaml"
+    path.write_text("policy_model: x\n")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    assert main(["evaluate", str(path), "--prompts", str(prompts), "--out", str(tmp_path / "e")]) == 2
+    assert "is a file, not a run directory" in capsys.readouterr().err

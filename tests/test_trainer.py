@@ -53,7 +53,7 @@ def test_first_iteration_ratio_is_one_and_kl_zero(setup, tmp_path, old_logprobs)
     act = batch.action_mask
     # pi_old is the recording only with old_logprobs: generation; recomputed, it agrees with it to float32 rounding
     assert torch.equal(batch.old_logprobs, rollout.logprobs) == (old_logprobs == "generation")
-    assert 0 <= batch.mismatch_kl < 1e-6
+    assert 0 <= trainer.batch_stats(batch)["mismatch_kl"] < 1e-6
     # at the start the policy is the reference: every KL term is zero (exactly, when both come from the same forward)
     if old_logprobs == "recompute":
         assert torch.equal(batch.kl, torch.zeros_like(batch.kl))
@@ -109,7 +109,7 @@ def test_reference_is_base_model_after_training(setup, tmp_path):
     trainer = PPOTrainer(cfg)
     from ppo_rlhf.checkpoint import latest_checkpoint, load_checkpoint
 
-    load_checkpoint(latest_checkpoint(run_dir), {"policy": trainer.policy, "value": trainer.value_model}, {})
+    trainer.load_state_dict(load_checkpoint(latest_checkpoint(run_dir), ("policy", "value"))[1])
     from ppo_rlhf.models import load_causal_lm
 
     base = load_causal_lm(setup["policy"])
@@ -129,16 +129,16 @@ def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
     from ppo_rlhf.rollout import score_texts
 
     trainer = PPOTrainer(config(setup, tmp_path / "run"))
-    assert trainer.reward_model is trainer.value_model
+    assert trainer.reward_model is trainer.critic and trainer.critic.model is trainer.value_model
     trainer.iteration(0)
     rollout = trainer.rollout(PROMPTS[:4])
     frozen = load_reward_model(setup["reward"])
-    expected = score_texts(frozen, trainer.reward_tokenizer, rollout.prompts, rollout.reply_texts)
+    expected = score_texts(frozen, trainer.critic.tokenizer, rollout.prompts, rollout.reply_texts)
     torch.testing.assert_close(trainer.raw_scores(rollout), expected, atol=1e-5, rtol=0)
-    adapted = score_texts(trainer.value_model, trainer.reward_tokenizer, rollout.prompts, rollout.reply_texts)
+    adapted = score_texts(trainer.value_model, trainer.critic.tokenizer, rollout.prompts, rollout.reply_texts)
     assert (adapted - expected).abs().max() > 1e-4
     critic_free = PPOTrainer(config(setup, tmp_path / "rloo", advantage_estimator="rloo", group_size=2))
-    assert critic_free.value_model is None and not any(p.requires_grad for p in critic_free.reward_model.parameters())
+    assert critic_free.value_model is None and not any(p.requires_grad for p in critic_free.reward_model.model.parameters())
 
 
 def test_prompt_sampler_without_replacement_and_reshuffle():
@@ -174,7 +174,7 @@ def test_known_reward_rises(setup, tmp_path, monkeypatch, tokenizer):
     trainer = PPOTrainer(cfg)
     from ppo_rlhf.checkpoint import latest_checkpoint, load_checkpoint
 
-    load_checkpoint(latest_checkpoint(run_dir), {"policy": trainer.policy, "value": trainer.value_model}, {})
+    trainer.load_state_dict(load_checkpoint(latest_checkpoint(run_dir), ("policy", "value"))[1])
     rollout = trainer.rollout(PROMPTS)
 
     @torch.no_grad()
@@ -227,6 +227,19 @@ def test_run_outputs(setup, tmp_path):
     assert table["rows"] and {"logp_old", "logp_ref", "value", "reward", "advantage", "return"} <= set(table["rows"][0])
     last = table["rows"][-1]
     assert abs(last["return"] - (table["score"] if table["finished"] else last["return"])) < 1e-4 or not table["finished"]
+    # the chapter's table: A_t is GAE before whitening, so return = A_t + V(s_t) on every row
+    assert table["advantage_estimator"] == "gae"
+    for row in table["rows"]:
+        assert row["return"] == pytest.approx(row["advantage"] + row["value"], abs=1e-5)
+    assert [r["advantage_whitened"] for r in table["rows"]] != [r["advantage"] for r in table["rows"]]
+    # and so it reads in the printed table (3 decimals each: at most 1.5e-3 of rounding)
+    lines = (run_dir / "token_table.txt").read_text().splitlines()
+    title = next(i for i, line in enumerate(lines) if line.lstrip().startswith("t token"))
+    assert lines[title].split()[-5:] == ["A_t", "(GAE)", "return", "A_t", "whitened"]
+    printed = [[float(x) for x in line.split()[-7:]] for line in lines[title + 1 :]]
+    assert len(printed) == len(table["rows"])
+    for _, _, value, _, advantage, ret, _ in printed:
+        assert ret == pytest.approx(advantage + value, abs=1.6e-3)
     assert any((run_dir / "tb").iterdir())
     # the policy adapter loads with plain peft
     from peft import PeftModel
@@ -252,7 +265,7 @@ def test_existing_run_dir_is_not_overwritten(setup, tmp_path, capsys):
     [
         (["--policy-lr", "-1"], "policy_lr"),
         (["--clip-range", "1.5"], "clip_range"),
-        (["--clip-range", "abc"], "expected float"),
+        (["--clip-range", "abc"], "clip_range: expected a number"),
         (["--policy-model", "/does/not/exist"], "/does/not/exist"),
         (["--batch-size", "3", "--minibatch-size", "2"], "multiple"),
     ],
@@ -305,8 +318,9 @@ def test_gradient_accumulation_keeps_the_per_token_mean_exact(setup, tmp_path):
                      max_grad_norm=1e9)
         trainer = PPOTrainer(cfg)
         # plain SGD with no clipping: the parameter change is the gradient itself (Adam's first step would hide its scale)
-        trainer.policy_optimizer = torch.optim.SGD(trainable_parameters(trainer.policy), lr=1.0)
-        trainer.value_optimizer = torch.optim.SGD(trainable_parameters(trainer.value_model), lr=1.0)
+        trainer.actor.step.optimizer = torch.optim.SGD(trainable_parameters(trainer.policy), lr=1.0)
+        trainer.critic.step.optimizer = torch.optim.SGD(trainable_parameters(trainer.value_model), lr=1.0)
+        assert trainer.policy_optimizer is trainer.actor.step.optimizer  # the step really takes SGD's
         torch.manual_seed(5)
         rollout = trainer.rollout(PROMPTS[:4])
         batch = trainer.score(rollout)
@@ -314,7 +328,7 @@ def test_gradient_accumulation_keeps_the_per_token_mean_exact(setup, tmp_path):
             for p in trainable_parameters(trainer.policy):
                 p.add_(0.01 * torch.randn_like(p))
         before = [p.detach().clone() for p in trainable_parameters(trainer.policy) + trainable_parameters(trainer.value_model)]
-        trainer.update(rollout, batch)
+        trainer.update(batch)
         after = trainable_parameters(trainer.policy) + trainable_parameters(trainer.value_model)
         return [a.detach() - b for a, b in zip(after, before)]
 

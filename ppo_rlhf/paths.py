@@ -1,0 +1,47 @@
+"""Checks of the files and folders a command names, made before anything heavy is imported or loaded: a typo is
+reported at once, in one line that says what is wrong (missing, a folder where a file is wanted, not a model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ppo_rlhf.errors import require
+
+
+def require_file(what: str, name: str) -> Path:
+    """`name` is an existing file (not a folder) holding `what`."""
+    path = Path(name).expanduser()
+    require(not path.is_dir(), f"{what} {name} is a directory, not a file")
+    require(path.is_file(), f"{what} file {name} not found")
+    return path
+
+
+def require_run_dir(name: str) -> Path:
+    """`name` is a run directory of `ppo-rlhf train`: a folder with its config.yaml."""
+    path = Path(name).expanduser()
+    require(not path.is_file(), f"{name} is a file, not a run directory")
+    require(path.is_dir(), f"run directory {name} not found")
+    require((path / "config.yaml").is_file(),
+            f"{name} is not a run directory (no config.yaml; if its run was stopped while loading, start it again without --resume)")
+    return path
+
+
+def looks_like_path(name: str) -> bool:
+    """A name meant as a local path, never a hub id (which is ORG/NAME)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def check_model_name(name: str) -> None:
+    """What can be said of a model name without loading anything: a .gguf is an existing file, a folder holds a
+    model (config.json, or adapter_config.json for a PEFT adapter), a path exists and is no plain file. The offline
+    alias and hub ids are checked when they are loaded."""
+    require(bool(name.strip()), "empty model name")
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        require(path.is_file(), f"GGUF file {name} not found")
+    elif path.is_dir():
+        has_model = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
+        require(has_model, f"{name} is not a model folder (no config.json)")
+    else:
+        require(not path.is_file(), f"{name} is a file, not a model folder (nor a .gguf file)")
+        require(not looks_like_path(name), f"model folder {name} not found")

@@ -1,0 +1,19 @@
+"""Library noise a user can do nothing about, silenced before models load: transformers draws a "Loading weights"
+progress bar at every model load (13 in a demo, each over in milliseconds), and peft reads transformers' deprecated
+`is_gradient_checkpointing` whenever it wraps a model, which repeats a FutureWarning about code that is not ours."""
+
+from __future__ import annotations
+
+import warnings
+
+
+def quiet_libraries() -> None:
+    """Idempotent. Called at each model load rather than once at import: test runners reset warning filters."""
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as transformers_logging
+
+    downloads_shown = not hub_utils.are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # also turns off the hub's bars ...
+    if downloads_shown:
+        hub_utils.enable_progress_bars()  # ... but a first download can take minutes: keep showing it
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
