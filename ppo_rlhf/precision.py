@@ -65,7 +65,8 @@ def _input_to_weight_dtype(module: nn.Module, args: tuple) -> tuple:
 
 def store_frozen_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Cast a loaded model's frozen base weights to `dtype` (in place), keeping trained parameters, LoRA factors and
-    score heads in fp32 (call after LoRA is added: PEFT decides what is trainable). float32 changes nothing."""
+    score heads in fp32 (by name, so before or after LoRA is added; models._finish calls it before, and PEFT keeps
+    the factors it adds fp32: autocast_adapter_dtype). float32 changes nothing."""
     if dtype == torch.float32:
         return model
     for name, param in model.named_parameters():  # a tied weight (embeddings = LM head) is one parameter, cast once
