@@ -1,5 +1,6 @@
 """Issue 18's options (all off by default): critic warm-up, decoupled and length-adaptive GAE lambda, asymmetric and
-dual clipping, where the KL goes and which estimator. Pure math against hand computations; the trainer on tiny models."""
+dual clipping, where the KL goes and which estimator. Pure math against hand computations; the trainer on tiny
+models."""
 
 from __future__ import annotations
 
