@@ -8,7 +8,8 @@ models (from the config) and a few of its prompts, before any training. One line
   masks           the closing EOS of a finished reply is a trained action; padding (and the prompt) never is
   score-position  the score is added on the last reply token and nowhere else
   micro-batches   the losses of a minibatch are the same in one pass and in micro-batches of one reply
-  cap             replies can finish within max_new_tokens (the prompts none of whose replies finished are named)
+  cap             some reply finishes within max_new_tokens (if none does, the EOS rule scores them all alike: no
+                  signal); the finished share is reported and the prompts none of whose replies finished are named
 
 Exit status: 0 when every invariant holds (or cannot be measured on this sample: "skip"), 1 when one fails,
 2 for bad input (as every command).
