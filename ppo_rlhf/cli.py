@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pairs": ("ppo_rlhf.pairs", "sample reply pairs and label them with a gold judge"),
     "reward-model": ("ppo_rlhf.reward_model", "train a Bradley-Terry reward model"),
     "train": ("ppo_rlhf.train", "run PPO"),
+    "check": ("ppo_rlhf.check", "the invariants of a correct PPO, measured on a config's models before training"),
     "evaluate": ("ppo_rlhf.evaluate", "evaluate checkpoints on held-out prompts"),
     "compare": ("ppo_rlhf.compare", "the same budget with GAE (PPO), RLOO and GRPO; proxy and gold side by side"),
     "report": ("ppo_rlhf.report", "plots and a report page for runs and evaluations"),

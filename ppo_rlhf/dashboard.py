@@ -31,7 +31,11 @@ def _fmt(fmt: str, value: Any) -> str:
 def dashboard_line(stats: dict[str, Any]) -> str:
     """`step   0  score -0.125  rm_raw +4.178  kl   0.00 ...  (54s, gen 6s)`"""
     parts = [f"step {stats['iteration']:3d}"]
-    parts += [f"{label} {_fmt(fmt, stats.get(key))}" for key, label, fmt in DASHBOARD]
+    if stats.get("phase", "policy") != "policy":  # critic warm-up: the policy did not move
+        parts.append(f"[{stats['phase']}]")
+    # the KL that is not the chapter's (k1 in the reward) says which it is
+    kl_label = "kl" if stats.get("kl_used", "k1 in reward") == "k1 in reward" else f"kl[{stats['kl_used']}]"
+    parts += [f"{kl_label if key == 'kl' else label} {_fmt(fmt, stats.get(key))}" for key, label, fmt in DASHBOARD]
     timing = f"({stats['time_total']:.0f}s, gen {stats['time_gen']:.0f}s, score {stats['time_score']:.0f}s, update {stats['time_update']:.0f}s)"
     skipped = f"  skipped {stats['skipped_steps']}" if stats.get("skipped_steps") else ""
     return "  ".join(parts) + f"  {timing}{skipped}"

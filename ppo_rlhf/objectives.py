@@ -74,10 +74,30 @@ def kl_k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return logprobs - ref_logprobs
 
 
+def kl_k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token 0.5 * (log p - log q)^2: biased for KL(p || q) but never negative, with low variance; its gradient
+    on samples from p is the gradient of KL(p || q) (Schulman 2020, "Approximating KL divergence")."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
 def kl_k3(new_logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
     """Per-token (r - 1) - log r, r = p_new / p_old: unbiased for KL(old || new) on samples from old, never negative."""
     log_ratio = new_logprobs - old_logprobs
     return torch.expm1(log_ratio) - log_ratio
+
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
+    """Per-token estimate of KL(p || ref) on tokens sampled from p: k1 = log p - log ref, k2 = 0.5 (log p - log ref)^2,
+    k3 = ref/p - 1 - log(ref/p) (`kl_k3` with r = ref / p)."""
+    require(estimator in KL_ESTIMATORS, f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    if estimator == "k1":
+        return kl_k1(logprobs, ref_logprobs)
+    if estimator == "k2":
+        return kl_k2(logprobs, ref_logprobs)
+    return kl_k3(ref_logprobs, logprobs)
 
 
 def normalise_loss(per_token: Tensor, mask: Tensor, aggregation: str = "token", count: float | None = None) -> Tensor:
@@ -124,23 +144,33 @@ def clipped_policy_loss(
     clip_range: float = 0.2,
     aggregation: str = "token",
     normalizer: float | None = None,
+    clip_range_high: float | None = None,
+    dual_clip: float | None = None,
     token_weights: Tensor | None = None,
 ) -> PolicyLoss:
-    """Minus L^CLIP (section 8.4): the max of the negated terms is the min of the objectives. `token_weights`
-    (e.g. `truncated_importance_weights`) multiply each token's term."""
+    """Minus L^CLIP (section 8.4): the max of the negated terms is the min of the objectives.
+
+    The ratio is clipped to [1 - clip_range, 1 + clip_range_high] (None: clip_range; a larger upper range is DAPO's
+    "clip-higher", which lets unlikely tokens with A > 0 grow further). `dual_clip` c > 1 (Ye et al. 2020) also
+    bounds the loss of a token with A < 0 by -c * A: without it, a token whose ratio has grown far above 1 + eps
+    keeps a loss of -r * A, unbounded in r. `token_weights` (e.g. `truncated_importance_weights`) multiply each
+    token's term."""
+    clip_high = clip_range if clip_range_high is None else clip_range_high
     # Zeroing masked inputs first keeps exp() of garbage from turning the backward pass into nan.
     new_logprobs, old_logprobs = _zero_masked(new_logprobs, mask), _zero_masked(old_logprobs, mask)
     advantages = _zero_masked(advantages, mask)
     ratio = probability_ratio(new_logprobs, old_logprobs)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1 - clip_range, 1 + clip_range)
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_range, 1 + clip_high)
     per_token = torch.max(unclipped, clipped)
+    if dual_clip is not None:
+        per_token = torch.where(advantages < 0, torch.min(per_token, -dual_clip * advantages), per_token)
     if token_weights is not None:
         per_token = per_token * _zero_masked(token_weights, mask)
     loss = normalise_loss(per_token, mask, aggregation, normalizer)
     with torch.no_grad():
         deviation = _zero_masked((ratio - 1).abs(), mask)
-        clip_fraction = masked_mean((deviation > clip_range).float(), mask)
+        clip_fraction = masked_mean(((ratio < 1 - clip_range) | (ratio > 1 + clip_high)).float(), mask)
         approx_kl = masked_mean(kl_k3(new_logprobs, old_logprobs), mask)
         spread = deviation.max() if deviation.numel() else torch.zeros(())
     return PolicyLoss(loss, clip_fraction, approx_kl, spread)
@@ -173,13 +203,16 @@ def clipped_value_loss(
 
 
 @torch.no_grad()
-def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95) -> tuple[Tensor, Tensor]:
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0,
+        lam: float | Tensor = 0.95) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over right-padded rows (section 8.6). Returns (advantages, returns).
 
     delta_t = r_t + gamma V(s_{t+1}) - V(s_t), A_t = delta_t + gamma lam A_{t+1}, with V = 0 and A = 0 after a
-    row's last reply token (the episode is over). Both outputs are 0 where mask == 0.
+    row's last reply token (the episode is over). Both outputs are 0 where mask == 0. `lam` is one number or one
+    per row ([B], e.g. `length_adaptive_lam`).
     """
     rewards, values = _zero_masked(rewards, mask), _zero_masked(values, mask)
+    lam = lam.to(values) if isinstance(lam, Tensor) else lam
     advantages = torch.zeros_like(values)
     next_value = torch.zeros_like(values[:, 0])
     next_advantage = torch.zeros_like(values[:, 0])
@@ -188,6 +221,13 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
         advantages[:, t] = _zero_masked(delta + gamma * lam * next_advantage, mask[:, t])
         next_value, next_advantage = values[:, t], advantages[:, t]
     return advantages, _zero_masked(advantages + values, mask)
+
+
+def length_adaptive_lam(lengths: Tensor, alpha: float) -> Tensor:
+    """VAPO's length-adaptive GAE lambda per reply (Yue et al. 2025): 1 - 1 / (alpha * length), floored at 0. A
+    fixed lambda discounts a reward l tokens away by lambda^l, so the final score barely reaches the first tokens of
+    a long reply; this lambda keeps the effective horizon 1 / (1 - lambda) = alpha * length proportional to it."""
+    return (1 - 1 / (alpha * lengths.float())).clamp(min=0)
 
 
 def last_token_index(mask: Tensor) -> Tensor:
@@ -201,11 +241,12 @@ def last_token_index(mask: Tensor) -> Tensor:
 
 @torch.no_grad()
 def per_token_rewards(
-    scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, beta: float
+    scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, beta: float, estimator: str = "k1"
 ) -> tuple[Tensor, Tensor]:
-    """Section 8.6's shaped reward: -beta * (log pi_old - log pi_ref) on every reply token, plus the score on the
-    last one. Returns (rewards, kl), both 0 where mask == 0."""
-    kl = _zero_masked(kl_k1(logprobs, ref_logprobs), mask)
+    """Section 8.6's shaped reward: -beta * KL_t on every reply token, plus the score on the last one, with KL_t the
+    `estimator` of `kl_estimate` (k1 = log pi_old - log pi_ref, the chapter's). Returns (rewards, kl), both 0 where
+    mask == 0. beta = 0 leaves the KL out of the rewards (`kl_in: loss`)."""
+    kl = _zero_masked(kl_estimate(logprobs, ref_logprobs, estimator), mask)
     rewards = -beta * kl
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last_token_index(mask)] += scores.to(rewards.dtype)

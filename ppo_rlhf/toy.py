@@ -41,6 +41,14 @@ FOUR_CASES = [
     ("A < 0, ratio went up", 0.150, -0.8),
 ]
 P_OLD = 0.100
+# The clipping variants of issue 18 on the same tokens, plus one whose ratio grew 4x against a negative advantage
+# (the case dual-clip exists for): (label, clipped_policy_loss keyword arguments)
+CLIP_VARIANTS = [
+    ("PPO (eps 0.2)", {}),
+    ("clip-higher (0.2 / 0.28)", {"clip_range_high": 0.28}),
+    ("dual-clip (c = 3)", {"dual_clip": 3.0}),
+]
+RUNAWAY_CASE = ("A < 0, ratio went up 4x", 0.400, -0.8)
 
 # Loss of one batch for every seed: (logprobs of the sampled tokens, their old logprobs, advantages) -> scalar.
 Objective = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -106,15 +114,18 @@ def percentile(x: Tensor, q: float) -> float:
     return torch.quantile(x, q).item()
 
 
-def four_cases(clip_range: float = CLIP_RANGE) -> list[dict]:
-    """Section 8.4's table: each term of L^CLIP for one token and, by autograd, d objective / d log p_new."""
+def four_cases(clip_range: float = CLIP_RANGE, cases: list[tuple[str, float, float]] = FOUR_CASES,
+               **variant: float) -> list[dict]:
+    """Section 8.4's table: each term of L^CLIP for one token and, by autograd, d objective / d log p_new.
+    `variant`: clip_range_high and dual_clip of `clipped_policy_loss` (the clip(r)*A column stays PPO's)."""
     rows = []
-    for label, p_new, advantage in FOUR_CASES:
+    for label, p_new, advantage in cases:
         old_logprob = torch.tensor([round(math.log(P_OLD), 3)], dtype=torch.float64)
         new_logprob = torch.tensor([round(math.log(p_new), 3)], dtype=torch.float64, requires_grad=True)
         advantages = torch.tensor([advantage], dtype=torch.float64)
         ratio = probability_ratio(new_logprob, old_logprob)
-        objective = -clipped_policy_loss(new_logprob, old_logprob, advantages, torch.ones(1), clip_range).loss
+        objective = -clipped_policy_loss(new_logprob, old_logprob, advantages, torch.ones(1), clip_range,
+                                         **variant).loss
         (gradient,) = torch.autograd.grad(objective, new_logprob)
         rows.append({
             "case": label, "p_old": P_OLD, "p_new": p_new, "ratio": ratio.item(), "advantage": advantage,
@@ -123,6 +134,11 @@ def four_cases(clip_range: float = CLIP_RANGE) -> list[dict]:
             "min": objective.item(), "gradient": gradient.item(),
         })
     return rows
+
+
+def clip_variants() -> dict[str, list[dict]]:
+    """The four cases and the runaway token under each clipping variant: the objective and its gradient."""
+    return {name: four_cases(CLIP_RANGE, FOUR_CASES + [RUNAWAY_CASE], **variant) for name, variant in CLIP_VARIANTS}
 
 
 def one_batch(seeds: int, batch: int, lr: float, seed: int) -> dict[str, dict]:
@@ -182,6 +198,18 @@ def format_cases(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_variants(variants: dict[str, list[dict]]) -> str:
+    """One line per token: its ratio and advantage, then each variant's objective and gradient side by side."""
+    names = list(variants)
+    lines = ["== 1b. clipping variants on the same tokens: objective (d objective / d log p)",
+             f"  {'':<30} {'ratio':>6} {'A':>5}  " + "  ".join(f"{name:<24}" for name in names).rstrip()]
+    for k, row in enumerate(variants[names[0]]):
+        cells = "  ".join(f"{variants[name][k]['min']:+.3f} ({variants[name][k]['gradient']:+.3f})".ljust(24)
+                          for name in names)
+        lines.append(f"  {row['case']:<30} {row['ratio']:6.3f} {row['advantage']:+5.1f}  {cells}".rstrip())
+    return "\n".join(lines)
+
+
 def format_one_batch(results: dict[str, dict], seeds: int, batch: int) -> str:
     lines = [f"== 2. one batch of {batch}, reused for {ONE_BATCH_STEPS} Adam steps ({seeds} seeds)"]
     for name, r in results.items():
@@ -236,7 +264,8 @@ def run_experiments(args: argparse.Namespace) -> tuple[dict, list[str]]:
     texts = []
     if args.experiment in ("all", "cases"):
         report["cases"] = four_cases()
-        texts.append(format_cases(report["cases"]))
+        report["clip_variants"] = clip_variants()
+        texts += [format_cases(report["cases"]), format_variants(report["clip_variants"])]
     if args.experiment in ("all", "one-batch"):
         report["one_batch"] = one_batch(args.seeds, args.batch, args.lr, args.seed)
         texts.append(format_one_batch(report["one_batch"], args.seeds, args.batch))

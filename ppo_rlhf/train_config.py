@@ -88,15 +88,29 @@ class TrainConfig:
     """Target KL (nats per reply) of the adaptive controller."""
     kl_horizon: PositiveInt = 10000
     """Horizon (in replies) of the adaptive controller."""
+    kl_in: Literal["reward", "loss"] | None = None
+    """Where the KL penalty goes: "reward" (-beta * KL_t on every reply token's reward, the chapter's) or "loss" (beta * KL_t of the current policy added to the policy loss, GRPO's); null = "loss" for grpo, "reward" otherwise."""
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    """Per-token KL estimate: k1 = log pi - log pi_ref, k2 = 0.5 (log pi - log pi_ref)^2, k3 = pi_ref/pi - 1 - log(pi_ref/pi); null = k3 with kl_in loss, k1 in the reward (unbiased: the principled choice there)."""
     whiten_rewards: bool = False
     """Whiten the per-token rewards before GAE (detail 7; optional, off)."""
     # --- advantages and losses
     gamma: Annotated[float, UNIT_INTERVAL] = 1.0
     """Discount in GAE."""
     lam: Annotated[float, UNIT_INTERVAL] = 0.95
-    """GAE lambda."""
+    """GAE lambda of the advantages (and of the value targets unless critic_lam is set)."""
+    critic_lam: Annotated[float, UNIT_INTERVAL] | None = None
+    """GAE lambda of the value targets (returns); null = lam. VC-PPO/VAPO use 1.0 (unbiased targets for the critic) with a lower lam for the advantages."""
+    lam_length_alpha: PositiveFloat | None = None
+    """Length-adaptive lambda of the advantages (VAPO): lam = 1 - 1 / (alpha * reply length) per reply, so a long reply's first tokens still see its score; null = the fixed lam. VAPO: 0.05."""
     clip_range: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.2
     """PPO clip range epsilon: ratios are clipped to [1-eps, 1+eps]."""
+    clip_range_low: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] | None = None
+    """Lower clip range: ratios are clipped from below at 1 - clip_range_low; null = clip_range."""
+    clip_range_high: PositiveFloat | None = None
+    """Upper clip range: ratios are clipped from above at 1 + clip_range_high; null = clip_range. DAPO's clip-higher: 0.28 with clip_range 0.2."""
+    dual_clip: Annotated[float, Bounds(low=1, low_open=True)] | None = None
+    """Dual-clip c > 1 (Ye et al. 2020): a token with a negative advantage loses at most c * |A|, however far its ratio has grown; null = off. Usually 3."""
     value_clip_range: PositiveFloat = 0.2
     """Value clip range: the value may move at most this far from its old estimate per batch."""
     entropy_coef: NonNegativeFloat = 0.0
@@ -109,6 +123,10 @@ class TrainConfig:
     """Replies sampled per prompt (consecutive rows of a batch); rloo and grpo need >= 2."""
     grpo_eps: PositiveFloat = 1e-6
     """Added to the group std in GRPO's normalisation."""
+    critic_warmup_iterations: NonNegativeInt = 0
+    """Iterations at the start that train only the value model on fresh rollouts (the policy does not move), so the policy's first advantages come from a critic that has learnt something (GAE only)."""
+    policy_start_ev: Annotated[float, Bounds(high=1)] | None = None
+    """After critic_warmup_iterations, keep training only the value model until a batch's explained variance reaches this; the policy trains from then on (null: no gate; GAE only)."""
     # --- optimisers
     policy_lr: PositiveFloat = 2e-5
     """AdamW learning rate of the policy's LoRA adapter."""
@@ -172,6 +190,10 @@ class TrainConfig:
         require(self.ptx_coef == 0 or bool(self.ptx_data), "ptx_coef > 0 needs ptx_data (a file of texts)")
         require(self.tis_cap == 0 or (self.old_logprobs == "recompute" and self.generation_backend == "hf"),
                 "tis_cap needs old_logprobs: recompute and generation_backend: hf (the rollout's own log-probs)")
+        require(self.has_value_model or (self.critic_warmup_iterations == 0 and self.policy_start_ev is None),
+                "critic_warmup_iterations and policy_start_ev need a value model (advantage_estimator gae)")
+        require(self.has_value_model or (self.critic_lam is None and self.lam_length_alpha is None),
+                "critic_lam and lam_length_alpha are GAE's lambdas (advantage_estimator gae)")
         require(self.old_logprobs == "recompute" or self.generation_backend == "hf",
                 "old_logprobs: generation needs generation_backend hf (vLLM's log-probs are never trusted)")
         if self.device not in ("auto", "cpu"):  # the others need torch: an unknown device or missing CUDA fails here
@@ -190,6 +212,16 @@ class TrainConfig:
         require_file("prompts", self.prompts)
         if self.ptx_data is not None:
             require_file("ptx_data", self.ptx_data)
+
+    @property
+    def kl_placement(self) -> str:
+        """Where the KL penalty goes: kl_in, or its default (the loss for grpo, the reward otherwise)."""
+        return self.kl_in or ("loss" if self.advantage_estimator == "grpo" else "reward")
+
+    @property
+    def kl_kind(self) -> str:
+        """The per-token KL estimator: kl_estimator, or its default (k3 in the loss, k1 in the reward)."""
+        return self.kl_estimator or ("k3" if self.kl_placement == "loss" else "k1")
 
     @property
     def has_value_model(self) -> bool:

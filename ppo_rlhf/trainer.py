@@ -38,6 +38,7 @@ from ppo_rlhf.objectives import (
     clipped_policy_loss,
     clipped_value_loss,
     explained_variance,
+    kl_estimate,
     kl_k3,
     masked_sum,
     normalise_loss,
@@ -86,11 +87,12 @@ class PromptSampler:
 # what update() reports (means over its optimiser steps; ratio_spread: the first minibatch's), besides skipped_steps
 UPDATE_STATS = ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac", "grad_norm_policy", "grad_norm_value",
                 "ptx_loss", "ratio_spread")
-# the order of an iteration's numbers in history.jsonl
-HISTORY_ORDER = ("iteration", "score", "rm_raw", "kl", "len", "fin", "ent", "clipfrac", "approx_kl", "v_loss", "ev",
-                 "vclipfrac", "mismatch_kl", "ratio_spread", "pg_loss", "grad_norm_policy", "grad_norm_value",
-                 "ptx_loss", "lr", "beta",
-                 "skipped_steps", "time_gen", "time_score", "time_update", "time_total", "gen_tokens_per_s")
+# the order of an iteration's numbers in history.jsonl; "phase" is "critic-warmup" or "policy", "kl_used" names the
+# estimator and placement of "kl" (mean over replies of the summed per-token estimate at pi_old), e.g. "k1 in reward"
+HISTORY_ORDER = ("iteration", "phase", "score", "rm_raw", "kl", "kl_used", "len", "fin", "ent", "clipfrac",
+                 "approx_kl", "v_loss", "ev", "vclipfrac", "mismatch_kl", "ratio_spread", "pg_loss",
+                 "grad_norm_policy", "grad_norm_value", "ptx_loss", "lr", "beta", "skipped_steps", "time_gen",
+                 "time_score", "time_update", "time_total", "gen_tokens_per_s")
 
 
 def seed_everything(seed: int) -> None:
@@ -174,6 +176,7 @@ class PPOTrainer:
         self.kl_controller = AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl else None
         self.reward_mean, self.reward_std = 0.0, 1.0
         self.consecutive_skips = 0
+        self.policy_started = False  # set once past the critic warm-up (`phase`), checkpointed
 
     def _load_roles(self) -> None:
         """The policy (Actor) and either the value model (Critic, whose adapter off is the reward model) or, for the
@@ -252,6 +255,7 @@ class PPOTrainer:
             "sampler": self.sampler.state(),
             "beta": self.beta,
             "consecutive_skips": self.consecutive_skips,
+            "policy_started": self.policy_started,
             "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
             "ptx": self.ptx.state() if self.ptx else None,
         }
@@ -267,6 +271,7 @@ class PPOTrainer:
             scheduler.load_state_dict(state["schedulers"][name])
         self.sampler.load(state["sampler"])
         self.beta, self.consecutive_skips = state["beta"], state["consecutive_skips"]
+        self.policy_started = state.get("policy_started", True)  # checkpoints from before the warm-up option
         if self.kl_controller is not None:
             self.kl_controller.load_state_dict(state["kl_controller"])
         if self.ptx is not None and state["ptx"] is not None:
@@ -327,10 +332,11 @@ class PPOTrainer:
         scores = self.normalised(raw)
         if cfg.eos_rule:
             scores = torch.where(rollout.finished.to(dev), scores, torch.full_like(scores, cfg.unfinished_score))
-        rewards, kl = per_token_rewards(scores, old_logprobs, ref_logprobs, act, self.beta)  # 3. rewards
+        reward_beta = self.beta if cfg.kl_placement == "reward" else 0.0  # kl_in: loss keeps the rewards KL-free
+        rewards, kl = per_token_rewards(scores, old_logprobs, ref_logprobs, act, reward_beta, cfg.kl_kind)  # 3.
         if cfg.whiten_rewards:
             rewards = self.dist.masked_whiten(rewards, act, shift_mean=False)
-        advantages, raw_advantages, returns = self.advantages(rewards, old_values, scores, kl, act, self.beta)  # 4.
+        advantages, raw_advantages, returns = self.advantages(rewards, old_values, scores, kl, act, reward_beta)  # 4.
         recorded = rollout.logprobs.to(dev) if rollout.logprobs is not None else None  # what generate sampled with
         return replace(experience, action_mask=act, old_logprobs=old_logprobs, entropy=entropy,
                        ref_logprobs=ref_logprobs, old_values=old_values, raw_scores=raw, scores=scores,
@@ -342,48 +348,59 @@ class PPOTrainer:
         return (raw - self.reward_mean) / self.reward_std
 
     # ------------------------------------------------------------------------------------------- 5. update
-    def update(self, experience: Experience) -> dict[str, float]:
-        """K epochs over the batch in shuffled minibatches. Per micro-batch: new log-probs, the policy loss, the value
-        loss, one backward per model; per minibatch: one optimiser step per model (or a skip of them all)."""
-        cfg, steps = self.cfg, [role.step for role in self.roles.values()]
+    def update(self, experience: Experience, train_policy: bool = True) -> dict[str, float]:
+        """K epochs over the batch in shuffled minibatches, one optimiser step per model per minibatch (or a skip of
+        them all). train_policy=False (critic warm-up): the value model alone; the policy's weights do not move."""
+        cfg = self.cfg
+        roles = {name: role for name, role in self.roles.items() if train_policy or name != "policy"}
         accepted: list[dict[str, float]] = []
         first_spread = None  # max |ratio - 1| over the first minibatch: before any step, only rounding moves it
         self.set_training(True)  # dropout is off (detail 5); train() only enables autograd paths
         for _epoch in range(cfg.epochs):
             order = torch.randperm(len(experience.prompts)).tolist()
             for minibatch in row_chunks(order, cfg.minibatch_size // self.dist.world_size):  # this process's share
-                for step in steps:
-                    step.zero_grad()
-                tokens, count = self.global_counts(experience, minibatch)
-                sums: dict[str, float] = {}
-                spread = 0.0
-                for micro in row_chunks(minibatch, self.micro_size):
-                    part = experience.select(micro)
-                    token_share = float(part.action_mask.sum()) / tokens  # weight of its token means in the logs
-                    policy_loss, numbers = self.policy_loss(part, count, token_share)
-                    spread = max(spread, numbers.pop("ratio_spread"))
-                    # The two models share no parameters: one backward each, so the policy's activations are freed
-                    # before the value model's exist (peak memory = one model's, not both)
-                    self.actor.step.backward(policy_loss)
-                    if self.critic is not None:
-                        value_loss, value_numbers = self.value_loss(part, count, token_share)
-                        self.critic.step.backward(value_loss)
-                        numbers |= value_numbers
-                    for key, value in numbers.items():
-                        sums[key] = sums.get(key, 0.0) + value
-                if self.ptx is not None:
-                    sums["ptx_loss"] = self.ptx_step()
-                first_spread = self.dist.max(spread) if first_spread is None else first_spread
-                stats = self.dist.sum_dict(sums)  # statistics reduced once per step
-                # the global minibatch's gradients, clipped (DeepSpeed: its whole step, skipping a non-finite one)
-                stats |= {f"grad_norm_{name}": role.step.finish() for name, role in self.roles.items()}
-                if self.accept_step(stats):
+                stats = self.minibatch_step(experience, minibatch, roles)
+                if first_spread is None and "ratio_spread" in stats:
+                    first_spread = stats["ratio_spread"]
+                if self.accept_step(stats, roles):
                     accepted.append(stats)
         self.set_training(False)
         stats = {key: float(np.mean([s[key] for s in accepted])) if accepted and key in accepted[0] else float("nan")
                  for key in UPDATE_STATS}
-        return {**stats, "ratio_spread": first_spread,
+        return {**stats, "ratio_spread": float("nan") if first_spread is None else first_spread,  # nan: no policy step
                 "skipped_steps": cfg.epochs * (cfg.batch_size // cfg.minibatch_size) - len(accepted)}
+
+    def minibatch_step(self, experience: Experience, minibatch: list[int], roles: dict[str, Any]) -> dict[str, float]:
+        """Per micro-batch: new log-probs, the policy loss, the value loss, one backward per trained model; then each
+        model's gradient summed over processes and clipped. Returns the minibatch's numbers (not yet applied)."""
+        for role in roles.values():
+            role.step.zero_grad()
+        tokens, count = self.global_counts(experience, minibatch)
+        sums: dict[str, float] = {}
+        spread = 0.0  # max |ratio - 1| over the minibatch (a max, not a sum, over micro-batches)
+        for micro in row_chunks(minibatch, self.micro_size):
+            part = experience.select(micro)
+            token_share = float(part.action_mask.sum()) / tokens  # weight of its token means in the logs
+            numbers: dict[str, float] = {}
+            # The two models share no parameters: one backward each, so the policy's activations are freed before
+            # the value model's exist (peak memory = one model's, not both)
+            if "policy" in roles:
+                policy_loss, numbers = self.policy_loss(part, count, token_share)
+                spread = max(spread, numbers.pop("ratio_spread"))
+                self.actor.step.backward(policy_loss)
+            if "value" in roles:
+                value_loss, value_numbers = self.value_loss(part, count, token_share)
+                self.critic.step.backward(value_loss)
+                numbers |= value_numbers
+            for key, value in numbers.items():
+                sums[key] = sums.get(key, 0.0) + value
+        if self.ptx is not None and "policy" in roles:
+            sums["ptx_loss"] = self.ptx_step()
+        stats = self.dist.sum_dict(sums)  # statistics reduced once per step
+        if "policy" in roles:
+            stats["ratio_spread"] = self.dist.max(spread)
+        # the global minibatch's gradients, clipped (DeepSpeed: its whole step, skipping a non-finite one)
+        return stats | {f"grad_norm_{name}": role.step.finish() for name, role in roles.items()}
 
     def global_counts(self, experience: Experience, minibatch: list[int]) -> tuple[float, float]:
         """(reply tokens in the global minibatch, the count its losses are averaged over: tokens or replies)."""
@@ -398,11 +415,13 @@ class PPOTrainer:
         out = self.actor.logprobs(part.input_ids, part.attention_mask, first_reply_position(part.prompt_ids),
                                   with_entropy=cfg.entropy_coef > 0)
         new_logprobs, entropy = out if cfg.entropy_coef > 0 else (out, None)
-        pg = clipped_policy_loss(new_logprobs, part.old_logprobs, part.advantages, act, cfg.clip_range,
-                                 cfg.loss_aggregation, count, token_weights=part.tis_weights)
+        pg = clipped_policy_loss(new_logprobs, part.old_logprobs, part.advantages, act,
+                                 cfg.clip_range_low or cfg.clip_range, cfg.loss_aggregation, count,
+                                 clip_range_high=cfg.clip_range_high or cfg.clip_range, dual_clip=cfg.dual_clip,
+                                 token_weights=part.tis_weights)
         loss = pg.loss
-        if self.advantages.kl_in_loss:  # GRPO: beta * k3 estimate of KL(pi || pi_ref), a loss term of its own
-            kl = kl_k3(part.ref_logprobs, new_logprobs)
+        if cfg.kl_placement == "loss":  # beta * KL(pi || pi_ref) of the current policy, a loss term (GRPO's default)
+            kl = kl_estimate(new_logprobs, part.ref_logprobs, cfg.kl_kind)
             loss = loss + self.beta * normalise_loss(kl, act, cfg.loss_aggregation, count)
         if entropy is not None:
             loss = loss - cfg.entropy_coef * normalise_loss(entropy, act, cfg.loss_aggregation, count)
@@ -427,19 +446,20 @@ class PPOTrainer:
         self.actor.step.backward(self.cfg.ptx_coef * nll)
         return float(nll.detach())
 
-    def accept_step(self, stats: dict[str, float]) -> bool:
-        """Apply every model's step, or none: a non-finite loss or gradient never reaches the weights."""
+    def accept_step(self, stats: dict[str, float], roles: dict[str, Any]) -> bool:
+        """Apply every trained model's step, or none: a non-finite loss or gradient never reaches the weights."""
         if not all(math.isfinite(value) for value in stats.values()):
-            for role in self.roles.values():
+            for role in roles.values():
                 role.step.discard()
             self.count_skip("consecutive non-finite steps")
             return False
         self.consecutive_skips = 0
-        for role in self.roles.values():
+        for name, role in roles.items():
             role.step.apply()
-        for scheduler in self.schedulers.values():
-            scheduler.step()
-        self.policy_version += 1
+            if name in self.schedulers:
+                self.schedulers[name].step()
+        if "policy" in roles:
+            self.policy_version += 1
         return True
 
     def count_skip(self, what: str) -> None:
@@ -468,25 +488,38 @@ class PPOTrainer:
         generated = time.perf_counter()
         experience = self.score(rollout)  # 2-4. score, rewards, advantages
         scored = time.perf_counter()
+        batch = self.batch_stats(experience)
+        phase = self.phase(index, batch["ev"])
         scored_numbers = (experience.scores, experience.advantages, experience.returns)
         finite = all(bool(torch.isfinite(t).all()) for t in scored_numbers)
         if finite:
-            update = self.update(experience)  # 5. update
+            update = self.update(experience, train_policy=phase == "policy")  # 5. update
         else:  # e.g. a reward model that returned NaN: nothing from this batch reaches the weights
             self.count_skip("consecutive iterations with non-finite rewards")
             update = {k: float("nan") for k in UPDATE_STATS}
             update["skipped_steps"] = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)
         updated = time.perf_counter()
-        stats = {"iteration": index, **self.batch_stats(experience), **update,
-                 **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
+        stats = {"iteration": index, "phase": phase, **batch, "kl_used": f"{cfg.kl_kind} in {cfg.kl_placement}",
+                 **update, **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
                  "beta": self.beta, "time_gen": generated - start, "time_score": scored - generated,
                  "time_update": updated - scored, "time_total": updated - start,
                  "gen_tokens_per_s": float(experience.reply_lengths.sum()) / max(generated - start, 1e-9)}
         if not cfg.ptx_coef > 0:
             del stats["ptx_loss"]
-        if self.kl_controller is not None and math.isfinite(stats["kl"]):  # a skipped batch must not move beta
+        # a skipped batch must not move beta, nor a warm-up batch (the policy, hence its KL, did not move)
+        if self.kl_controller is not None and math.isfinite(stats["kl"]) and phase == "policy":
             self.beta = self.kl_controller.update(stats["kl"], cfg.batch_size)
         return {key: stats[key] for key in HISTORY_ORDER if key in stats}, experience
+
+    def phase(self, index: int, ev: float) -> str:
+        """"critic-warmup" (value model only) for the first critic_warmup_iterations, then until a batch's explained
+        variance (mean over processes, so every process agrees) reaches policy_start_ev; "policy" from then on."""
+        if index < self.cfg.critic_warmup_iterations:
+            return "critic-warmup"
+        if not self.policy_started:
+            mean_ev = self.dist.sum(ev) / self.dist.world_size
+            self.policy_started = self.cfg.policy_start_ev is None or mean_ev >= self.cfg.policy_start_ev  # nan: no
+        return "policy" if self.policy_started else "critic-warmup"
 
     def batch_stats(self, experience: Experience) -> dict[str, float]:
         """The batch's numbers on the dashboard, means over every process's replies (equal counts each)."""

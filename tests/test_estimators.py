@@ -188,12 +188,17 @@ def test_grpo_kl_is_a_loss_term_not_a_reward(setup, tmp_path):
 
     scores, mask = torch.tensor([0.5, 0.5]), torch.ones(2, 2)
     kl = torch.tensor([[0.5, 0.5], [0.5, 0.6]])  # summed: 1.0 and 1.1
-    grpo, _, _ = GRPOAdvantages(2, 1e-6)(None, None, scores, kl, mask, 0.05)
+    # GRPO's default is kl_in: loss, so the beta the estimator sees (the one in the reward) is 0
+    grpo, _, _ = GRPOAdvantages(2, 1e-6)(None, None, scores, kl, mask, 0.0)
     rloo, _, _ = RLOOAdvantages(2)(None, None, scores, kl, mask, 0.05)
     assert torch.equal(grpo, torch.zeros(2, 2))
     assert torch.allclose(rloo[:, 0], torch.tensor([0.005, -0.005]), atol=1e-6)
+    # kl_in: reward would fold it in, and the group std blows the tiny KL difference up to a full-size advantage
+    folded, _, _ = GRPOAdvantages(2, 1e-6)(None, None, scores, kl, mask, 0.05)
+    assert torch.allclose(folded[:, 0], torch.tensor([0.7071, -0.7071]), atol=1e-3)
 
     cfg = config(setup, tmp_path / "run", advantage_estimator="grpo", group_size=2, beta=0.3)
+    assert (cfg.kl_placement, cfg.kl_kind) == ("loss", "k3")  # GRPO's defaults: one mechanism, one case of it
     trainer = PPOTrainer(cfg)
     with torch.no_grad():  # move the policy away from the reference, so the KL term is not zero
         for p in trainer.policy.parameters():
@@ -208,3 +213,9 @@ def test_grpo_kl_is_a_loss_term_not_a_reward(setup, tmp_path):
     k3 = masked_mean(kl_k3(batch.ref_logprobs, new), act)
     assert float(k3) > 1e-4 and numbers["pg_loss"] == pytest.approx(float(pg), abs=1e-6)
     assert float(loss) == pytest.approx(float(pg + 0.3 * k3), rel=1e-5, abs=1e-7)
+    # the rewards hold the score alone: no KL in them (the dashboard's kl is the k3 estimate at pi_old)
+    rows = torch.arange(act.shape[0])
+    last = act.shape[1] - 1 - act.flip(1).argmax(1)
+    expected = torch.zeros_like(batch.rewards)
+    expected[rows, last] = batch.scores
+    assert torch.equal(torch.where(act.bool(), batch.rewards, 0.0), expected) and float(batch.kl.abs().sum()) > 0
