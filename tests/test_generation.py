@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
+import sys
 
 import pytest
 import torch
@@ -120,3 +122,10 @@ def test_vllm_backend_without_vllm_is_a_usage_error(tokenizer, monkeypatch):
     monkeypatch.setattr(generation, "vllm_python", lambda: None)  # no .venv-vllm, no vllm in this environment
     with pytest.raises(UsageError, match="make venv-vllm"):
         VLLMGenerator.create("x", tokenizer, [0], 4, 0.7)
+
+
+def test_vllm_python_needs_an_environment_that_has_vllm(monkeypatch):
+    monkeypatch.setenv("PPO_RLHF_VLLM_PYTHON", "/opt/gpu-venv/bin/python")
+    assert generation.vllm_python() == "/opt/gpu-venv/bin/python"  # named explicitly: used as is
+    # the probe asks the other python itself (the project's venv has no vllm: what a failed `make venv-vllm` leaves)
+    assert generation._imports_vllm(sys.executable) == (importlib.util.find_spec("vllm") is not None)
