@@ -60,10 +60,10 @@ def _generate(llm, request: dict) -> dict:
 
 def _load(llm, request: dict) -> dict:
     start = time.perf_counter()
-    # reload_weights (vLLM >= 0.2x worker API): reads the folder's safetensors through the model's own
-    # load_weights, so Hugging Face names are renamed and q/k/v are packed as at start-up
+    # the worker's reload_weights (vLLM 0.32): reads the folder's safetensors through the model's own load_weights,
+    # so Hugging Face names are renamed and q/k/v packed as at start-up. No KV blocks outlive a request (prefix
+    # caching is off), so nothing computed with the old weights is reused.
     llm.collective_rpc("reload_weights", kwargs={"weights_path": request["path"]})
-    llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
     return {"seconds": time.perf_counter() - start}
 
 
