@@ -2,27 +2,33 @@
 
 * `HFGenerator` (default, `generation_backend: hf`): Hugging Face `generate` on the policy itself
   (`rollout.generate_rollout`).
-* `VLLMGenerator` (`generation_backend: vllm`, extra `pip install 'ppo-rlhf[vllm]'`, GPU only): a vLLM engine
-  holding a copy of the policy. Before each iteration's rollout `sync(policy)` copies the policy's weights into
-  the engine, with the LoRA adapter merged in (W + B A * alpha / r), under the plain Hugging Face parameter names
-  that vLLM's `model.load_weights` expects.
+* `VLLMGenerator` (`generation_backend: vllm`): a vLLM engine holding a copy of the policy. vLLM pins its own
+  transformers range, so the engine runs in its own environment (.venv-vllm, `make venv-vllm`) and process
+  (ppo_rlhf/vllm_server.py, imports only vllm), spoken to by `VLLMServer` with token ids over a pipe. Before each
+  iteration's rollout `sync(policy)` writes the policy's weights, LoRA merged in (W + B A * alpha / r), under the
+  plain Hugging Face names, as safetensors to the server's folder; the server reloads them into the running engine
+  (vLLM's worker `reload_weights`, no restart).
 
 With vLLM only the sampled token ids leave the engine: the trainer recomputes log pi_old, log pi_ref and the
 values itself from those ids, at the training temperature (docs/DESIGN.md). The engine's own log-probs are never
-requested and never trusted: vLLM's kernels, its bf16 weights and its sampler differ slightly from the training
-forward pass, and the PPO ratio must be 1 before the first update. The HF backend samples from the training
-policy itself, so with `old_logprobs: generation` it may hand over log pi_old recorded from its own logits.
-
-vLLM version targeted: 0.8 - 0.10 (the `LLM(...)` offline API; weights reach the model through
-`llm.llm_engine.model_executor.driver_worker...model_runner.model.load_weights`, the path TRL uses, which needs
-the engine in this process: we set VLLM_ENABLE_V1_MULTIPROCESSING=0 before creating it). An engine that has its
-own `load_weights(iterable)` method (a custom wrapper, or the test's fake engine) is used directly.
+used for training: vLLM's kernels and sampler differ slightly from the training forward pass, and the PPO ratio
+must be 1 before the first update (tests/test_vllm_engine.py measures how close they are). The HF backend samples
+from the training policy itself, so with `old_logprobs: generation` it may hand over log pi_old recorded from its
+own logits.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
-from typing import Any, Callable, Iterable, Protocol
+import shutil
+import subprocess
+import sys
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -109,69 +115,118 @@ def merged_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _engine_model(engine: Any) -> Any:
-    """The nn.Module inside a vLLM engine that has `load_weights` (in-process engine; vLLM 0.8 - 0.10)."""
-    executor = engine.llm_engine.model_executor
-    worker = executor.driver_worker
-    worker = getattr(worker, "worker", worker)  # V1 wraps the GPU worker in a WorkerWrapperBase
-    return worker.model_runner.model
+SERVER = Path(__file__).with_name("vllm_server.py")
 
 
-def load_engine_weights(engine: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    if hasattr(engine, "load_weights"):
-        engine.load_weights(weights)
-        return
-    try:
-        model = _engine_model(engine)
-    except AttributeError as error:
-        raise UsageError("cannot reach the vLLM model to sync weights (this vLLM version's engine layout is not "
-                         "supported; set VLLM_ENABLE_V1_MULTIPROCESSING=0 and use vLLM 0.8-0.10)") from error
-    model.load_weights(weights)
+def vllm_python() -> str | None:
+    """The python that can import vLLM: $PPO_RLHF_VLLM_PYTHON, else the set-up's .venv-vllm next to this package
+    (`make venv-vllm`), else this interpreter if it has vLLM; None when there is none."""
+    named = os.environ.get("PPO_RLHF_VLLM_PYTHON")
+    if named:
+        return named
+    local = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    if local.exists() and _imports_vllm(str(local)):
+        return str(local)
+    return sys.executable if importlib.util.find_spec("vllm") else None
 
 
-def _sampling_params(**kwargs) -> Any:
-    try:
-        from vllm import SamplingParams
-    except ImportError:  # a fake engine in tests: plain keyword arguments
-        return dict(kwargs)
-    return SamplingParams(**kwargs)
+def _imports_vllm(python: str) -> bool:
+    """Whether that python finds vllm (a failed `make venv-vllm` can leave a python without it); no import: fast."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+
+
+class VLLMServer:
+    """Client of a vLLM engine running ppo_rlhf/vllm_server.py in its own process and environment.
+
+    Weights travel as a safetensors file in a private folder (`load_weights`); prompts and replies as token ids
+    over the server's stdin/stdout. The engine's log goes to `log` in that folder and its tail into any error.
+    """
+
+    def __init__(self, model_path: str, python: str, dtype: str = "float32", seed: int = 1,
+                 max_model_len: int = 0, max_logprobs: int = 20, kv_cache_gib: int = 1):
+        self.folder = Path(tempfile.mkdtemp(prefix="ppo_rlhf_vllm_"))
+        self.log = self.folder / "server.log"
+        command = [python, str(SERVER), "--model", str(model_path), "--dtype", dtype, "--seed", str(seed),
+                   "--max-model-len", str(max_model_len), "--max-logprobs", str(max_logprobs),
+                   "--kv-cache-gib", str(kv_cache_gib)]
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                            text=True)
+        # closes the pipe (the server exits on EOF) and removes the folder, also when the trainer crashes
+        self._finalizer = weakref.finalize(self, _stop_server, self.process, self.folder)
+        self._read()  # {"ready": true} once the engine is up
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait()
+            tail = "\n".join(self.log.read_text().splitlines()[-15:])
+            raise RuntimeError(f"the vLLM server exited (status {self.process.returncode}); its log ends:\n{tail}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"the vLLM server refused a request: {reply['error']}")
+        return reply
+
+    def request(self, request: dict) -> dict:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def generate(self, prompt_ids: list[list[int]], params: dict, seeds: list[int]) -> list[list[int]]:
+        """Sampled token ids per prompt; `params` are vLLM SamplingParams fields, `seeds` one per prompt."""
+        request = {"op": "generate", "prompt_ids": prompt_ids, "params": params, "seeds": seeds}
+        return self.request(request)["token_ids"]
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> float:
+        """Write the weights to the folder and load them into the running engine; returns the server's seconds."""
+        from safetensors.torch import save_file
+
+        save_file({name: tensor.contiguous() for name, tensor in weights.items()}, self.folder / "model.safetensors")
+        return self.request({"op": "load", "path": str(self.folder)})["seconds"]
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+def _stop_server(process: subprocess.Popen, folder: Path) -> None:
+    if process.poll() is None:
+        process.stdin.close()  # the server's loop ends on EOF
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 class VLLMGenerator:
     """Sampling with a vLLM engine; the trainer re-scores the returned token ids itself.
 
-    `engine` is any object with vLLM's `LLM.generate(prompts, sampling_params, use_tqdm=...)` returning objects with
-    `.outputs[0].token_ids` (and, for `sync`, the in-process model path or its own `load_weights`). Pass one to test
-    on CPU; `VLLMGenerator.create` builds the real engine.
+    `engine` is a `VLLMServer` or anything with its `generate(prompt_ids, params, seeds) -> token ids` and
+    `load_weights(weights)` (the tests' fake engine); `VLLMGenerator.create` starts the real one.
     """
 
     def __init__(self, engine: Any, tokenizer, eos: list[int], max_new_tokens: int, temperature: float,
-                 top_p: float = 1.0, make_params: Callable[..., Any] = _sampling_params):
+                 top_p: float = 1.0):
         self.engine, self.tokenizer, self.eos = engine, tokenizer, list(eos)
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
-        self.make_params = make_params
         self.synced = 0
 
     @classmethod
     def create(cls, model_path: str, tokenizer, eos: list[int], max_new_tokens: int, temperature: float,
-               top_p: float = 1.0, dtype: str = "float32", seed: int = 1, gpu_memory_utilization: float = 0.3,
-               max_model_len: int | None = None) -> "VLLMGenerator":
-        try:
-            import vllm  # noqa: F401  (lazy: a heavy import, and an optional extra)
-        except ImportError:
-            raise UsageError("generation_backend vllm needs vLLM: pip install 'ppo-rlhf[vllm]' (Linux + CUDA GPU)") from None
-        require(torch.cuda.is_available(), "generation_backend vllm needs a CUDA GPU; use generation_backend hf on CPU")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process, for weight sync
-        from vllm import LLM
-
-        engine = LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
-                     gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                     enable_prefix_caching=False)
-        return cls(engine, tokenizer, eos, max_new_tokens, temperature, top_p)
+               top_p: float = 1.0, dtype: str = "float32", seed: int = 1,
+               max_model_len: int = 0) -> "VLLMGenerator":
+        python = vllm_python()
+        if python is None:
+            raise UsageError("generation_backend vllm needs vLLM in its own environment: run `make venv-vllm` "
+                             "(or set PPO_RLHF_VLLM_PYTHON to a python that has vllm)")
+        require(Path(model_path).is_dir(), f"generation_backend vllm needs a model folder, not {model_path}")
+        server = VLLMServer(model_path, python, dtype=dtype, seed=seed, max_model_len=max_model_len)
+        return cls(server, tokenizer, eos, max_new_tokens, temperature, top_p)
 
     def sync(self, policy: nn.Module) -> None:
         """Copy the policy's merged weights into the engine (every iteration: the policy changed)."""
-        load_engine_weights(self.engine, list(merged_state_dict(policy).items()))
+        self.engine.load_weights(merged_state_dict(policy))
         self.synced += 1
 
     def generate(self, prompts: list[str]):
@@ -179,15 +234,15 @@ class VLLMGenerator:
 
         require(len(prompts) > 0, "no prompts to generate from")
         prompt_ids = [chat_prompt_ids(self.tokenizer, p) for p in prompts]
-        # A per-call seed from torch's RNG keeps runs reproducible under the trainer's seed.
-        seed = int(torch.randint(0, 2**31 - 1, ()).item())
-        params = self.make_params(
+        # Seeds from torch's RNG keep runs reproducible under the trainer's seed; one per prompt, so that equal
+        # prompts still get independent replies.
+        seeds = torch.randint(0, 2**31 - 1, (len(prompts),)).tolist()
+        params = dict(
             n=1, temperature=self.temperature, top_p=self.top_p, top_k=-1, min_p=0.0, repetition_penalty=1.0,
             presence_penalty=0.0, frequency_penalty=0.0, max_tokens=self.max_new_tokens, stop_token_ids=self.eos,
-            skip_special_tokens=True, seed=seed, logprobs=None,
+            logprobs=None,
         )
-        results = self.engine.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
-        outputs = [list(result.outputs[0].token_ids) for result in results]
+        outputs = self.engine.generate(prompt_ids, params, seeds)
         return rollout_from_tokens(self.tokenizer, prompts, prompt_ids, outputs, self.eos)
 
 

@@ -68,7 +68,7 @@ class TrainConfig:
     generation_batch_size: NonNegativeInt = 0
     """Prompts per generate call; 0 = the whole batch."""
     generation_backend: Literal["hf", "vllm"] = "hf"
-    """"hf" (Hugging Face generate on the policy) or "vllm" (GPU, extra [vllm]; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
+    """"hf" (Hugging Face generate on the policy) or "vllm" (a vLLM engine in its own process and environment, `make venv-vllm`; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
     old_logprobs: Literal["recompute", "generation"] = "recompute"
     """Where log pi_old and the entropy come from: "recompute" (one more forward of the policy after sampling; the first ratio is 1 and the first KL 0 to float rounding) or "generation" (recorded from the logits `generate` computes: one policy forward fewer per iteration, equal to recompute within ~1e-6 in float32; hf backend only)."""
     tis_cap: NonNegativeFloat = 0.0

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
-from types import SimpleNamespace
+import sys
 
 import pytest
 import torch
 
+from ppo_rlhf import generation
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.generation import HFGenerator, VLLMGenerator, merged_state_dict
@@ -21,16 +23,14 @@ import tiny
 
 
 class FakeEngine:
-    """vllm.LLM's surface: generate(prompts, sampling_params, use_tqdm) -> [RequestOutput-like]; load_weights."""
+    """VLLMServer's surface: generate(prompt_ids, params) -> token ids per prompt; load_weights(weights)."""
 
     def __init__(self, replies: list[list[int]]):
         self.replies, self.calls, self.weights = replies, [], None
 
-    def generate(self, prompts, sampling_params, use_tqdm=True):
-        self.calls.append((prompts, sampling_params))
-        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=tuple(self.replies[i % len(self.replies)]),
-                                                         logprobs=[{"bogus": -99.0}])])
-                for i in range(len(prompts))]
+    def generate(self, prompt_ids, params, seeds):
+        self.calls.append((prompt_ids, params, seeds))
+        return [list(self.replies[i % len(self.replies)]) for i in range(len(prompt_ids))]
 
     def load_weights(self, weights):
         self.weights = dict(weights)
@@ -65,8 +65,9 @@ def test_vllm_generator_builds_rollout_from_token_ids(tokenizer):
     engine = FakeEngine([word + [eos, 7, 7], word])  # finished (tail after EOS dropped), unfinished
     gen = VLLMGenerator(engine, tokenizer, [eos], max_new_tokens=len(word) + 3, temperature=0.7)
     rollout = gen.generate(["Hello", "Tell me a story"])
-    prompts, params = engine.calls[0]
-    assert prompts[0] == {"prompt_token_ids": chat_prompt_ids(tokenizer, "Hello")}
+    prompts, params, seeds = engine.calls[0]
+    assert len(seeds) == 2 and seeds[0] != seeds[1]  # one seed per prompt: equal prompts get independent replies
+    assert prompts[0] == chat_prompt_ids(tokenizer, "Hello")
     assert params["temperature"] == 0.7 and params["top_k"] == -1 and params["stop_token_ids"] == [eos]
     assert params["logprobs"] is None  # the engine's log-probs are never asked for
     assert rollout.reply_ids == [word + [eos], word]
@@ -117,13 +118,14 @@ def test_hf_generator_is_generate_rollout(tokenizer):
     assert a.reply_ids == b.reply_ids
 
 
-def test_vllm_backend_without_vllm_is_a_usage_error(tokenizer):
-    pytest.importorskip("torch")
-    try:
-        import vllm  # noqa: F401
-
-        pytest.skip("vllm is installed")
-    except ImportError:
-        pass
-    with pytest.raises(UsageError, match="vllm"):
+def test_vllm_backend_without_vllm_is_a_usage_error(tokenizer, monkeypatch):
+    monkeypatch.setattr(generation, "vllm_python", lambda: None)  # no .venv-vllm, no vllm in this environment
+    with pytest.raises(UsageError, match="make venv-vllm"):
         VLLMGenerator.create("x", tokenizer, [0], 4, 0.7)
+
+
+def test_vllm_python_needs_an_environment_that_has_vllm(monkeypatch):
+    monkeypatch.setenv("PPO_RLHF_VLLM_PYTHON", "/opt/gpu-venv/bin/python")
+    assert generation.vllm_python() == "/opt/gpu-venv/bin/python"  # named explicitly: used as is
+    # the probe asks the other python itself (the project's venv has no vllm: what a failed `make venv-vllm` leaves)
+    assert generation._imports_vllm(sys.executable) == (importlib.util.find_spec("vllm") is not None)

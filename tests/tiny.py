@@ -106,10 +106,10 @@ RTP = {
 BOOKS = [f"Ahab\tThe captain said that [MASK] would sail at dawn, number {i}." for i in range(10)]
 
 
-def eos_prone_policy(tokenizer: PreTrainedTokenizerFast, folder: Path, extra: float) -> Path:
+def eos_prone_policy(tokenizer: PreTrainedTokenizerFast, folder: Path, extra: float, **config) -> Path:
     """A tiny random policy that ends its replies early: every embedding shares one direction and EOS has
     more of it, so the (tied) output layer favours EOS. extra=0.3 ends about half of 24-token replies."""
-    model = tiny_causal_lm(tokenizer)
+    model = tiny_causal_lm(tokenizer, **config)
     with torch.no_grad():
         weight = model.get_input_embeddings().weight
         weight[:, 0] += 1.0
