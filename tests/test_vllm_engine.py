@@ -115,7 +115,7 @@ def config(engine, out, **overrides) -> TrainConfig:
     values = dict(policy_model=str(engine["policy"]), reward_model=str(engine["reward"]),
                   prompts=str(engine["prompts"]), out=str(out), generation_backend="vllm", iterations=2,
                   batch_size=4, minibatch_size=2, epochs=1, max_new_tokens=6, reward_norm_samples=4, lora_rank=4,
-                  checkpoint_every=1, tensorboard=False, quiet=True, policy_lr=1e-3, value_lr=1e-3)
+                  checkpoint_every=1, tensorboard=False, quiet=True, policy_lr=1e-3, value_lr=1e-3, dtype="float32")
     values.update(overrides)
     return build_config(TrainConfig, values)
 
@@ -132,6 +132,17 @@ def shared_engine(engine, monkeypatch):
 
     monkeypatch.setattr(generation, "VLLMServer", server)
     return started
+
+
+def test_engine_dtype_is_the_policy_s_resolved_dtype(engine, shared_engine, tmp_path):
+    """`dtype: auto` is resolved (bf16 on a CPU with bf16 instructions, else fp32) before the engine is started."""
+    import torch
+
+    from ppo_rlhf.precision import resolve_dtype
+
+    PPOTrainer(config(engine, tmp_path / "run", dtype="auto"))
+    expected = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
+    assert [settings["dtype"] for _, _, settings in shared_engine] == [expected]
 
 
 def test_trainer_scores_vllm_tokens_with_its_own_logprobs(engine, shared_engine, tmp_path):
