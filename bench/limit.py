@@ -66,7 +66,7 @@ def read_bandwidth() -> float:
 def chunk_tokens(rollout, rows_per_chunk: int, first: int | None = None) -> tuple[int, int]:
     """(positions the body computes, positions the LM head computes) when a rollout is run in row chunks, each
     trimmed to its own longest row; the head starts at `first` (the batch's) or at each chunk's own first reply."""
-    from ppo_rlhf.rollout import first_reply_position
+    from ppo_rlhf.logprobs import first_reply_position
     from ppo_rlhf.trainer import row_chunks
 
     body = head = 0
@@ -99,8 +99,8 @@ def main() -> None:
     from peer_trl import PROMPTS, prepare_model
 
     from ppo_rlhf.config import build_config
+    from ppo_rlhf.logprobs import body_and_lm_head, first_reply_position
     from ppo_rlhf.models import backbone_and_head
-    from ppo_rlhf.rollout import _body_and_lm_head, first_reply_position
     from ppo_rlhf.train_config import TrainConfig
     from ppo_rlhf.trainer import PPOTrainer
 
@@ -112,7 +112,7 @@ def main() -> None:
                                          epochs=args.epochs, max_new_tokens=args.max_new_tokens, tensorboard=False,
                                          quiet=True, device="cpu"))
     trainer = PPOTrainer(cfg)
-    body, head = _body_and_lm_head(trainer.policy)
+    body, head = body_and_lm_head(trainer.policy)
     n_body = sum(p.numel() for name, p in body.named_parameters() if "embed_tokens" not in name and "lora_" not in name)
     n_head = head.weight.numel()
     vbody, _ = backbone_and_head(trainer.value_model)

@@ -32,8 +32,9 @@ def main() -> int:
         return 2
 
     from ppo_rlhf.generation import VLLMGenerator, merged_state_dict
+    from ppo_rlhf.logprobs import token_logprobs
     from ppo_rlhf.models import LoraSettings, load_policy, load_tokenizer, resolve_model_path
-    from ppo_rlhf.rollout import eos_token_ids, generate_rollout, token_logprobs
+    from ppo_rlhf.rollout import eos_token_ids, generate_rollout
 
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)

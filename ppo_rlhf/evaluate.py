@@ -240,8 +240,9 @@ def _sample_records(
     """Sample replies_per_prompt replies per prompt, with per-reply tokens, finished, KL and entropy sum."""
     import torch
 
+    from ppo_rlhf.logprobs import token_logprobs
     from ppo_rlhf.objectives import kl_k1, masked_sum
-    from ppo_rlhf.rollout import generate_rollout, token_logprobs
+    from ppo_rlhf.rollout import generate_rollout
 
     label = model_label(run, iteration)
     repeated = [p for p in prompts for _ in range(replies_per_prompt)]  # reply i of prompt j at j * R + i

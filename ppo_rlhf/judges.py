@@ -102,7 +102,7 @@ class RewardModelJudge:
         self.model = load_reward_model(model_name_or_folder).to(device)
 
     def score(self, prompts: list[str], replies: list[str]) -> list[float]:
-        from ppo_rlhf.rollout import score_texts
+        from ppo_rlhf.scores import score_texts
 
         require(len(prompts) == len(replies), f"{len(prompts)} prompts but {len(replies)} replies")
         if not replies:

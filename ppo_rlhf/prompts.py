@@ -211,8 +211,8 @@ def build_prompts(
     batch_size: int = 16,
 ) -> dict:
     """Write OUT/train.jsonl, OUT/heldout.jsonl and OUT/prompts_info.json; return the info dict."""
+    from ppo_rlhf.chat import chat_prompt_ids
     from ppo_rlhf.models import load_tokenizer
-    from ppo_rlhf.rollout import chat_prompt_ids
 
     require(n_train >= 1 and n_heldout >= 1, f"--train and --heldout must be >= 1, got {n_train} and {n_heldout}")
     require(max_prompt_tokens >= 1 and reply_cap >= 1, "--max-prompt-tokens and --reply-cap must be >= 1")

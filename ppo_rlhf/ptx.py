@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from ppo_rlhf.errors import require
+from ppo_rlhf.logprobs import token_logprobs
 from ppo_rlhf.objectives import normalise_loss
 from ppo_rlhf.paths import require_file
-from ppo_rlhf.rollout import token_logprobs
 
 
 def read_texts(path: str | Path) -> list[str]:

