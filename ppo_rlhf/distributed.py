@@ -312,9 +312,3 @@ def current() -> Dist:
     if torch.cuda.is_available():
         torch.cuda.set_device(_CURRENT.local_rank)
     return _CURRENT
-
-
-def reset() -> None:
-    """Forget the cached group (tests)."""
-    global _CURRENT
-    _CURRENT = None

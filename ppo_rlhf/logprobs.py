@@ -62,7 +62,9 @@ def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
     if not entropy:
         return logprobs, None
-    return logprobs, logz - (torch.softmax(logits, -1) * logits).sum(-1)  # H = log Z - E_p[logit]
+    # objectives.entropy_from_logits's formula (H = log Z - E_p[logit]) written out to share logz with the log-probs:
+    # a second logsumexp would round the gradient differently
+    return logprobs, logz - (torch.softmax(logits, -1) * logits).sum(-1)
 
 
 def token_logprobs(

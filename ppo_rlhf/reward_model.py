@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from tqdm import tqdm
 
 from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked
 from ppo_rlhf.errors import require
+from ppo_rlhf.files import atomic_directory
 from ppo_rlhf.pairs import pair_from_record, read_pairs
 from ppo_rlhf.prompts import load_hf_dataset
 from ppo_rlhf.stats import pearson
@@ -90,19 +89,10 @@ def evaluate_pairs(model, tokenizer, pairs: list[dict], batch_size: int) -> dict
 
 def save_atomically(model, tokenizer, info: dict, out_dir: Path) -> None:
     """Write the adapter folder under a temporary name and rename it into place."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "rm_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(out_dir)
+    with atomic_directory(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "rm_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
 def train_reward_model(

@@ -17,6 +17,8 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.distributed import current
 from ppo_rlhf.errors import require
+from ppo_rlhf.objectives import entropy_from_logits
+from ppo_rlhf.padding import right_pad
 
 
 def build_batch(
@@ -25,16 +27,12 @@ def build_batch(
     """Right-padded (input_ids [B, L], attention_mask [B, L], action_mask [B, L-1]) with L the longest row."""
     require(len(prompt_ids) == len(reply_ids) and len(prompt_ids) > 0, "need as many replies as prompts, at least one")
     require(all(len(p) > 0 for p in prompt_ids), "every prompt needs at least one token")
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, reply_ids)]
-    width = max(max(lengths), 2)  # at least one per-token position
-    input_ids = torch.full((len(lengths), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(lengths), width), dtype=torch.long)
-    action_mask = torch.zeros((len(lengths), width - 1), dtype=torch.float32)
+    # at least width 2: one per-token position
+    input_ids, attention_mask = right_pad([p + r for p, r in zip(prompt_ids, reply_ids)], pad_token_id, min_width=2)
+    action_mask = torch.zeros((len(prompt_ids), input_ids.shape[1] - 1), dtype=torch.float32)
     for row, (prompt, reply) in enumerate(zip(prompt_ids, reply_ids)):
-        input_ids[row, : lengths[row]] = torch.tensor(prompt + reply, dtype=torch.long)
-        attention_mask[row, : lengths[row]] = 1
         # position t predicts token t+1: reply tokens sit at len(prompt) .. len(prompt)+len(reply)-1
-        action_mask[row, len(prompt) - 1 : lengths[row] - 1] = 1.0
+        action_mask[row, len(prompt) - 1 : len(prompt) + len(reply) - 1] = 1.0
     return input_ids, attention_mask, action_mask
 
 
@@ -124,10 +122,10 @@ class SampledTokenLogprobs(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.pending is not None:
             self.resolve(input_ids[:, -1])
-        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        probs = logp.exp()
-        self.entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # 0 log 0 = 0 for banned tokens
-        self.pending = logp
+        logits = scores.float() / self.temperature
+        # a banned token's -inf logit (an HF processor ran first) made finite, so that its 0 * logit term is 0
+        self.entropies.append(entropy_from_logits(logits.clamp(min=torch.finfo(logits.dtype).min)))
+        self.pending = torch.log_softmax(logits, dim=-1)
         return scores
 
     def resolve(self, tokens: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 from ppo_rlhf.chat import conversation_ids
 from ppo_rlhf.errors import require
 from ppo_rlhf.models import backbone_and_head
+from ppo_rlhf.padding import right_pad
 
 
 def sequence_values(value_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -24,10 +25,7 @@ def reward_inputs(
     """Right-padded chat-formatted (prompt, reply) conversations, each ending at the assistant's closing EOS."""
     require(len(prompts) == len(replies) and len(prompts) > 0, "need as many replies as prompts, at least one")
     rows = [conversation_ids(tokenizer, prompt, reply) for prompt, reply in zip(prompts, replies)]
-    width = max(len(ids) for ids in rows)
-    input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids in rows])
-    attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in rows])
-    return input_ids, attention_mask
+    return right_pad(rows, tokenizer.pad_token_id)
 
 
 def reward_scores(

@@ -8,6 +8,7 @@ from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.logprobs import token_logprobs
 from ppo_rlhf.models import LoraSettings, add_policy_lora, add_value_lora, load_causal_lm, load_tokenizer
+from ppo_rlhf.padding import right_pad
 from ppo_rlhf.rollout import build_batch, generate_rollout
 from ppo_rlhf.scores import reward_inputs, reward_scores, score_texts, sequence_values
 
@@ -396,3 +397,10 @@ def test_smoke_smollm2_generates():
     with torch.no_grad():
         logp = token_logprobs(policy, r.input_ids, r.attention_mask, 0.7)
     assert torch.isfinite(logp[r.action_mask.bool()]).all()
+
+
+def test_right_pad_masks_by_length_not_by_pad_id():
+    input_ids, attention_mask = right_pad([[5, 7, 0], [9]], pad_id=0, min_width=4)
+    assert input_ids.tolist() == [[5, 7, 0, 0], [9, 0, 0, 0]]
+    assert attention_mask.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]  # the row's own trailing 0 is a token
+    assert input_ids.dtype == attention_mask.dtype == torch.long
