@@ -47,7 +47,7 @@ class TensorBoard:
     def __init__(self, folder: Path | None, first_iteration: int = 0):
         self.writer = None
         if folder is not None:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # lazy: report reads DASHBOARD without torch
 
             # purge_step: a resumed run drops the points a killed run logged after its last checkpoint
             self.writer = SummaryWriter(str(folder), purge_step=first_iteration or None)

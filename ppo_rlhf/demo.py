@@ -36,7 +36,14 @@ from ppo_rlhf.config import (
     to_yaml,
 )
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.evaluate import evaluate_runs
 from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.pairs import make_pairs
+from ppo_rlhf.pairs import summary_line as pairs_line
+from ppo_rlhf.prompts import build_prompts, read_prompts, summary, write_jsonl
+from ppo_rlhf.report import write_report
+from ppo_rlhf.train import train
+from ppo_rlhf.train_config import TrainConfig
 
 
 @dataclass
@@ -100,8 +107,6 @@ def run_name(beta: float) -> str:
 
 def split_train(prompts_dir: Path, rm_share: float) -> tuple[Path, Path]:
     """Disjoint reward-model and PPO prompt files: the policy is never trained on prompts the RM saw."""
-    from ppo_rlhf.prompts import read_prompts, write_jsonl
-
     prompts = read_prompts(prompts_dir / "train.jsonl")
     cut = max(1, min(len(prompts) - 1, round(len(prompts) * rm_share)))
     rm_file, ppo_file = prompts_dir / "rm.jsonl", prompts_dir / "ppo.jsonl"
@@ -180,15 +185,9 @@ class Stages:
 
 
 def demo(cfg: DemoConfig) -> Path:
-    from ppo_rlhf.evaluate import evaluate_runs
-    from ppo_rlhf.pairs import make_pairs
-    from ppo_rlhf.pairs import summary_line as pairs_line
-    from ppo_rlhf.prompts import build_prompts, summary
-    from ppo_rlhf.report import write_report
+    # lazy: reward_model imports torch; `ppo-rlhf demo` checks its arguments and files without it
     from ppo_rlhf.reward_model import summary_line as reward_model_line
     from ppo_rlhf.reward_model import train_reward_model
-    from ppo_rlhf.train import train
-    from ppo_rlhf.train_config import TrainConfig
 
     out = Path(cfg.out).resolve()  # every path the stages save is absolute: runs read from any directory
     out.mkdir(parents=True, exist_ok=True)

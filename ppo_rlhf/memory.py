@@ -168,6 +168,7 @@ def activation_estimate(shape: ModelShape, batch: int, seq_len: int, vocab: int)
 
 def shape_from_config(source: str) -> ModelShape:
     """Count a model's parameters from its config alone, by building it on the meta device."""
+    # lazy: `ppo-rlhf memory` without --params/--config needs neither torch nor transformers
     import torch
     from torch import nn
     from transformers import AutoConfig, AutoModelForCausalLM

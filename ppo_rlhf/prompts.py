@@ -139,7 +139,7 @@ def message_text(value, role: str) -> str | None:
 def load_hf_dataset(name: str, split: str):
     """datasets.load_dataset with friendly errors (datasets is an optional dependency)."""
     try:
-        import datasets
+        import datasets  # lazy: optional, only for hub sources
     except ImportError:
         raise UsageError("hf: sources need the datasets package: pip install ppo-rlhf[hub]") from None
     try:
@@ -181,6 +181,7 @@ def sample_finished(
     model: str, tokenizer, prompts: list[str], reply_cap: int, seed: int, batch_size: int
 ) -> tuple[list[bool], list[int]]:
     """One reply per prompt from the starting policy: (finished within the cap?, reply length in tokens)."""
+    # lazy: prompts is imported by light commands (evaluate, pairs, demo check files before torch loads)
     import torch
 
     from ppo_rlhf.models import load_causal_lm
@@ -211,7 +212,7 @@ def build_prompts(
     batch_size: int = 16,
 ) -> dict:
     """Write OUT/train.jsonl, OUT/heldout.jsonl and OUT/prompts_info.json; return the info dict."""
-    from ppo_rlhf.chat import chat_prompt_ids
+    from ppo_rlhf.chat import chat_prompt_ids  # lazy: transformers, as in sample_finished
     from ppo_rlhf.models import load_tokenizer
 
     require(n_train >= 1 and n_heldout >= 1, f"--train and --heldout must be >= 1, got {n_train} and {n_heldout}")

@@ -25,9 +25,19 @@ from tqdm import tqdm
 from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked
 from ppo_rlhf.errors import require
 from ppo_rlhf.files import atomic_directory
+from ppo_rlhf.models import (
+    LoraSettings,
+    add_value_lora,
+    count_parameters,
+    load_sequence_classifier,
+    load_tokenizer,
+    resolve_model_path,
+)
 from ppo_rlhf.pairs import pair_from_record, read_pairs
 from ppo_rlhf.prompts import load_hf_dataset
+from ppo_rlhf.scores import reward_inputs, reward_scores
 from ppo_rlhf.stats import pearson
+from ppo_rlhf.train_config import resolve_device
 
 
 def load_pair_source(source: str) -> list[dict]:
@@ -43,8 +53,6 @@ def load_pair_source(source: str) -> list[dict]:
 
 def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(r_chosen [B], r_rejected [B], len(chosen) - len(rejected) in tokens [B]) in one forward pass."""
-    from ppo_rlhf.scores import reward_inputs, reward_scores
-
     prompts = [p["prompt"] for p in pairs]
     replies = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
     input_ids, attention_mask = reward_inputs(tokenizer, prompts + prompts, replies)
@@ -57,8 +65,6 @@ def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torc
 
 def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int]:
     """The longer of each pair's two conversations, in tokens."""
-    from ppo_rlhf.scores import reward_inputs
-
     longest = []
     for start in tqdm(range(0, len(pairs), chunk), desc="tokenizing pairs", leave=False):
         part = pairs[start : start + chunk]
@@ -109,16 +115,6 @@ def train_reward_model(
     device: str | None = None,
 ) -> dict:
     """Train on the pairs, write OUT (adapter + score head + tokenizer + rm_info.json); return rm_info."""
-    from ppo_rlhf.models import (
-        LoraSettings,
-        add_value_lora,
-        count_parameters,
-        load_sequence_classifier,
-        load_tokenizer,
-        resolve_model_path,
-    )
-    from ppo_rlhf.train_config import resolve_device
-
     require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
     require(lr > 0, f"--lr must be > 0, got {lr}")
     require(0 < heldout_fraction < 1, f"--heldout-fraction must be in (0, 1), got {heldout_fraction}")
