@@ -63,7 +63,8 @@ def main() -> None:
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     cfg = build_config(TrainConfig, dict(policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"),
                                          out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
-                                         max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True, device="cpu"))
+                                         max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True,
+                                         device="cpu"))
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     originals = {"first": logprobs_module.first_reply_position, "frozen": logprobs_module._frozen_plain_head}

@@ -7,9 +7,11 @@
 3. Per phase: the FLOPs it had to do, from the token counts the trainer actually ran (each chunk trimmed to its own
    longest row, so padding is counted where it is computed), and the model-FLOPs utilisation = FLOPs / time / GEMM peak.
    N = the body's parameters (no embedding), H = hidden x vocab (the LM head).
-     forward            2N per token (+ 2H for the policy's logits, only where the head runs: from the first reply position)
+     forward            2N per token (+ 2H for the policy's logits, only where the head runs: from the first reply
+                        position)
      forward+backward   6N per token, the usual "model FLOPs" (the frozen weights' own gradient is never computed
-                        with LoRA, so the work really done is 4N, + the LM head's 2H forward, 2H backward and 2H recompute)
+                        with LoRA, so the work really done is 4N, + the LM head's 2H forward, 2H backward and 2H
+                        recompute)
    Generation: tokens per second against the bound that reading every weight once per decoding step sets
    (batch x bandwidth / weight bytes), and the compute bound.
 """
@@ -94,7 +96,8 @@ def main() -> None:
     peak = max(gemm.values())
     bandwidth = read_bandwidth()
     print(f"== machine: {torch.get_num_threads()} threads; fp32 GEMM GFLOP/s " +
-          ", ".join(f"{k} {v:.1f}" for k, v in gemm.items()) + f"; peak {peak:.1f}; read bandwidth {bandwidth:.1f} GB/s")
+          ", ".join(f"{k} {v:.1f}" for k, v in gemm.items())
+          + f"; peak {peak:.1f}; read bandwidth {bandwidth:.1f} GB/s")
 
     from peer_trl import PROMPTS, prepare_model
 
@@ -116,7 +119,8 @@ def main() -> None:
     n_body = sum(p.numel() for name, p in body.named_parameters() if "embed_tokens" not in name and "lora_" not in name)
     n_head = head.weight.numel()
     vbody, _ = backbone_and_head(trainer.value_model)
-    n_vbody = sum(p.numel() for name, p in vbody.named_parameters() if "embed_tokens" not in name and "lora_" not in name)
+    n_vbody = sum(p.numel() for name, p in vbody.named_parameters()
+                  if "embed_tokens" not in name and "lora_" not in name)
     weight_bytes = 4 * (n_body + n_head)
     print(f"== model {args.model}: N (body, no embedding) {n_body / 1e6:.1f}M, H (LM head) {n_head / 1e6:.1f}M, "
           f"value body {n_vbody / 1e6:.1f}M; batch {args.batch}, minibatch {args.minibatch}, epochs {args.epochs}, "
@@ -141,7 +145,8 @@ def main() -> None:
         update_tokens = update_head = 0
         for _ in range(args.epochs):
             for start in range(0, B, args.minibatch):
-                body_pos, head_pos = chunk_tokens(rollout.select(list(range(start, min(B, start + args.minibatch)))), micro)
+                body_pos, head_pos = chunk_tokens(rollout.select(list(range(start, min(B, start + args.minibatch)))),
+                                                  micro)
                 update_tokens, update_head = update_tokens + body_pos, update_head + head_pos
         update_model = update_tokens * 6 * (n_body + n_vbody) + update_head * 6 * n_head
         update_done = update_tokens * 4 * (n_body + n_vbody) + update_head * 6 * n_head
@@ -164,7 +169,8 @@ def main() -> None:
               f"bound: weights-read {bound_bw:.0f} tok/s, compute {bound_compute:.0f} tok/s")
         print(f"  scoring    {t['score']:6.2f} s  {score_flops / 1e12:6.3f} TFLOP  MFU {row['mfu_score']:.1%}  "
               f"({scored} positions x 3 passes + reward model)")
-        print(f"  update     {t['update']:6.2f} s  {update_model / 1e12:6.3f} TFLOP (6N)  MFU {row['mfu_update_6N']:.1%}; "
+        print(f"  update     {t['update']:6.2f} s  {update_model / 1e12:6.3f} TFLOP (6N)  MFU "
+              f"{row['mfu_update_6N']:.1%}; "
               f"work done (4N + head) {update_done / 1e12:.3f} TFLOP, utilisation {row['hfu_update_4N']:.1%}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

