@@ -2,7 +2,7 @@
 
 The reward model is a sequence classifier built on the policy's own backbone and tokenizer, with LoRA on
 the seven linear layers of every block and a trainable one-output score head. Each (prompt, reply) is
-chat-formatted and scored at the reply's closing EOS by rollout.reward_inputs / reward_scores, the exact
+chat-formatted and scored at the reply's closing EOS by scores.reward_inputs / reward_scores, the exact
 functions PPO scores with, so training and use read the same position. The loss is
 
     -log sigmoid(r(x, chosen) - r(x, rejected))
