@@ -27,14 +27,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def switch(trainer, change: str, after: bool, originals: dict) -> None:
     """Put the trainer in the before (after=False) or after state of `change`."""
-    import ppo_rlhf.rollout as rollout_module
+    import ppo_rlhf.logprobs as logprobs_module
     import ppo_rlhf.trainer as trainer_module
 
     if change == "first":  # patched where it is called: the trainer imported it by name
         trainer_module.first_reply_position = originals["first"] if after else (lambda prompt_ids: 0)
-        assert trainer_module.first_reply_position is not rollout_module.first_reply_position or after
-    elif change == "frozen-head":
-        rollout_module._frozen_plain_head = originals["frozen"] if after else (lambda head: False)
+        assert trainer_module.first_reply_position is not logprobs_module.first_reply_position or after
+    elif change == "frozen-head":  # token_logprobs looks it up in its own module at every call
+        logprobs_module._frozen_plain_head = originals["frozen"] if after else (lambda head: False)
     elif change == "score-batch":
         trainer.cfg.score_batch_size = trainer.cfg.batch_size if after else 0
     else:
@@ -53,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     from peer_trl import PROMPTS, prepare_model
 
-    import ppo_rlhf.rollout as rollout_module
+    import ppo_rlhf.logprobs as logprobs_module
     from ppo_rlhf.config import build_config
     from ppo_rlhf.train_config import TrainConfig
     from ppo_rlhf.trainer import PPOTrainer
@@ -63,11 +63,11 @@ def main() -> None:
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     cfg = build_config(TrainConfig, dict(policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"),
                                          out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
-                                         max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True, device="cpu",
-                                         dtype="float32"))  # the measurements in bench/README.md
+                                         max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True,
+                                         device="cpu", dtype="float32"))  # the measurements in bench/README.md
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
-    originals = {"first": rollout_module.first_reply_position, "frozen": rollout_module._frozen_plain_head}
+    originals = {"first": logprobs_module.first_reply_position, "frozen": logprobs_module._frozen_plain_head}
     trainer.iteration(0)  # warm-up
     seen = {"before": [], "after": []}
     for i in range(args.pairs):

@@ -9,9 +9,11 @@
    of the dtype the phase's matmuls ran in (`--dtype`: the trainer's setting; bf16 stores the frozen weights in bf16,
    so every large matmul of every phase is a bf16 one; the fp32 LoRA factors (rank 16) are ~5% of SmolLM2's FLOPs).
    N = the body's parameters (no embedding), H = hidden x vocab (the LM head).
-     forward            2N per token (+ 2H for the policy's logits, only where the head runs: from the first reply position)
+     forward            2N per token (+ 2H for the policy's logits, only where the head runs: from the first reply
+                        position)
      forward+backward   6N per token, the usual "model FLOPs" (the frozen weights' own gradient is never computed
-                        with LoRA, so the work really done is 4N, + the LM head's 2H forward, 2H backward and 2H recompute)
+                        with LoRA, so the work really done is 4N, + the LM head's 2H forward, 2H backward and 2H
+                        recompute)
    Generation: tokens per second against the bound that reading every weight once per decoding step sets
    (batch x bandwidth / weight bytes), and the compute bound.
 """
@@ -68,7 +70,7 @@ def read_bandwidth() -> float:
 def chunk_tokens(rollout, rows_per_chunk: int, first: int | None = None) -> tuple[int, int]:
     """(positions the body computes, positions the LM head computes) when a rollout is run in row chunks, each
     trimmed to its own longest row; the head starts at `first` (the batch's) or at each chunk's own first reply."""
-    from ppo_rlhf.rollout import first_reply_position
+    from ppo_rlhf.logprobs import first_reply_position
     from ppo_rlhf.trainer import row_chunks
 
     body = head = 0
@@ -102,14 +104,15 @@ def main() -> None:
     bandwidth = read_bandwidth()
     print(f"== machine: {torch.get_num_threads()} threads; read bandwidth {bandwidth:.1f} GB/s")
     for name, gemm in gemms.items():
-        print(f"  {name:8s} GEMM GFLOP/s " + ", ".join(f"{k} {v:.1f}" for k, v in gemm.items()) + f"; peak {peaks[name]:.1f}")
+        print(f"  {name:8s} GEMM GFLOP/s " + ", ".join(f"{k} {v:.1f}" for k, v in gemm.items())
+              + f"; peak {peaks[name]:.1f}")
     print(f"== the trainer runs in {dtype}: MFU against {peak:.1f} GFLOP/s")
 
     from peer_trl import PROMPTS, prepare_model
 
     from ppo_rlhf.config import build_config
+    from ppo_rlhf.logprobs import body_and_lm_head, first_reply_position
     from ppo_rlhf.models import backbone_and_head
-    from ppo_rlhf.rollout import _body_and_lm_head, first_reply_position
     from ppo_rlhf.train_config import TrainConfig
     from ppo_rlhf.trainer import PPOTrainer
 
@@ -121,11 +124,12 @@ def main() -> None:
                                          epochs=args.epochs, max_new_tokens=args.max_new_tokens, tensorboard=False,
                                          quiet=True, device="cpu", dtype=args.dtype))
     trainer = PPOTrainer(cfg)
-    body, head = _body_and_lm_head(trainer.policy)
+    body, head = body_and_lm_head(trainer.policy)
     n_body = sum(p.numel() for name, p in body.named_parameters() if "embed_tokens" not in name and "lora_" not in name)
     n_head = head.weight.numel()
     vbody, _ = backbone_and_head(trainer.value_model)
-    n_vbody = sum(p.numel() for name, p in vbody.named_parameters() if "embed_tokens" not in name and "lora_" not in name)
+    n_vbody = sum(p.numel() for name, p in vbody.named_parameters()
+                  if "embed_tokens" not in name and "lora_" not in name)
     weight_bytes = dtype.itemsize * (n_body + n_head)  # what each decoding step reads
     print(f"== model {args.model}: N (body, no embedding) {n_body / 1e6:.1f}M, H (LM head) {n_head / 1e6:.1f}M, "
           f"value body {n_vbody / 1e6:.1f}M; batch {args.batch}, minibatch {args.minibatch}, epochs {args.epochs}, "
@@ -151,7 +155,8 @@ def main() -> None:
         update_tokens = update_head = 0
         for _ in range(args.epochs):
             for start in range(0, B, args.minibatch):
-                body_pos, head_pos = chunk_tokens(rollout.select(list(range(start, min(B, start + args.minibatch)))), micro)
+                body_pos, head_pos = chunk_tokens(rollout.select(list(range(start, min(B, start + args.minibatch)))),
+                                                  micro)
                 update_tokens, update_head = update_tokens + body_pos, update_head + head_pos
         update_model = update_tokens * 6 * (n_body + n_vbody) + update_head * 6 * n_head
         update_done = update_tokens * 4 * (n_body + n_vbody) + update_head * 6 * n_head
@@ -174,7 +179,8 @@ def main() -> None:
               f"bound: weights-read {bound_bw:.0f} tok/s, compute {bound_compute:.0f} tok/s")
         print(f"  scoring    {t['score']:6.2f} s  {score_flops / 1e12:6.3f} TFLOP  MFU {row['mfu_score']:.1%}  "
               f"({scored} positions x 3 passes + reward model)")
-        print(f"  update     {t['update']:6.2f} s  {update_model / 1e12:6.3f} TFLOP (6N)  MFU {row['mfu_update_6N']:.1%}; "
+        print(f"  update     {t['update']:6.2f} s  {update_model / 1e12:6.3f} TFLOP (6N)  MFU "
+              f"{row['mfu_update_6N']:.1%}; "
               f"work done (4N + head) {update_done / 1e12:.3f} TFLOP, utilisation {row['hfu_update_4N']:.1%}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

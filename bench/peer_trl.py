@@ -133,7 +133,8 @@ def run_trl(args) -> dict:
     reward.requires_grad_(False)
     # The value model: LoRA + trained score head, like ours. The LoRA layers are injected in place, so TRL gets the
     # inner sequence classifier (it reads `.model` and `.score` off it).
-    value = get_peft_model(value, LoraConfig(task_type=TaskType.SEQ_CLS, modules_to_save=["score"], **lora)).base_model.model
+    value = get_peft_model(value, LoraConfig(task_type=TaskType.SEQ_CLS, modules_to_save=["score"],
+                                             **lora)).base_model.model
 
     chat = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
                                           return_dict=True)["input_ids"] for p in PROMPTS]
@@ -215,12 +216,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="pairs of runs per model (order alternates)")
-    parser.add_argument("--qwen-batch", type=int, default=0, help="batch for qwen-shape (minibatch = half); 0 = --batch")
-    parser.add_argument("--qwen-max-new-tokens", type=int, default=0, help="reply cap for qwen-shape; 0 = --max-new-tokens")
+    parser.add_argument("--qwen-batch", type=int, default=0,
+                        help="batch for qwen-shape (minibatch = half); 0 = --batch")
+    parser.add_argument("--qwen-max-new-tokens", type=int, default=0,
+                        help="reply cap for qwen-shape; 0 = --max-new-tokens")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--tuned-malloc", action="store_true",
                         help="both sides with glibc's allocator returning large freed blocks to the OS and using "
-                             "transparent huge pages (MALLOC_MMAP_THRESHOLD_=131072, GLIBC_TUNABLES=glibc.malloc.hugetlb=1)")
+                             "transparent huge pages (MALLOC_MMAP_THRESHOLD_=131072, "
+                             "GLIBC_TUNABLES=glibc.malloc.hugetlb=1)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -257,7 +261,8 @@ def main() -> None:
             order = sides if r % 2 == 0 else sides[::-1]
             for side in order:
                 python = TRL_PY if side == "trl" else OURS_PY
-                flags = ["--side", "trl"] if side == "trl" else ["--side", "ours", "--old-logprobs", side[len("ours-"):]]
+                flags = ["--side", "trl"] if side == "trl" else ["--side", "ours", "--old-logprobs",
+                                                                 side[len("ours-"):]]
                 started = time.perf_counter()
                 proc = subprocess.run([str(python), __file__, *flags, *common], capture_output=True, text=True,
                                       env=env, cwd=ROOT)
@@ -270,11 +275,14 @@ def main() -> None:
                 s = summarise(result)
                 print(f"  {side:15s} round {r}: {s['total']:7.2f} s/it (gen {s['gen']:.2f}, score {s['score']:.2f}, "
                       f"update {s['update']:.2f}), reply len {s['len']:.1f}, peak RSS {s['peak_rss_gb']:.2f} GB "
-                      f"(after loading {s['rss_loaded_gb']:.2f}), wall {time.perf_counter() - started:.0f} s", flush=True)
+                      f"(after loading {s['rss_loaded_gb']:.2f}), wall {time.perf_counter() - started:.0f} s",
+                      flush=True)
         merged = {side: summarise({"rows": [row for res in rs for row in res["rows"]],
                                    "peak_rss_gb": max(res["peak_rss_gb"] for res in rs),
-                                   "rss_loaded_gb": max(res["rss_loaded_gb"] for res in rs)}) for side, rs in runs.items()}
-        results[name] = {"config": {"batch": batch, "minibatch": minibatch, "epochs": args.epochs, "max_new_tokens": cap,
+                                   "rss_loaded_gb": max(res["rss_loaded_gb"] for res in rs)})
+                   for side, rs in runs.items()}
+        results[name] = {"config": {"batch": batch, "minibatch": minibatch, "epochs": args.epochs,
+                                    "max_new_tokens": cap,
                                     "temperature": args.temperature}, **merged}
         t = merged["trl"]
         for side in sides[:-1]:

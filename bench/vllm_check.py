@@ -34,8 +34,9 @@ def main() -> int:
         return 2
 
     from ppo_rlhf.generation import VLLMGenerator, merged_state_dict
+    from ppo_rlhf.logprobs import token_logprobs
     from ppo_rlhf.models import LoraSettings, load_policy, load_tokenizer, resolve_model_path
-    from ppo_rlhf.rollout import eos_token_ids, generate_rollout, token_logprobs
+    from ppo_rlhf.rollout import eos_token_ids, generate_rollout
 
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)
@@ -71,7 +72,8 @@ def main() -> int:
         ours = token_logprobs(policy, rollout.input_ids.cuda(), rollout.attention_mask.cuda(), args.temperature).cpu()
     act = rollout.action_mask.bool()
     print(f"vLLM rollout: {int(rollout.reply_lengths.sum())} tokens in {vllm_time:.2f}s; "
-          f"mean log pi_old (ours, T={args.temperature}) {float(ours[act].mean()):+.3f}; finished {float(rollout.finished.float().mean()):.2f}")
+          f"mean log pi_old (ours, T={args.temperature}) {float(ours[act].mean()):+.3f}; finished "
+          f"{float(rollout.finished.float().mean()):.2f}")
     start = time.perf_counter()
     hf_rollout = generate_rollout(policy, tokenizer, prompts, args.max_new_tokens, args.temperature)
     hf_time = time.perf_counter() - start

@@ -57,9 +57,9 @@ def hf_side(folder: str, dtype: str, batches: list[int], cap: int, repeats: int)
 def vllm_side(folder: str, dtype: str, batches: list[int], cap: int, repeats: int) -> tuple[float, dict[int, float]]:
     from transformers import AutoConfig
 
+    from ppo_rlhf.chat import chat_prompt_ids
     from ppo_rlhf.generation import VLLMGenerator, VLLMServer, vllm_python
     from ppo_rlhf.models import load_tokenizer
-    from ppo_rlhf.rollout import chat_prompt_ids
 
     tokenizer = load_tokenizer(folder)
     config = AutoConfig.from_pretrained(folder)

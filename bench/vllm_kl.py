@@ -28,8 +28,8 @@ def main() -> int:
     args = parser.parse_args()
     import test_vllm_engine as helpers
 
+    from ppo_rlhf.chat import chat_prompt_ids
     from ppo_rlhf.generation import VLLMGenerator, VLLMServer, vllm_python
-    from ppo_rlhf.rollout import chat_prompt_ids
 
     import tiny
 

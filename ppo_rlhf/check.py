@@ -64,7 +64,7 @@ def first_ratio(trainer: PPOTrainer, experience: Experience) -> Result:
     """Training-mode log-probs with gradients (as the first update computes them) against log pi_old."""
     import torch
 
-    from ppo_rlhf.rollout import first_reply_position
+    from ppo_rlhf.logprobs import first_reply_position
 
     act, tolerance = experience.action_mask.bool(), TOLERANCE[dtype_name(trainer)]
     trainer.set_training(True)
@@ -82,8 +82,8 @@ def reference(trainer: PPOTrainer, experience: Experience) -> Result:
     """Move the adapter, then compare the reference's log-probs with a freshly loaded base model's."""
     import torch
 
+    from ppo_rlhf.logprobs import token_logprobs
     from ppo_rlhf.models import load_causal_lm
-    from ppo_rlhf.rollout import token_logprobs
     from ppo_rlhf.trainer import trainable_parameters
 
     cfg, act, tolerance = trainer.cfg, experience.action_mask.bool().cpu(), TOLERANCE[dtype_name(trainer)]

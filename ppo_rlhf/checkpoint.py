@@ -13,7 +13,6 @@ This module only writes and reads files: what goes in them is the trainer's busi
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 from pathlib import Path
@@ -26,7 +25,7 @@ from safetensors.torch import load_file
 
 from ppo_rlhf.distributed import Dist, as_shard_of, is_sharded
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.files import atomic_directory, atomic_write_text
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -71,29 +70,16 @@ def save_checkpoint(run_dir: Path, iteration: int, models: dict[str, PeftModel],
     (`PPOTrainer.state_dict()`), its "weights" as one PEFT adapter folder per model (what `evaluate` reads), the rest
     with the RNG states in state.pt, and the history so far."""
     root = run_dir / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(iteration)
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for name, model in models.items():
-        model.save_pretrained(tmp / name, state_dict=state["weights"][name])
-    rest = {key: value for key, value in state.items() if key != "weights"}
-    torch.save({"iteration": iteration, "trainer": rest, "rng": rng_state()}, tmp / "state.pt")
-    (tmp / "history.jsonl").write_text("".join(history_lines))
-    _fsync_tree(tmp)
-    if final.exists():  # a checkpoint of the same iteration from a run that was killed after writing it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    # an existing `final`: a checkpoint of the same iteration from a run that was killed after writing it
+    with atomic_directory(final) as tmp:
+        for name, model in models.items():
+            model.save_pretrained(tmp / name, state_dict=state["weights"][name])
+        rest = {key: value for key, value in state.items() if key != "weights"}
+        torch.save({"iteration": iteration, "trainer": rest, "rng": rng_state()}, tmp / "state.pt")
+        (tmp / "history.jsonl").write_text("".join(history_lines))
     atomic_write_text(root / LATEST, final.name + "\n")
     return final
-
-
-def _fsync_tree(folder: Path) -> None:
-    for path in folder.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -133,11 +119,12 @@ def list_checkpoints(run_dir: Path, models: tuple[str, ...] | None = None) -> li
 
 
 def clean_partial_writes(run_dir: Path) -> list[Path]:
-    """Remove what a killed run left half-written: `checkpoints/.tmp-*` folders and `.NAME.tmp-PID` files.
-    Never needed for correctness (nothing reads them), only to keep the run directory clean; returns them."""
+    """Remove what a killed run left half-written or set aside (files.py): `.NAME.tmp-PID` and `.NAME.old-PID` files
+    and folders. Never needed for correctness (nothing reads them), only to keep the run directory clean; returns
+    them."""
     run_dir = Path(run_dir)
-    leftovers = list((run_dir / CHECKPOINTS).glob(".tmp-*")) + list((run_dir / CHECKPOINTS).glob(".*.tmp-*"))
-    leftovers += list(run_dir.glob(".*.tmp-*"))
+    leftovers = [path for folder in (run_dir, run_dir / CHECKPOINTS) for pattern in (".*.tmp-*", ".*.old-*")
+                 for path in folder.glob(pattern)]
     for path in leftovers:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

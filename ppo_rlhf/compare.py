@@ -15,14 +15,16 @@ from typing import Any
 
 from ppo_rlhf.config import POSITIVE_INT, SEED, add_config_arguments, build_config, read_yaml
 from ppo_rlhf.errors import require
+from ppo_rlhf.evaluate import evaluate_runs
 from ppo_rlhf.objectives import ESTIMATORS
+from ppo_rlhf.prompts import read_prompts
+from ppo_rlhf.train import train
+from ppo_rlhf.train_config import TrainConfig
 
 
 def compare_configs(base: dict[str, Any], out: str | Path, estimators: list[str]) -> dict[str, Any]:
     """One TrainConfig per estimator; a group_size of 1 becomes 2 for all (rloo/grpo need groups, and every
     estimator must see the same prompts)."""
-    from ppo_rlhf.train_config import TrainConfig
-
     for name in estimators:
         require(name in ESTIMATORS, f"unknown estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
     require(len(set(estimators)) == len(estimators), "each estimator once")
@@ -37,7 +39,8 @@ def side_by_side(summary: list[dict[str, Any]]) -> str:
         c = s[f"{judge}_change"]
         return f"{c['mean']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}]"
 
-    lines = [f"{'model':<22} {'proxy change (start sd)':<28} {'gold change (start sd)':<28} {'kl':>7} {'tokens':>7} {'fin':>5}"]
+    lines = [f"{'model':<22} {'proxy change (start sd)':<28} {'gold change (start sd)':<28} {'kl':>7} {'tokens':>7} "
+             f"{'fin':>5}"]
     for s in summary:
         lines.append(f"{s['model']:<22} {cell(s, 'proxy'):<28} {cell(s, 'gold'):<28} {s['kl']:>7.3f} "
                      f"{s['tokens']:>7.1f} {s['finished']:>5.2f}")
@@ -46,10 +49,6 @@ def side_by_side(summary: list[dict[str, Any]]) -> str:
 
 def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_prompts: str, gold: str = "gold",
             replies_per_prompt: int = 2, seed: int = 1234, overwrite: bool = False) -> dict[str, Any]:
-    from ppo_rlhf.evaluate import evaluate_runs
-    from ppo_rlhf.prompts import read_prompts
-    from ppo_rlhf.train import train
-
     out = Path(out)
     configs = compare_configs({**base, "overwrite": overwrite}, out, estimators)
     read_prompts(eval_prompts)  # fail before hours of training
@@ -64,8 +63,6 @@ def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ppo_rlhf.train_config import TrainConfig
-
     parser.add_argument("--config", help="base YAML config of `ppo-rlhf train`; flags override it")
     parser.add_argument("--estimators", default=",".join(ESTIMATORS), help="comma-separated, from gae, rloo, grpo")
     parser.add_argument("--eval-prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
@@ -76,8 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppo_rlhf.train_config import TrainConfig
-
     names = set(TrainConfig.__dataclass_fields__)
     base = read_yaml(args.config) if args.config else {}
     base.update({k: v for k, v in vars(args).items() if k in names})

@@ -198,7 +198,8 @@ class Checked:
             raise argparse.ArgumentTypeError(f"expected {self.field_type.noun}, got {text!r}") from None
 
 
-POSITIVE_INT, NON_NEGATIVE_INT, POSITIVE_FLOAT = Checked(int, POSITIVE), Checked(int, NON_NEGATIVE), Checked(float, POSITIVE)
+POSITIVE_INT, NON_NEGATIVE_INT = Checked(int, POSITIVE), Checked(int, NON_NEGATIVE)
+POSITIVE_FLOAT = Checked(float, POSITIVE)
 SEED = Checked(int, typing.get_args(Seed)[1])
 
 

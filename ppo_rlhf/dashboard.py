@@ -36,7 +36,8 @@ def dashboard_line(stats: dict[str, Any]) -> str:
     # the KL that is not the chapter's (k1 in the reward) says which it is
     kl_label = "kl" if stats.get("kl_used", "k1 in reward") == "k1 in reward" else f"kl[{stats['kl_used']}]"
     parts += [f"{kl_label if key == 'kl' else label} {_fmt(fmt, stats.get(key))}" for key, label, fmt in DASHBOARD]
-    timing = f"({stats['time_total']:.0f}s, gen {stats['time_gen']:.0f}s, score {stats['time_score']:.0f}s, update {stats['time_update']:.0f}s)"
+    timing = (f"({stats['time_total']:.0f}s, gen {stats['time_gen']:.0f}s, score {stats['time_score']:.0f}s, "
+              f"update {stats['time_update']:.0f}s)")
     skipped = f"  skipped {stats['skipped_steps']}" if stats.get("skipped_steps") else ""
     return "  ".join(parts) + f"  {timing}{skipped}"
 
@@ -51,7 +52,7 @@ class TensorBoard:
     def __init__(self, folder: Path | None, first_iteration: int = 0):
         self.writer = None
         if folder is not None:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # lazy: report reads DASHBOARD without torch
 
             # purge_step: a resumed run drops the points a killed run logged after its last checkpoint
             self.writer = SummaryWriter(str(folder), purge_step=first_iteration or None)

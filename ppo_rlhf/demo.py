@@ -7,9 +7,10 @@
   5. evaluation    start model and two checkpoints of each run on held-out prompts, proxy and gold judge
   6. report        plots, tables and before/after examples in OUT/report/report.html
 
-Every stage writes its outputs under OUT, keyed by the settings it depends on and the stages before it (OUT/stages.json):
-a finished stage is skipped when its key is unchanged, so a killed demo continues where it stopped (PPO runs resume
-from their latest checkpoint), and a changed setting re-runs its stage and every stage after it.
+Every stage writes its outputs under OUT, keyed by the settings it depends on and the stages before it
+(OUT/stages.json): a finished stage is skipped when its key is unchanged, so a killed demo continues where it
+stopped (PPO runs resume from their latest checkpoint), and a changed setting re-runs its stage and every stage after
+it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ from ppo_rlhf.config import (
     to_yaml,
 )
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.evaluate import evaluate_runs
 from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.pairs import make_pairs
+from ppo_rlhf.pairs import summary_line as pairs_line
+from ppo_rlhf.prompts import build_prompts, read_prompts, summary, write_jsonl
+from ppo_rlhf.report import write_report
+from ppo_rlhf.train import train
+from ppo_rlhf.train_config import TrainConfig
 
 
 @dataclass
@@ -100,8 +108,6 @@ def run_name(beta: float) -> str:
 
 def split_train(prompts_dir: Path, rm_share: float) -> tuple[Path, Path]:
     """Disjoint reward-model and PPO prompt files: the policy is never trained on prompts the RM saw."""
-    from ppo_rlhf.prompts import read_prompts, write_jsonl
-
     prompts = read_prompts(prompts_dir / "train.jsonl")
     cut = max(1, min(len(prompts) - 1, round(len(prompts) * rm_share)))
     rm_file, ppo_file = prompts_dir / "rm.jsonl", prompts_dir / "ppo.jsonl"
@@ -180,15 +186,9 @@ class Stages:
 
 
 def demo(cfg: DemoConfig) -> Path:
-    from ppo_rlhf.evaluate import evaluate_runs
-    from ppo_rlhf.pairs import make_pairs
-    from ppo_rlhf.pairs import summary_line as pairs_line
-    from ppo_rlhf.prompts import build_prompts, summary
-    from ppo_rlhf.report import write_report
+    # lazy: reward_model imports torch; `ppo-rlhf demo` checks its arguments and files without it
     from ppo_rlhf.reward_model import summary_line as reward_model_line
     from ppo_rlhf.reward_model import train_reward_model
-    from ppo_rlhf.train import train
-    from ppo_rlhf.train_config import TrainConfig
 
     out = Path(cfg.out).resolve()  # every path the stages save is absolute: runs read from any directory
     out.mkdir(parents=True, exist_ok=True)
@@ -221,8 +221,10 @@ def demo(cfg: DemoConfig) -> Path:
         train_cfg = build_config(TrainConfig, dict(
             policy_model=cfg.model, reward_model=str(reward_dir), prompts=str(ppo_prompts), out=str(run_dir),
             seed=cfg.seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
-            minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap, reward_norm_samples=cfg.reward_norm_samples,
-            beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr, checkpoint_every=max(1, cfg.iterations // 2), sample_every=max(1, cfg.iterations // 4)))
+            minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap,
+            reward_norm_samples=cfg.reward_norm_samples,
+            beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr, checkpoint_every=max(1, cfg.iterations // 2),
+            sample_every=max(1, cfg.iterations // 4)))
 
         def ppo(continuing: bool, c: TrainConfig = train_cfg, d: Path = run_dir) -> None:
             if continuing and (d / "config.yaml").is_file():
@@ -232,7 +234,8 @@ def demo(cfg: DemoConfig) -> Path:
                 train(c)
 
         final_checkpoint = run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
-        run_keys.append(stages.run(f"ppo {run_dir.name}", settings("ppo", beta=beta), [reward_key], final_checkpoint, ppo))
+        run_keys.append(stages.run(f"ppo {run_dir.name}", settings("ppo", beta=beta), [reward_key], final_checkpoint,
+                                   ppo))
 
     eval_dir = out / "eval"
 

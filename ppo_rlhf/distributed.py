@@ -39,6 +39,9 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as td
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ppo_rlhf.errors import require
 from ppo_rlhf.objectives import masked_sum, masked_whiten, whiten_with
@@ -93,8 +96,6 @@ class Dist:
         the layers' parameters become new (DTensor) parameters."""
         if not self.fsdp:
             return
-        from torch.distributed.fsdp import fully_shard
-
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         layer_types = set(getattr(base, "_no_split_modules", None) or ())
         layers = [m for m in model.modules() if type(m).__name__ in layer_types]
@@ -110,14 +111,12 @@ class Dist:
         """The path from `model`'s losses to its weights: a `GradientStep`, or under DeepSpeed a `zero.ZeroStep`."""
         if not self.zero_stage:
             return GradientStep(self, optimizer, max_norm)
-        from ppo_rlhf.zero import ZeroStep  # DeepSpeed is an optional dependency, imported only when launched so
+        from ppo_rlhf.zero import ZeroStep  # lazy: DeepSpeed is optional, needed only under its launch
 
         return ZeroStep(self, model, optimizer, max_norm)
 
     # ----------------------------------------------------------------- reductions
     def _all_reduce(self, tensor: torch.Tensor, op: str = "SUM") -> torch.Tensor:
-        import torch.distributed as td
-
         td.all_reduce(tensor, op=getattr(td.ReduceOp, op))
         return tensor
 
@@ -183,8 +182,6 @@ class Dist:
         """Every process's (picklable, CPU) `value`, in rank order."""
         if self.world_size == 1:
             return [value]
-        import torch.distributed as td
-
         values: list[Any] = [None] * self.world_size
         td.all_gather_object(values, value)
         return values
@@ -193,8 +190,6 @@ class Dist:
         """Concatenate a 1-D tensor of any length from every rank, in rank order."""
         if self.world_size == 1:
             return tensor
-        import torch.distributed as td
-
         dev = self._comm_device()
         length = torch.tensor([tensor.numel()], device=dev)
         lengths = [torch.zeros_like(length) for _ in range(self.world_size)]
@@ -219,13 +214,9 @@ class Dist:
 
     def barrier(self) -> None:
         if self.world_size > 1:
-            import torch.distributed as td
-
             td.barrier()
 
     def _comm_device(self) -> torch.device:
-        import torch.distributed as td
-
         return torch.device("cuda", self.local_rank) if td.get_backend() == "nccl" else torch.device("cpu")
 
 
@@ -274,16 +265,12 @@ class GradientStep:
 
 def as_shard_of(param: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     """`whole` cut like the FSDP-sharded `param` (every process has read the same file: no communication)."""
-    from torch.distributed.tensor import distribute_tensor
-
     whole = whole.to(param.device, param.dtype)
     return distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
     """An FSDP-sharded parameter or gradient (a DTensor)."""
-    from torch.distributed.tensor import DTensor
-
     return isinstance(tensor, DTensor)
 
 
@@ -308,8 +295,6 @@ def current() -> Dist:
         zero_stage = int(stage)
     fsdp = distributed_type == "FSDP" or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
     require(not (fsdp and zero_stage), "choose FSDP or DeepSpeed, not both")
-    import torch.distributed as td
-
     if not td.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         td.init_process_group(backend=backend)
@@ -317,9 +302,3 @@ def current() -> Dist:
     if torch.cuda.is_available():
         torch.cuda.set_device(_CURRENT.local_rank)
     return _CURRENT
-
-
-def reset() -> None:
-    """Forget the cached group (tests)."""
-    global _CURRENT
-    _CURRENT = None

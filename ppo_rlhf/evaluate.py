@@ -53,7 +53,7 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
 
 def select_checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:
     """(iteration, folder) of the checkpoints named by `which`: "all", "latest" or iterations like "10,20"."""
-    from ppo_rlhf.checkpoint import latest_checkpoint, list_checkpoints
+    from ppo_rlhf.checkpoint import latest_checkpoint, list_checkpoints  # lazy: imports torch (see run())
 
     found = list_checkpoints(run_dir)
     require(bool(found), f"{run_dir} has no complete checkpoints (checkpoints/iter_*/state.pt)")
@@ -238,10 +238,12 @@ def _sample_records(
     iteration: int | None,
 ) -> list[dict]:
     """Sample replies_per_prompt replies per prompt, with per-reply tokens, finished, KL and entropy sum."""
+    # lazy, as in run(): `ppo-rlhf evaluate` checks its arguments and files before torch loads
     import torch
 
+    from ppo_rlhf.logprobs import token_logprobs
     from ppo_rlhf.objectives import kl_k1, masked_sum
-    from ppo_rlhf.rollout import generate_rollout, token_logprobs
+    from ppo_rlhf.rollout import generate_rollout
 
     label = model_label(run, iteration)
     repeated = [p for p in prompts for _ in range(replies_per_prompt)]  # reply i of prompt j at j * R + i
@@ -315,7 +317,7 @@ def _common_settings(configs: dict[str, dict[str, Any]], proxy: str | None) -> d
 
 
 def _release_memory() -> None:
-    import torch
+    import torch  # lazy, as in run()
 
     gc.collect()
     if torch.cuda.is_available():
@@ -350,6 +352,7 @@ def evaluate_runs(
     settings = _common_settings(configs, proxy)
     prompts = read_prompts(prompts_path)  # every input is checked before the slow imports and model loads
 
+    # lazy: every argument and file is checked above before torch, transformers and the models load
     import torch
 
     from ppo_rlhf.judges import make_judge

@@ -1,18 +1,53 @@
-"""Atomic file writes: a reader (or a resumed run) never sees half a file."""
+"""Atomic writes of files and folders: a reader (or a resumed run) never sees half of one.
+
+Both write into a temporary sibling named `.NAME.tmp-PID` (what checkpoint.clean_partial_writes removes after a
+kill) and rename it into place.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+
+def _temporary_sibling(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temporary sibling, fsync it, then rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = _temporary_sibling(path)
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+@contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yield an empty temporary sibling folder to fill; when the block ends without an error, fsync its files and
+    rename it to `path`. An existing `path` is replaced: set aside first and removed only once the new one is in
+    place, so a kill never leaves neither."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary_sibling(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    yield tmp
+    for file in tmp.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+    if not path.exists():
+        os.replace(tmp, path)
+        return
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old)

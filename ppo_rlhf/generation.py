@@ -230,7 +230,7 @@ class VLLMGenerator:
         self.synced += 1
 
     def generate(self, prompts: list[str]):
-        from ppo_rlhf.rollout import chat_prompt_ids
+        from ppo_rlhf.chat import chat_prompt_ids
 
         require(len(prompts) > 0, "no prompts to generate from")
         prompt_ids = [chat_prompt_ids(self.tokenizer, p) for p in prompts]

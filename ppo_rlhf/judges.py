@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Protocol
 
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.models import load_reward_model, load_tokenizer
+from ppo_rlhf.scores import score_texts
 
 JUDGE_SPECS = "vader, nontoxic, gold, rm:PATH_OR_HUB_ID (or a reward-model folder)"
 
@@ -49,7 +51,7 @@ class VaderJudge:
     name = "vader"
 
     def __init__(self) -> None:
-        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+        from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer  # lazy: optional, only this judge
 
         self.analyzer = SentimentIntensityAnalyzer()
 
@@ -64,7 +66,7 @@ class NonToxicJudge:
     name = "nontoxic"
 
     def score(self, prompts: list[str], replies: list[str]) -> list[float]:
-        from profanity_check import predict_prob
+        from profanity_check import predict_prob  # lazy: optional, only this judge
 
         if not replies:  # predict_prob rejects an empty batch
             return []
@@ -93,8 +95,6 @@ class RewardModelJudge:
     chat template; each (prompt, reply) is scored at the reply's closing EOS, as during training."""
 
     def __init__(self, model_name_or_folder: str, batch_size: int = 16, device: str = "cpu") -> None:
-        from ppo_rlhf.models import load_reward_model, load_tokenizer
-
         self.name = f"rm:{model_name_or_folder}"
         self.batch_size = batch_size
         self.device = device
@@ -102,8 +102,6 @@ class RewardModelJudge:
         self.model = load_reward_model(model_name_or_folder).to(device)
 
     def score(self, prompts: list[str], replies: list[str]) -> list[float]:
-        from ppo_rlhf.rollout import score_texts
-
         require(len(prompts) == len(replies), f"{len(prompts)} prompts but {len(replies)} replies")
         if not replies:
             return []

@@ -84,13 +84,20 @@ def llama_style_linears(hidden: int, intermediate: int, heads: int, kv_heads: in
 # The chapter's model family, from each model's config.json. `--params N` alone borrows the shape nearest to N
 # for the LoRA, logits and KV-cache lines: they depend on widths and depth, not on the count alone.
 QWEN25 = (
-    LlamaStyle("Qwen2.5-0.5B", hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab=151_936, tied=True),
-    LlamaStyle("Qwen2.5-1.5B", hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab=151_936, tied=True),
-    LlamaStyle("Qwen2.5-3B", hidden=2048, intermediate=11008, layers=36, heads=16, kv_heads=2, vocab=151_936, tied=True),
-    LlamaStyle("Qwen2.5-7B", hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, vocab=152_064, tied=False),
-    LlamaStyle("Qwen2.5-14B", hidden=5120, intermediate=13824, layers=48, heads=40, kv_heads=8, vocab=152_064, tied=False),
-    LlamaStyle("Qwen2.5-32B", hidden=5120, intermediate=27648, layers=64, heads=40, kv_heads=8, vocab=152_064, tied=False),
-    LlamaStyle("Qwen2.5-72B", hidden=8192, intermediate=29568, layers=80, heads=64, kv_heads=8, vocab=152_064, tied=False),
+    LlamaStyle("Qwen2.5-0.5B", hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2, vocab=151_936,
+               tied=True),
+    LlamaStyle("Qwen2.5-1.5B", hidden=1536, intermediate=8960, layers=28, heads=12, kv_heads=2, vocab=151_936,
+               tied=True),
+    LlamaStyle("Qwen2.5-3B", hidden=2048, intermediate=11008, layers=36, heads=16, kv_heads=2, vocab=151_936,
+               tied=True),
+    LlamaStyle("Qwen2.5-7B", hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, vocab=152_064,
+               tied=False),
+    LlamaStyle("Qwen2.5-14B", hidden=5120, intermediate=13824, layers=48, heads=40, kv_heads=8, vocab=152_064,
+               tied=False),
+    LlamaStyle("Qwen2.5-32B", hidden=5120, intermediate=27648, layers=64, heads=40, kv_heads=8, vocab=152_064,
+               tied=False),
+    LlamaStyle("Qwen2.5-72B", hidden=8192, intermediate=29568, layers=80, heads=64, kv_heads=8, vocab=152_064,
+               tied=False),
 )
 # The chapter's model; its parameter count is exact (tied embeddings, so the backbone is the whole model).
 QWEN25_05B = QWEN25[0].shape()
@@ -168,6 +175,7 @@ def activation_estimate(shape: ModelShape, batch: int, seq_len: int, vocab: int)
 
 def shape_from_config(source: str) -> ModelShape:
     """Count a model's parameters from its config alone, by building it on the meta device."""
+    # lazy: `ppo-rlhf memory` without --params/--config needs neither torch nor transformers
     import torch
     from torch import nn
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -263,7 +271,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--config", help="model folder, config.json or Hugging Face id; parameters counted from it")
     parser.add_argument("--lora-rank", type=POSITIVE_INT, default=16, help="LoRA rank (default 16, the chapter's)")
     parser.add_argument("--batch", type=POSITIVE_INT, default=16, help="sequences per forward pass (default 16)")
-    parser.add_argument("--seq-len", type=POSITIVE_INT, default=512, help="tokens per sequence, prompt + reply (default 512)")
+    parser.add_argument("--seq-len", type=POSITIVE_INT, default=512,
+                        help="tokens per sequence, prompt + reply (default 512)")
     parser.add_argument("--vocab", type=POSITIVE_INT, help="vocabulary size for the logits (default: from the model)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 

@@ -62,6 +62,7 @@ def make_pairs(
     batch_size: int = 16,
 ) -> dict:
     """Sample two replies per prompt, label them with the judge, write the pairs JSONL; return the counts."""
+    # lazy: `ppo-rlhf pairs` checks its arguments and files before torch and transformers load
     import torch
 
     from ppo_rlhf.judges import make_judge

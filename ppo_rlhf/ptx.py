@@ -18,9 +18,10 @@ import torch
 from torch import nn
 
 from ppo_rlhf.errors import require
+from ppo_rlhf.logprobs import token_logprobs
 from ppo_rlhf.objectives import normalise_loss
+from ppo_rlhf.padding import right_pad
 from ppo_rlhf.paths import require_file
-from ppo_rlhf.rollout import token_logprobs
 
 
 def read_texts(path: str | Path) -> list[str]:
@@ -65,11 +66,7 @@ class PtxData:
                 self.order, self.position = self.generator.permutation(len(self.ids)).tolist(), 0
             rows.append(self.ids[self.order[self.position]])
             self.position += 1
-        width = max(len(r) for r in rows)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-        attention_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-        return input_ids, attention_mask
+        return right_pad(rows, self.tokenizer.pad_token_id)
 
     def state(self) -> dict[str, Any]:
         return {"order": self.order, "position": self.position, "generator": self.generator.bit_generator.state}

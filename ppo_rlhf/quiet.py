@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import warnings
 
+from huggingface_hub import utils as hub_utils
+from transformers.utils import logging as transformers_logging
+
 
 def quiet_libraries() -> None:
     """Idempotent. Called at each model load rather than once at import: test runners reset warning filters."""
-    from huggingface_hub import utils as hub_utils
-    from transformers.utils import logging as transformers_logging
-
     downloads_shown = not hub_utils.are_progress_bars_disabled()
     transformers_logging.disable_progress_bar()  # also turns off the hub's bars ...
     if downloads_shown:

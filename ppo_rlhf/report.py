@@ -15,13 +15,13 @@ import html
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ppo_rlhf.dashboard import DASHBOARD
 from ppo_rlhf.errors import UsageError, require
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 EDGE_ITERATIONS = 5  # "first five and last five iterations"
 
@@ -99,9 +99,6 @@ def run_style(k: int) -> dict[str, Any]:
 
 def dashboard_figure(histories: dict[str, list[dict]]) -> Figure:
     """One panel per dashboard number, iterations on x, one line per run; the legend in the spare panel."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
     columns = 3  # panels wide enough to read at the page's width
     panels = math.ceil((len(DASHBOARD) + 1) / columns) * columns  # one more for the legend
     figure = Figure(figsize=(4.2 * columns, 3.2 * panels // columns), layout="constrained")
@@ -146,8 +143,6 @@ def overoptimisation_figure(summary: list[dict]) -> Figure:
     Every series starts at the start model, (0, 0): Gao et al.'s picture is gold rising with KL and then
     falling while the proxy keeps rising.
     """
-    from matplotlib.figure import Figure
-
     start = next(s for s in summary if s["run"] is None)
     runs: dict[str, list[dict]] = {}
     for s in summary:
@@ -348,7 +343,8 @@ def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_di
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training run folders (with history.jsonl)")
     parser.add_argument("--eval", dest="eval_dir", metavar="EVAL_DIR", help="a ppo-rlhf evaluate --out folder")
-    parser.add_argument("--out", required=True, metavar="REPORT_DIR", help="folder for the PNGs, report.md, report.html")
+    parser.add_argument("--out", required=True, metavar="REPORT_DIR",
+                        help="folder for the PNGs, report.md, report.html")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 The reward model is a sequence classifier built on the policy's own backbone and tokenizer, with LoRA on
 the seven linear layers of every block and a trainable one-output score head. Each (prompt, reply) is
-chat-formatted and scored at the reply's closing EOS by rollout.reward_inputs / reward_scores, the exact
+chat-formatted and scored at the reply's closing EOS by scores.reward_inputs / reward_scores, the exact
 functions PPO scores with, so training and use read the same position. The loss is
 
     -log sigmoid(r(x, chosen) - r(x, rejected))
@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -26,10 +24,21 @@ from tqdm import tqdm
 
 from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked, FieldType
 from ppo_rlhf.errors import require
+from ppo_rlhf.files import atomic_directory
+from ppo_rlhf.models import (
+    LoraSettings,
+    add_value_lora,
+    count_parameters,
+    load_sequence_classifier,
+    load_tokenizer,
+    resolve_model_path,
+)
 from ppo_rlhf.pairs import pair_from_record, read_pairs
 from ppo_rlhf.precision import DTYPES, resolve_dtype
 from ppo_rlhf.prompts import load_hf_dataset
+from ppo_rlhf.scores import reward_inputs, reward_scores
 from ppo_rlhf.stats import pearson
+from ppo_rlhf.train_config import resolve_device
 
 
 def load_pair_source(source: str) -> list[dict]:
@@ -45,8 +54,6 @@ def load_pair_source(source: str) -> list[dict]:
 
 def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(r_chosen [B], r_rejected [B], len(chosen) - len(rejected) in tokens [B]) in one forward pass."""
-    from ppo_rlhf.rollout import reward_inputs, reward_scores
-
     prompts = [p["prompt"] for p in pairs]
     replies = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
     input_ids, attention_mask = reward_inputs(tokenizer, prompts + prompts, replies)
@@ -59,8 +66,6 @@ def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torc
 
 def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int]:
     """The longer of each pair's two conversations, in tokens."""
-    from ppo_rlhf.rollout import reward_inputs
-
     longest = []
     for start in tqdm(range(0, len(pairs), chunk), desc="tokenizing pairs", leave=False):
         part = pairs[start : start + chunk]
@@ -91,19 +96,10 @@ def evaluate_pairs(model, tokenizer, pairs: list[dict], batch_size: int) -> dict
 
 def save_atomically(model, tokenizer, info: dict, out_dir: Path) -> None:
     """Write the adapter folder under a temporary name and rename it into place."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "rm_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(out_dir)
+    with atomic_directory(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "rm_info.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
 def train_reward_model(
@@ -121,16 +117,6 @@ def train_reward_model(
     dtype: str = "auto",
 ) -> dict:
     """Train on the pairs, write OUT (adapter + score head + tokenizer + rm_info.json); return rm_info."""
-    from ppo_rlhf.models import (
-        LoraSettings,
-        add_value_lora,
-        count_parameters,
-        load_sequence_classifier,
-        load_tokenizer,
-        resolve_model_path,
-    )
-    from ppo_rlhf.train_config import resolve_device
-
     require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
     require(lr > 0, f"--lr must be > 0, got {lr}")
     require(0 < heldout_fraction < 1, f"--heldout-fraction must be in (0, 1), got {heldout_fraction}")

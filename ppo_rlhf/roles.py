@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ppo_rlhf.rollout import score_texts, sequence_values, token_logprobs
+from ppo_rlhf.logprobs import token_logprobs
+from ppo_rlhf.scores import score_texts, sequence_values
 from ppo_rlhf.train_config import TrainConfig
 
 

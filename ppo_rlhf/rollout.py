@@ -1,4 +1,5 @@
-"""Rollouts and the per-token quantities PPO needs: chat formatting, batched sampling, log-probs, values, scores.
+"""Sampling a rollout: one reply per prompt by KV-cached batched generation, with the log-probs and entropies
+generation saw (SampledTokenLogprobs), in the right-padded layout PPO works on.
 
 Tensor conventions (docs/DESIGN.md): sequences are RIGHT-padded [B, L]; per-token tensors are [B, L-1] and
 entry t is about choosing token t+1 after tokens 0..t. Masks come from known lengths, never from `token == pad`
@@ -10,27 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from peft import PeftModel
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 
+from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.distributed import current
 from ppo_rlhf.errors import require
-from ppo_rlhf.models import backbone_and_head
-
-
-def _template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-    # return_dict=True: transformers 5 returns a BatchEncoding by default, 4.x a list; this works on both.
-    encoded = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=True
-    )
-    return list(encoded["input_ids"])
-
-
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """Token ids of a one-turn user prompt followed by the assistant header."""
-    return _template_ids(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True)
+from ppo_rlhf.objectives import entropy_from_logits
+from ppo_rlhf.padding import right_pad
 
 
 def build_batch(
@@ -39,16 +27,12 @@ def build_batch(
     """Right-padded (input_ids [B, L], attention_mask [B, L], action_mask [B, L-1]) with L the longest row."""
     require(len(prompt_ids) == len(reply_ids) and len(prompt_ids) > 0, "need as many replies as prompts, at least one")
     require(all(len(p) > 0 for p in prompt_ids), "every prompt needs at least one token")
-    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, reply_ids)]
-    width = max(max(lengths), 2)  # at least one per-token position
-    input_ids = torch.full((len(lengths), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(lengths), width), dtype=torch.long)
-    action_mask = torch.zeros((len(lengths), width - 1), dtype=torch.float32)
+    # at least width 2: one per-token position
+    input_ids, attention_mask = right_pad([p + r for p, r in zip(prompt_ids, reply_ids)], pad_token_id, min_width=2)
+    action_mask = torch.zeros((len(prompt_ids), input_ids.shape[1] - 1), dtype=torch.float32)
     for row, (prompt, reply) in enumerate(zip(prompt_ids, reply_ids)):
-        input_ids[row, : lengths[row]] = torch.tensor(prompt + reply, dtype=torch.long)
-        attention_mask[row, : lengths[row]] = 1
         # position t predicts token t+1: reply tokens sit at len(prompt) .. len(prompt)+len(reply)-1
-        action_mask[row, len(prompt) - 1 : lengths[row] - 1] = 1.0
+        action_mask[row, len(prompt) - 1 : len(prompt) + len(reply) - 1] = 1.0
     return input_ids, attention_mask, action_mask
 
 
@@ -138,10 +122,10 @@ class SampledTokenLogprobs(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.pending is not None:
             self.resolve(input_ids[:, -1])
-        logp = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        probs = logp.exp()
-        self.entropies.append(-torch.special.xlogy(probs, probs).sum(-1))  # 0 log 0 = 0 for banned tokens
-        self.pending = logp
+        logits = scores.float() / self.temperature
+        # a banned token's -inf logit (an HF processor ran first) made finite, so that its 0 * logit term is 0
+        self.entropies.append(entropy_from_logits(logits.clamp(min=torch.finfo(logits.dtype).min)))
+        self.pending = torch.log_softmax(logits, dim=-1)
         return scores
 
     def resolve(self, tokens: torch.Tensor) -> None:
@@ -238,169 +222,3 @@ def generate_rollout(
         logprobs=per_token_layout(prompt_ids, reply_logprobs, width) if record_logprobs else None,
         entropy=per_token_layout(prompt_ids, reply_entropies, width) if record_logprobs else None,
     )
-
-
-def _body_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    # LoRA layers are injected in place, so the inner model's body and head run with the adapter
-    # (or without it inside `with policy.disable_adapter():`).
-    inner = model.base_model.model if isinstance(model, PeftModel) else model
-    # Models that transform logits after the head (Gemma 2 soft-capping, Cohere scaling) would need their own code.
-    plain_head = all(getattr(inner.config, key, None) is None for key in ("final_logit_softcapping", "logit_scale"))
-    require(plain_head, f"{type(inner).__name__} post-processes its logits; token_logprobs needs a plain LM head")
-    body = getattr(inner, inner.base_model_prefix, None) or inner.get_decoder()
-    return body, inner.get_output_embeddings()
-
-
-class FrozenHeadLogprobs(torch.autograd.Function):
-    """log softmax(hidden @ W^T / T) at the targets, for a frozen LM head (LoRA never trains it), with the
-    gradient with respect to `hidden` formed in forward: d log p(y) / d h = (W[y] - p @ W) / T.
-
-    Checkpointing would run the head three times per chunk (forward, recompute, backward); this runs it twice
-    (logits, p @ W) and keeps only a [B, C, D] tensor for backward, never the [B, C, V] logits.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float):
-        precise = torch.promote_types(hidden.dtype, torch.float32)  # bf16 -> fp32, fp64 stays (gradcheck)
-        logits = (hidden @ weight.T).to(precise) / temperature
-        logz = logits.logsumexp(-1)
-        logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
-        probs = torch.exp(logits - logz.unsqueeze(-1))
-        del logits
-        expected_row = (probs.to(weight.dtype) @ weight).to(precise)  # E_p[W[y']], [B, C, D]
-        ctx.save_for_backward((weight[targets].to(precise) - expected_row) / temperature)
-        ctx.hidden_dtype = hidden.dtype
-        return logprobs
-
-    @staticmethod
-    def backward(ctx, grad_logprobs: torch.Tensor):
-        (grad_hidden,) = ctx.saved_tensors
-        return (grad_logprobs.unsqueeze(-1) * grad_hidden).to(ctx.hidden_dtype), None, None, None
-
-
-def _frozen_plain_head(head: nn.Module) -> bool:
-    return isinstance(head, nn.Linear) and head.bias is None and not head.weight.requires_grad
-
-
-def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
-    logits = head(hidden).float() / temperature  # [B, C, V], only C positions at a time
-    logz = logits.logsumexp(-1)
-    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
-    if not entropy:
-        return logprobs, None
-    return logprobs, logz - (torch.softmax(logits, -1) * logits).sum(-1)  # H = log Z - E_p[logit]
-
-
-def token_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float,
-    with_entropy: bool = False,
-    chunk_size: int | None = 64,
-    first: int = 0,
-    chunk_mb: float = 128.0,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """log pi(input_ids[:, t+1] | tokens 0..t) from logits / temperature, [B, L-1] (and the entropy, [B, L-1]).
-
-    The body runs once; the LM head and the softmax run over chunks of positions, so the full [B, L, V]
-    logits never exist at once. With gradients on, a frozen plain head gives its gradient in forward
-    (`FrozenHeadLogprobs`); otherwise (a trained head, or the entropy asked for) each chunk is checkpointed: only
-    hidden states are kept and the chunk's logits are recomputed in backward. Positions before `first` (e.g.
-    `first_reply_position`: prompt positions, where no row has a reply token) skip the LM head and are returned as 0.
-    A chunk also holds at most `chunk_mb` MB of fp32 logits (0: no limit): many rows over a wide vocabulary get
-    fewer positions per chunk (16 rows x 64 positions x Qwen's 151,936 ids would be 622 MB, and the softmax keeps
-    about three such tensors at once).
-    """
-    require(temperature > 0, f"temperature must be > 0, got {temperature}")
-    require(chunk_size is None or chunk_size >= 1, f"chunk_size must be >= 1 or None, got {chunk_size}")
-    body, head = _body_and_lm_head(model)
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
-    targets = input_ids[:, 1:]
-    first = max(0, min(first, hidden.shape[1] - 1))
-    step = chunk_size or hidden.shape[1] - first
-    if chunk_size is not None and chunk_mb > 0:
-        step = max(1, min(step, int(chunk_mb * 2**20 / (4 * hidden.shape[0] * head.weight.shape[0]))))
-    logprobs, entropies = [], []  # entropies holds Nones unless with_entropy
-    for start in range(first, hidden.shape[1], step):
-        h, tgt = hidden[:, start : start + step], targets[:, start : start + step]
-        with_grad = torch.is_grad_enabled() and h.requires_grad
-        if with_grad and not with_entropy and _frozen_plain_head(head):
-            lp, ent = FrozenHeadLogprobs.apply(h, head.weight, tgt, temperature), None
-        elif with_grad and chunk_size is not None:
-            lp, ent = checkpoint(_chunk_logprobs, head, h, tgt, temperature, with_entropy, use_reentrant=False)
-        else:
-            lp, ent = _chunk_logprobs(head, h, tgt, temperature, with_entropy)
-        logprobs.append(lp)
-        entropies.append(ent)
-    logprobs = nn.functional.pad(torch.cat(logprobs, dim=1), (first, 0))
-    if not with_entropy:
-        return logprobs
-    return logprobs, nn.functional.pad(torch.cat(entropies, dim=1), (first, 0))
-
-
-def first_reply_position(prompt_ids: list[list[int]]) -> int:
-    """The first per-token position that can hold a reply token in a batch of these prompts (its shortest - 1)."""
-    return min(len(p) for p in prompt_ids) - 1
-
-
-def sequence_values(value_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The score head at every position, [B, L-1]: entry t is V of the state before choosing token t+1."""
-    body, head = backbone_and_head(value_model)
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    return head(hidden)[..., 0].float()[:, :-1]
-
-
-def reward_inputs(
-    tokenizer: PreTrainedTokenizerBase, prompts: list[str], replies: list[str]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded chat-formatted (prompt, reply) conversations, each ending at the assistant's closing EOS."""
-    require(len(prompts) == len(replies) and len(prompts) > 0, "need as many replies as prompts, at least one")
-    rows = []
-    for prompt, reply in zip(prompts, replies):
-        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
-        ids = _template_ids(tokenizer, messages, add_generation_prompt=False)
-        # ChatML adds "\n" after <|im_end|>; the score must be read at <|im_end|> itself.
-        while len(ids) > 1 and tokenizer.decode(ids[-1:]).strip() == "":
-            ids.pop()
-        rows.append(ids)
-    width = max(len(ids) for ids in rows)
-    input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids in rows])
-    attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in rows])
-    return input_ids, attention_mask
-
-
-def reward_scores(
-    reward_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, batch_size: int | None = None
-) -> torch.Tensor:
-    """[B] float scores read at each row's last attention_mask == 1 position (gradients as the caller sets them).
-
-    We find that position from the mask: HF's own lookup searches for the pad token, which finds the
-    closing EOS when pad == eos.
-    """
-    body, head = backbone_and_head(reward_model)
-    batch_size = batch_size or len(input_ids)
-    scores = []
-    for start in range(0, len(input_ids), batch_size):
-        mask = attention_mask[start : start + batch_size]
-        positions = torch.arange(mask.shape[1], device=mask.device)
-        last = (mask * positions).argmax(dim=1)
-        width = int(last.max()) + 1  # drop columns that are padding in every row of this sub-batch
-        hidden = body(input_ids=input_ids[start : start + batch_size, :width], attention_mask=mask[:, :width])
-        rows = torch.arange(len(mask), device=mask.device)
-        scores.append(head(hidden.last_hidden_state[rows, last])[:, 0].float())
-    return torch.cat(scores)
-
-
-@torch.no_grad()
-def score_texts(
-    reward_model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
-    replies: list[str],
-    batch_size: int = 16,
-) -> torch.Tensor:
-    """Reward-model scores [B] of (prompt, reply) texts."""
-    device = next(reward_model.parameters()).device
-    input_ids, attention_mask = reward_inputs(tokenizer, prompts, replies)
-    return reward_scores(reward_model, input_ids.to(device), attention_mask.to(device), batch_size).cpu()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.special import ndtr, stdtrit
 
 
 def bootstrap_mean(
@@ -55,8 +56,6 @@ def bootstrap_mean(
 def expanded_level(level: float, n: int) -> float:
     """The level whose normal quantile is sqrt(n / (n - 1)) times the t quantile of `level` with n - 1 degrees
     of freedom; `level` itself for n < 2 (one group: every resample is the sample, the interval has no width)."""
-    from scipy.special import ndtr, stdtrit
-
     if n < 2:
         return level
     z = np.sqrt(n / (n - 1)) * stdtrit(n - 1, (1.0 + level) / 2.0)

@@ -8,12 +8,14 @@ import dataclasses
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
+from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.files import atomic_write_text
 from ppo_rlhf.paths import require_run_dir
@@ -48,8 +50,6 @@ def token_table(trainer: PPOTrainer, experience: Experience) -> tuple[list[dict[
 
 
 def write_token_table(run_dir: Path, trainer: PPOTrainer, experience: Experience) -> None:
-    from ppo_rlhf.dashboard import token_table_text
-
     rows, row = token_table(trainer, experience)
     info = {"prompt": experience.prompts[row], "reply": experience.reply_texts[row],
             "finished": bool(experience.finished[row]),
@@ -70,7 +70,8 @@ def write_samples(run_dir: Path, index: int, experience: Experience, count: int 
              for i in range(min(count, len(experience.prompts)))]
     with open(run_dir / "samples.jsonl", "a") as handle:
         handle.write("\n".join(lines) + "\n")
-    return f"sample [{float(experience.scores[0]):+.2f}] {experience.prompts[0][:60]!r} -> {experience.reply_texts[0][:120]!r}"
+    return (f"sample [{float(experience.scores[0]):+.2f}] {experience.prompts[0][:60]!r} -> "
+            f"{experience.reply_texts[0][:120]!r}")
 
 
 def check_run_dir(cfg: TrainConfig) -> None:
@@ -78,11 +79,14 @@ def check_run_dir(cfg: TrainConfig) -> None:
     run_dir = Path(cfg.out)
     require(not run_dir.exists() or run_dir.is_dir(), f"run directory {run_dir} is a file")
     if run_dir.exists() and any(run_dir.iterdir()):
-        require(cfg.overwrite, f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to replace it")
+        require(cfg.overwrite,
+                f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to "
+                "replace it")
 
 
 def keep_samples_before(run_dir: Path, iteration: int) -> None:
-    """On resume, drop the sample lines of iterations that will run again (a killed run wrote them after its checkpoint)."""
+    """On resume, drop the sample lines of iterations that will run again (a killed run wrote them after its
+    checkpoint)."""
     path = run_dir / "samples.jsonl"
     if path.is_file():
         lines = path.read_text().splitlines(keepends=True)
@@ -100,7 +104,9 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
     run_dir = Path(cfg.out)
     check_run_dir(cfg)
     if run_dir.exists() and any(run_dir.iterdir()):
-        require(cfg.overwrite, f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to replace it")
+        require(cfg.overwrite,
+                f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to "
+                "replace it")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
@@ -112,7 +118,7 @@ FILE_FIELDS = ("prompts", "ptx_data", "out")  # model fields are resolved by res
 def saved_config(cfg: TrainConfig) -> TrainConfig:
     """The config as config.yaml keeps it: model names resolved and every path absolute, so that `evaluate RUN` and
     `train --resume RUN` read the same files from any directory."""
-    from ppo_rlhf.models import resolve_model_path
+    from ppo_rlhf.models import resolve_model_path  # lazy: torch (see train())
 
     files = {name: str(Path(getattr(cfg, name)).resolve()) for name in FILE_FIELDS if getattr(cfg, name)}
     models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model")}
@@ -121,9 +127,8 @@ def saved_config(cfg: TrainConfig) -> TrainConfig:
 
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
     """Run (or continue) PPO; returns the run directory."""
-    from ppo_rlhf.checkpoint import clean_partial_writes, latest_checkpoint, load_checkpoint, save_checkpoint
-    from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line
-    from ppo_rlhf.trainer import PPOTrainer, TrainingStopped
+    # lazy: `ppo-rlhf train` checks its config and files before torch, transformers and peft load
+    from ppo_rlhf.trainer import PPOTrainer
 
     if not resume:
         check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
@@ -132,17 +137,26 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     run_dir = Path(cfg.out) if resume or not main else prepare_run_dir(cfg)
     trainer.dist.barrier()
     log = (lambda message: None) if cfg.quiet or not main else tqdm.write
-    models = trainer.models  # no "value" for rloo / grpo
+    start, history = start_or_resume(trainer, run_dir, resume, log)
+    run_iterations(trainer, run_dir, start, history, log)
+    return run_dir
 
-    checkpoint = latest_checkpoint(run_dir, tuple(models)) if resume else None
-    if resume:
-        if main:
-            clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
-            if checkpoint is None:  # killed before its first checkpoint: nothing to continue from, and say so
-                print(f"no checkpoint yet in {run_dir}: starting from iteration 0", file=sys.stderr)
+
+def start_or_resume(trainer: PPOTrainer, run_dir: Path, resume: bool, log: Callable[[str], None]
+                    ) -> tuple[int, list[str]]:
+    """(iterations done, history lines so far): from the latest checkpoint when resuming and there is one, else from
+    the start (config.yaml and the reward normalisation measured and written). Sets the trainer's normalisation."""
+    from ppo_rlhf.checkpoint import clean_partial_writes, latest_checkpoint, load_checkpoint  # lazy: torch
+
+    cfg, main, models = trainer.cfg, trainer.dist.is_main, tuple(trainer.models)  # no "value" for rloo / grpo
+    checkpoint = latest_checkpoint(run_dir, models) if resume else None
+    if resume and main:
+        clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
+        if checkpoint is None:  # killed before its first checkpoint: nothing to continue from, and say so
+            print(f"no checkpoint yet in {run_dir}: starting from iteration 0", file=sys.stderr)
     norm_file = run_dir / "reward_norm.json"
     if checkpoint is not None:
-        start, state, history = load_checkpoint(checkpoint, tuple(models))
+        start, state, history = load_checkpoint(checkpoint, models)
         try:
             trainer.load_state_dict(state)
         except UsageError as error:
@@ -156,52 +170,58 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         if main:
             atomic_write_text(norm_file, json.dumps(norm, indent=1))
         history, start = [], 0
-        log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} std {norm['std']:.3f} "
-            f"(finished {norm['finished']:.2f})")
+        log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} "
+            f"std {norm['std']:.3f} (finished {norm['finished']:.2f})")
     trainer.reward_mean, trainer.reward_std = norm["mean"], norm["std"]
     if main:
         atomic_write_text(run_dir / "history.jsonl", "".join(history))
     if resume and main:
         keep_samples_before(run_dir, start)
+    return start, history
 
+
+def run_iterations(trainer: PPOTrainer, run_dir: Path, start: int, history: list[str],
+                   log: Callable[[str], None]) -> None:
+    """Iterations `start` .. cfg.iterations - 1, each logged (rank 0) and checkpointed every checkpoint_every."""
+    from ppo_rlhf.checkpoint import latest_checkpoint, save_checkpoint  # lazy: torch (see train())
+    from ppo_rlhf.trainer import TrainingStopped  # lazy: torch (see train())
+
+    cfg, main = trainer.cfg, trainer.dist.is_main
     board = TensorBoard(run_dir / "tb" if cfg.tensorboard and main else None, first_iteration=start)
-
-    def checkpoint_now(iteration: int) -> None:
-        state = trainer.state_dict()  # every process (FSDP gathers shards, DeepSpeed partitions)
-        if main:
-            save_checkpoint(run_dir, iteration, models, state, history)
-        trainer.dist.barrier()  # nobody runs ahead of a checkpoint being written
-
     progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)
     try:
         for index in progress:
             stats, experience = trainer.iteration(index)
-            if not main:
-                history.append(history_line(stats))
-                done = index + 1
-                if done % cfg.checkpoint_every == 0 or done == cfg.iterations:
-                    checkpoint_now(done)
-                continue
-            if index == 0:
-                write_token_table(run_dir, trainer, experience)
             history.append(history_line(stats))
-            with open(run_dir / "history.jsonl", "a") as handle:
-                handle.write(history[-1])
-            board.log(stats)
-            log(dashboard_line(stats))
-            progress.set_postfix(score=f"{stats['score']:+.2f}", kl=f"{stats['kl']:.2f}", fin=f"{stats['fin']:.2f}")
-            if index % cfg.sample_every == 0:
-                log(write_samples(run_dir, index, experience))
+            if main:
+                record_iteration(run_dir, index, stats, history[-1], experience, trainer, board, log)
+                progress.set_postfix(score=f"{stats['score']:+.2f}", kl=f"{stats['kl']:.2f}", fin=f"{stats['fin']:.2f}")
             done = index + 1
             if done % cfg.checkpoint_every == 0 or done == cfg.iterations:
-                checkpoint_now(done)
+                state = trainer.state_dict()  # every process (FSDP gathers shards, DeepSpeed partitions)
+                if main:
+                    save_checkpoint(run_dir, done, trainer.models, state, history)
+                trainer.dist.barrier()  # nobody runs ahead of a checkpoint being written
     except TrainingStopped as error:  # history.jsonl holds every finished iteration; name the checkpoint to resume
-        last = latest_checkpoint(run_dir, tuple(models))
+        last = latest_checkpoint(run_dir, tuple(trainer.models))
         where = f"latest checkpoint {last.name}" if last else "no checkpoint was written yet"
         raise TrainingStopped(f"{error}; {where}") from None
     finally:
         board.close()
-    return run_dir
+
+
+def record_iteration(run_dir: Path, index: int, stats: dict[str, Any], line: str, experience: Experience,
+                     trainer: PPOTrainer, board: TensorBoard, log: Callable[[str], None]) -> None:
+    """Rank 0's record of one iteration: the token table (first iteration), its history `line`, TensorBoard, the
+    dashboard line and, every sample_every iterations, the samples."""
+    if index == 0:
+        write_token_table(run_dir, trainer, experience)
+    with open(run_dir / "history.jsonl", "a") as handle:
+        handle.write(line)
+    board.log(stats)
+    log(dashboard_line(stats))
+    if index % trainer.cfg.sample_every == 0:
+        log(write_samples(run_dir, index, experience))
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -209,7 +229,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file with any of the fields below; flags override it")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint (its saved config; flags override)")
+    parser.add_argument("--resume", metavar="RUN_DIR",
+                        help="continue a run from its latest checkpoint (its saved config; flags override)")
     add_config_arguments(parser, TrainConfig)
 
 

@@ -27,11 +27,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ppo_rlhf.advantages import make_advantages
+from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.checkpoint import load_adapter, trained_weights
 from ppo_rlhf.distributed import current, is_sharded
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.experience import Experience
 from ppo_rlhf.generation import make_generator
+from ppo_rlhf.logprobs import first_reply_position
 from ppo_rlhf.models import LoraSettings, load_policy, load_reward_model, load_tokenizer, load_value_model
 from ppo_rlhf.objectives import (
     AdaptiveKLController,
@@ -49,7 +51,7 @@ from ppo_rlhf.precision import resolve_dtype
 from ppo_rlhf.prompts import read_numbered_prompts, read_prompts
 from ppo_rlhf.ptx import PtxData, ptx_nll, ptx_targets, read_texts
 from ppo_rlhf.roles import Actor, Critic, RewardModel
-from ppo_rlhf.rollout import Rollout, chat_prompt_ids, first_reply_position
+from ppo_rlhf.rollout import Rollout
 from ppo_rlhf.schedules import make_scheduler
 from ppo_rlhf.train_config import TrainConfig
 

@@ -41,7 +41,7 @@ class ZeroStep:
     def __init__(self, dist, model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float):
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
         try:
-            import deepspeed
+            import deepspeed  # lazy: an optional dependency; missing, it is a UsageError naming the install
         except ImportError:
             raise UsageError("a DeepSpeed launch needs DeepSpeed: pip install --no-build-isolation 'deepspeed>=0.19' "
                              "(it builds against the torch already installed)") from None

@@ -24,7 +24,8 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
                     minibatch_size=2, reward_norm_samples=4, replies_per_prompt=1)
 
     def demo_args(**changes) -> list[str]:
-        flags = [part for name, value in (settings | changes).items() for part in (f"--{name.replace('_', '-')}", str(value))]
+        flags = [part for name, value in (settings | changes).items() for part in (f"--{name.replace('_', '-')}",
+                                                                                   str(value))]
         return ["demo", "--out", str(out), "--model", str(policy), *flags]
 
     args = demo_args()
@@ -45,7 +46,8 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     captured = capsys.readouterr()
     printed = captured.out + captured.err
     # each stage's result is one line in words: no dict reprs, no per-model load bars, no library FutureWarnings
-    assert re.search(r"^pairs: \d+ from \d+ prompts \(\d+ ties and \d+ with a cut-off reply skipped\); gold judge scores "
+    assert re.search(r"^pairs: \d+ from \d+ prompts \(\d+ ties and \d+ with a cut-off reply skipped\); gold judge "
+                     r"scores "
                      r"chosen [+-]\d\.\d{3}, rejected [+-]\d\.\d{3}; chosen reply longer in \d+%$", printed, re.M)
     assert re.search(r"^reward model: held-out accuracy \d\.\d\d on \d+ pairs \(\d\.\d\d before training, \d+ training "
                      r"pairs\), score-length correlation ", printed, re.M)
@@ -93,6 +95,7 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     assert json.loads((out / "reward_model/rm_info.json").read_text())["epochs"] == 2
     evaluation = json.loads((out / "eval/evaluation.json").read_text())
     assert set(evaluation["settings"]["runs"]) == {"beta01", "nokl"}  # no stale run mixed in
-    assert [json.loads(line)["beta"] for line in (out / "runs/beta01/history.jsonl").read_text().splitlines()] == [0.1] * 2
+    history_lines = (out / "runs/beta01/history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["beta"] for line in history_lines] == [0.1] * 2
     assert set(json.loads((out / "timings.json").read_text())) == {
         "prompts", "pairs", "reward model", "ppo beta01", "ppo nokl", "evaluation", "report"}

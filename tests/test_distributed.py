@@ -113,12 +113,9 @@ def test_unsupported_launches_are_refused_in_one_line(monkeypatch, env, message)
     monkeypatch.setenv("WORLD_SIZE", "2")
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    distributed.reset()
-    try:
-        with pytest.raises(UsageError, match=message):
-            distributed.current()
-    finally:
-        distributed.reset()
+    monkeypatch.setattr(distributed, "_CURRENT", None)  # forget the cached group; restored after the test
+    with pytest.raises(UsageError, match=message):
+        distributed.current()
 
 
 def test_global_whitening_formula():

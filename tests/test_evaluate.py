@@ -18,7 +18,8 @@ from ppo_rlhf.evaluate import (
 from ppo_rlhf.stats import paired_bootstrap
 
 
-def record(run, iteration, prompt_index, reply_index, proxy_raw, gold_raw, finished=True, tokens=5, kl=0.0, reply="a b"):
+def record(run, iteration, prompt_index, reply_index, proxy_raw, gold_raw, finished=True, tokens=5, kl=0.0,
+           reply="a b"):
     return {
         "model": model_label(run, iteration),
         "run": run,

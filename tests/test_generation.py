@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from ppo_rlhf import generation
+from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.generation import HFGenerator, VLLMGenerator, merged_state_dict
+from ppo_rlhf.logprobs import token_logprobs
 from ppo_rlhf.models import LoraSettings, add_policy_lora
-from ppo_rlhf.rollout import chat_prompt_ids, token_logprobs
 from ppo_rlhf.train_config import TrainConfig
 from ppo_rlhf.trainer import PPOTrainer
 

@@ -84,7 +84,8 @@ def test_bad_input_is_a_one_line_error(capsys, argv):
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 @pytest.mark.parametrize("family", [memory.QWEN25[0], memory.QWEN25[3]], ids=lambda f: f.name)
 def test_qwen25_shapes_count_what_transformers_builds(family):
-    config = Qwen2Config(hidden_size=family.hidden, intermediate_size=family.intermediate, num_hidden_layers=family.layers,
+    config = Qwen2Config(hidden_size=family.hidden, intermediate_size=family.intermediate,
+                         num_hidden_layers=family.layers,
                          num_attention_heads=family.heads, num_key_value_heads=family.kv_heads, vocab_size=family.vocab,
                          tie_word_embeddings=family.tied)
     with torch.device("meta"):
@@ -116,7 +117,8 @@ def test_config_takes_the_train_alias_and_names_a_folder_without_config_json(tmp
 
     Qwen2Config(**QWEN25_05B_SHAPE).save_pretrained(tmp_path / "qwen")
     asked = []
-    monkeypatch.setattr(models, "resolve_model_path",  # the alias resolves like `train` resolves it (no real weights here)
+    # the alias resolves like `train` resolves it (no real weights here)
+    monkeypatch.setattr(models, "resolve_model_path",
                         lambda name: asked.append(name) or str(tmp_path / "qwen") if name == "smollm2" else name)
     assert cli.main(["memory", "--config", "smollm2", "--json"]) == 0
     assert asked == ["smollm2"] and json.loads(capsys.readouterr().out)["shape"]["parameters"] == 494_032_768

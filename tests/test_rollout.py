@@ -3,19 +3,14 @@ import copy
 import pytest
 import torch
 
-from ppo_rlhf import rollout
+from ppo_rlhf import logprobs, rollout
+from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.logprobs import token_logprobs
 from ppo_rlhf.models import LoraSettings, add_policy_lora, add_value_lora, load_causal_lm, load_tokenizer
-from ppo_rlhf.rollout import (
-    build_batch,
-    chat_prompt_ids,
-    generate_rollout,
-    reward_inputs,
-    reward_scores,
-    score_texts,
-    sequence_values,
-    token_logprobs,
-)
+from ppo_rlhf.padding import right_pad
+from ppo_rlhf.rollout import build_batch, generate_rollout
+from ppo_rlhf.scores import reward_inputs, reward_scores, score_texts, sequence_values
 
 import tiny
 
@@ -265,9 +260,9 @@ def test_frozen_head_gradient_formed_in_forward_is_exact():
     hidden = torch.randn(2, 3, 5, dtype=torch.float64, generator=g, requires_grad=True)
     weight = torch.randn(7, 5, dtype=torch.float64, generator=g)
     targets = torch.randint(0, 7, (2, 3), generator=g)
-    assert torch.autograd.gradcheck(lambda h: rollout.FrozenHeadLogprobs.apply(h, weight, targets, 0.7), (hidden,))
+    assert torch.autograd.gradcheck(lambda h: logprobs.FrozenHeadLogprobs.apply(h, weight, targets, 0.7), (hidden,))
     expected = torch.log_softmax(hidden @ weight.T / 0.7, -1).gather(-1, targets[..., None])[..., 0]
-    torch.testing.assert_close(rollout.FrozenHeadLogprobs.apply(hidden, weight, targets, 0.7), expected)
+    torch.testing.assert_close(logprobs.FrozenHeadLogprobs.apply(hidden, weight, targets, 0.7), expected)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -279,7 +274,7 @@ def test_frozen_head_path_gradients_equal_full_logits(tokenizer, arch, chunk_siz
     perturb_lora(policy)
     input_ids, attention_mask, action_mask = build_batch(*random_batch(tokenizer), tokenizer.pad_token_id)
     weights = torch.rand(action_mask.shape, generator=torch.Generator().manual_seed(1)) * action_mask
-    assert rollout._frozen_plain_head(policy.get_output_embeddings())
+    assert logprobs._frozen_plain_head(policy.get_output_embeddings())
     lora = [p for n, p in policy.named_parameters() if "lora_" in n]
     grads = []
     for fused in (True, False):
@@ -302,7 +297,7 @@ def test_first_skips_prompt_positions_only(tokenizer, chunk_size):
     perturb_lora(policy)
     prompt_ids, reply_ids = random_batch(tokenizer)
     input_ids, attention_mask, action_mask = build_batch(prompt_ids, reply_ids, tokenizer.pad_token_id)
-    first = rollout.first_reply_position(prompt_ids)
+    first = logprobs.first_reply_position(prompt_ids)
     assert first == min(len(p) for p in prompt_ids) - 1 and action_mask[:, :first].sum() == 0
     lora_param = next(p for n, p in policy.named_parameters() if "lora_A" in n)
     results = []
@@ -402,3 +397,10 @@ def test_smoke_smollm2_generates():
     with torch.no_grad():
         logp = token_logprobs(policy, r.input_ids, r.attention_mask, 0.7)
     assert torch.isfinite(logp[r.action_mask.bool()]).all()
+
+
+def test_right_pad_masks_by_length_not_by_pad_id():
+    input_ids, attention_mask = right_pad([[5, 7, 0], [9]], pad_id=0, min_width=4)
+    assert input_ids.tolist() == [[5, 7, 0, 0], [9, 0, 0, 0]]
+    assert attention_mask.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]  # the row's own trailing 0 is a token
+    assert input_ids.dtype == attention_mask.dtype == torch.long

@@ -4,19 +4,23 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from ppo_rlhf.checkpoint import clean_partial_writes
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import read_yaml
+from ppo_rlhf.files import atomic_directory
 from ppo_rlhf.trainer import PPOTrainer
 
 import tiny
 
 PROMPTS = ["Tell me a story", "Hello! How are you?", "What is the source of energy?", "Once upon a time"]
 TRAIN_FLAGS = ["--iterations", "2", "--batch-size", "4", "--minibatch-size", "2", "--max-new-tokens", "6",
-               "--reward-norm-samples", "4", "--lora-rank", "4", "--checkpoint-every", "1", "--no-tensorboard", "--quiet"]
+               "--reward-norm-samples", "4", "--lora-rank", "4", "--checkpoint-every", "1", "--no-tensorboard",
+               "--quiet"]
 
 
 @pytest.fixture
@@ -84,3 +88,20 @@ def test_resume_without_a_checkpoint_says_it_starts_over(workdir, monkeypatch, c
     assert main(["train", "--resume", "runs/k", "--iterations", "3", "--quiet"]) == 0
     assert "no checkpoint yet" not in capsys.readouterr().err
     assert history_length(run_dir) == 3
+
+
+def test_atomic_directory_replaces_a_folder_only_when_the_new_one_is_whole(tmp_path):
+    target = tmp_path / "out"
+    with atomic_directory(target) as tmp:
+        (tmp / "a.txt").write_text("first")
+    assert (target / "a.txt").read_text() == "first"
+    with pytest.raises(RuntimeError):
+        with atomic_directory(target) as tmp:
+            (tmp / "a.txt").write_text("half")
+            raise RuntimeError("killed while writing")
+    assert (target / "a.txt").read_text() == "first"  # the failed write never replaced it
+    assert clean_partial_writes(tmp_path) == [tmp_path / f".out.tmp-{os.getpid()}"]
+    with atomic_directory(target) as tmp:
+        (tmp / "b.txt").write_text("second")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the old folder set aside and removed
+    assert [p.name for p in target.iterdir()] == ["b.txt"]

@@ -10,7 +10,7 @@ import torch
 
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
-from ppo_rlhf.rollout import token_logprobs
+from ppo_rlhf.logprobs import token_logprobs
 from ppo_rlhf.train import train
 from ppo_rlhf.train_config import TrainConfig
 from ppo_rlhf.trainer import PPOTrainer, PromptSampler
@@ -48,7 +48,8 @@ def test_first_iteration_ratio_is_one_and_kl_zero(setup, tmp_path, old_logprobs)
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     rollout = trainer.rollout(PROMPTS[:4])
-    assert rollout.logprobs is not None  # the hf backend always records them: mismatch_kl compares them with the forward
+    # the hf backend always records them: mismatch_kl compares them with the forward
+    assert rollout.logprobs is not None
     batch = trainer.score(rollout)
     act = batch.action_mask
     # pi_old is the recording only with old_logprobs: generation; recomputed, it agrees with it to float32 rounding
@@ -126,7 +127,7 @@ def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
     """One backbone for both: after the value model's LoRA and head copy have trained, the rewards are still the
     frozen reward model's, and the values are not."""
     from ppo_rlhf.models import load_reward_model
-    from ppo_rlhf.rollout import score_texts
+    from ppo_rlhf.scores import score_texts
 
     trainer = PPOTrainer(config(setup, tmp_path / "run"))
     assert trainer.reward_model is trainer.critic and trainer.critic.model is trainer.value_model
@@ -138,7 +139,8 @@ def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
     adapted = score_texts(trainer.value_model, trainer.critic.tokenizer, rollout.prompts, rollout.reply_texts)
     assert (adapted - expected).abs().max() > 1e-4
     critic_free = PPOTrainer(config(setup, tmp_path / "rloo", advantage_estimator="rloo", group_size=2))
-    assert critic_free.value_model is None and not any(p.requires_grad for p in critic_free.reward_model.model.parameters())
+    assert critic_free.value_model is None
+    assert not any(p.requires_grad for p in critic_free.reward_model.model.parameters())
 
 
 def test_prompt_sampler_without_replacement_and_reshuffle():
@@ -221,12 +223,14 @@ def test_killed_run_resumes_to_same_history(setup, tmp_path, monkeypatch):
 
 def test_run_outputs(setup, tmp_path):
     run_dir = train(config(setup, tmp_path / "run", tensorboard=True))
-    for name in ("config.yaml", "reward_norm.json", "history.jsonl", "token_table.json", "token_table.txt", "samples.jsonl"):
+    for name in ("config.yaml", "reward_norm.json", "history.jsonl", "token_table.json", "token_table.txt",
+                 "samples.jsonl"):
         assert (run_dir / name).is_file(), name
     table = json.loads((run_dir / "token_table.json").read_text())
     assert table["rows"] and {"logp_old", "logp_ref", "value", "reward", "advantage", "return"} <= set(table["rows"][0])
     last = table["rows"][-1]
-    assert abs(last["return"] - (table["score"] if table["finished"] else last["return"])) < 1e-4 or not table["finished"]
+    expected_return = table["score"] if table["finished"] else last["return"]
+    assert abs(last["return"] - expected_return) < 1e-4 or not table["finished"]
     # the chapter's table: A_t is GAE before whitening, so return = A_t + V(s_t) on every row
     assert table["advantage_estimator"] == "gae"
     for row in table["rows"]:
@@ -271,7 +275,8 @@ def test_existing_run_dir_is_not_overwritten(setup, tmp_path, capsys):
     ],
 )
 def test_bad_config_is_one_line_exit_2(setup, tmp_path, capsys, flags, message):
-    args = ["train", "--reward-model", setup["reward"], "--policy-model", setup["policy"], "--prompts", setup["prompts"],
+    args = ["train", "--reward-model", setup["reward"], "--policy-model", setup["policy"], "--prompts",
+            setup["prompts"],
             "--out", str(tmp_path / "run"), "--quiet", *flags]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
@@ -317,7 +322,8 @@ def test_gradient_accumulation_keeps_the_per_token_mean_exact(setup, tmp_path):
         cfg = config(setup, tmp_path / f"run{micro}", batch_size=4, minibatch_size=4, micro_batch_size=micro, epochs=1,
                      max_grad_norm=1e9)
         trainer = PPOTrainer(cfg)
-        # plain SGD with no clipping: the parameter change is the gradient itself (Adam's first step would hide its scale)
+        # plain SGD with no clipping: the parameter change is the gradient itself (Adam's first step would hide its
+        # scale)
         trainer.actor.step.optimizer = torch.optim.SGD(trainable_parameters(trainer.policy), lr=1.0)
         trainer.critic.step.optimizer = torch.optim.SGD(trainable_parameters(trainer.value_model), lr=1.0)
         assert trainer.policy_optimizer is trainer.actor.step.optimizer  # the step really takes SGD's
@@ -327,7 +333,8 @@ def test_gradient_accumulation_keeps_the_per_token_mean_exact(setup, tmp_path):
         with torch.no_grad():  # a non-zero adapter, so the step depends on the whole minibatch
             for p in trainable_parameters(trainer.policy):
                 p.add_(0.01 * torch.randn_like(p))
-        before = [p.detach().clone() for p in trainable_parameters(trainer.policy) + trainable_parameters(trainer.value_model)]
+        trained = trainable_parameters(trainer.policy) + trainable_parameters(trainer.value_model)
+        before = [p.detach().clone() for p in trained]
         trainer.update(batch)
         after = trainable_parameters(trainer.policy) + trainable_parameters(trainer.value_model)
         return [a.detach() - b for a, b in zip(after, before)]
@@ -352,7 +359,8 @@ def test_resumed_tensorboard_has_each_iteration_once(setup, tmp_path, monkeypatc
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     # iteration 2 is logged after the checkpoint at 2, then the run dies
-    killed_at_iteration_3(monkeypatch, config(setup, tmp_path / "run", iterations=4, checkpoint_every=2, tensorboard=True))
+    killed_at_iteration_3(monkeypatch, config(setup, tmp_path / "run", iterations=4, checkpoint_every=2,
+                                              tensorboard=True))
     train(config(setup, tmp_path / "run", iterations=4, checkpoint_every=2, tensorboard=True), resume=True)
     events = EventAccumulator(str(tmp_path / "run" / "tb"))
     events.Reload()

@@ -14,10 +14,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ppo_rlhf import generation
+from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.config import build_config
 from ppo_rlhf.generation import VLLMGenerator, VLLMServer
+from ppo_rlhf.logprobs import token_logprobs
 from ppo_rlhf.models import LoraSettings, add_policy_lora
-from ppo_rlhf.rollout import chat_prompt_ids, eos_token_ids, token_logprobs
+from ppo_rlhf.rollout import eos_token_ids
 from ppo_rlhf.train import train
 from ppo_rlhf.train_config import TrainConfig
 from ppo_rlhf.trainer import PPOTrainer
