@@ -59,6 +59,23 @@ def test_learns_a_synthetic_preference_and_reloads(tmp_path, base, pairs_file):
     assert again["mean_margin"] == pytest.approx(info["after"]["mean_margin"], abs=1e-4)
 
 
+def test_heldout_pairs_file_and_learning_curve(tmp_path, base, pairs_file):
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps(p) + "\n" for p in synthetic_pairs(10, seed=7)))
+    out = tmp_path / "rm"
+    info = train_reward_model(pairs_file, base=base, out_dir=out, epochs=2, lr=3e-2, batch_size=4, lora_rank=4,
+                              seed=0, max_length=128, heldout_source=heldout)
+    assert info["train_pairs"] == 48 and info["heldout_pairs"] == 10  # every pair trains; the file is held out
+    curve = json.loads((out / "learning_curve.json").read_text())
+    assert curve == info["learning_curve"]
+    # before training, after 1/8 (6 pairs: 2 steps of 4), 1/4, 1/2 and all of the first pass, after both epochs
+    assert [(point["pairs"], point["epochs"]) for point in curve] == [(0, 0), (8, 1), (12, 1), (24, 1), (48, 1),
+                                                                      (48, 2)]
+    assert {key: curve[-1][key] for key in info["after"]} == info["after"]
+    assert curve[0]["accuracy"] == info["before"]["accuracy"]
+    assert all(0 <= point["accuracy"] <= 1 for point in curve)
+
+
 def test_drops_pairs_over_max_length(tmp_path, base, pairs_file):
     from ppo_rlhf.errors import UsageError
 
