@@ -52,7 +52,8 @@ def run_sentence(label: str, row: dict[str, Any]) -> str:
             "down": f"lowered the gold score by {-gold['mean']:.2f} [{gold['lo']:+.2f}, {gold['hi']:+.2f}] {unit}",
             "unclear": f"did not measurably change the gold score ({_interval(gold)} {unit}, an interval that "
                        "includes zero)"}[direction(gold)]
-    sentence = f"{label} {verb} at a KL of {row['kl']:.1f} nats per reply from the start model (step {row['iteration']})"
+    sentence = (f"{label} {verb} at a KL of {row['kl']:.1f} nats per reply from the start model "
+                f"(step {row['iteration']})")
     claim = direction(proxy)
     if claim == "unclear":
         return sentence + f"; the proxy's own change, {_interval(proxy)}, was not distinguishable from zero either."
@@ -72,8 +73,8 @@ def reward_model_sentence(rm_info: dict[str, Any]) -> str:
     after = rm_info["after"]
     corr = after.get("length_corr")
     length = "n/a" if corr is None or (isinstance(corr, float) and math.isnan(corr)) else f"{corr:+.2f}"
-    text = (f"The proxy reward model ranked {rm_info['heldout_pairs']} held-out pairs like the gold judge with accuracy "
-            f"{after['accuracy']:.2f} (chance is 0.50; "
+    text = (f"The proxy reward model ranked {rm_info['heldout_pairs']} held-out pairs like the gold judge with "
+            f"accuracy {after['accuracy']:.2f} (chance is 0.50; "
             f"{rm_info['before']['accuracy']:.2f} before training), after training on "
             f"{rm_info['train_pairs']} pairs; the correlation of its score margin with the length difference is "
             f"{length}.")

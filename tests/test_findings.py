@@ -43,7 +43,8 @@ def test_headline_caveats_and_reward_model():
                row((-0.4, -0.7, -0.1), (1.2, 0.9, 1.5), run="nokl")]
     rm_info = {"heldout_pairs": 120, "train_pairs": 1600, "before": {"accuracy": 0.5},
                "after": {"accuracy": 0.7, "length_corr": 0.31},
-               "learning_curve": [{"pairs": 0, "epochs": 0, "accuracy": 0.5}, {"pairs": 800, "epochs": 1, "accuracy": 0.6},
+               "learning_curve": [{"pairs": 0, "epochs": 0, "accuracy": 0.5},
+                                  {"pairs": 800, "epochs": 1, "accuracy": 0.6},
                                   {"pairs": 1600, "epochs": 1, "accuracy": 0.7}]}
     evaluation = {"summary": summary, "settings": {"n_prompts": 40, "replies_per_prompt": 2}}
     study = {"runs": {"beta005": 0.05, "nokl": 0.0}, "rm_info": rm_info,
@@ -53,7 +54,8 @@ def test_headline_caveats_and_reward_model():
     assert result.startswith("PPO (beta 0.05) did not measurably change the gold score (+0.20 [-0.10, +0.50]")
     assert "(step 20)" in result and "PPO without a KL penalty (beta 0) lowered the gold score by 0.40" in result
     assert reward_model == reward_model_sentence(rm_info)
-    assert "120 held-out pairs like the gold judge with accuracy 0.70 (chance is 0.50; 0.50 before training)" in reward_model
+    assert "120 held-out pairs like the gold judge with accuracy 0.70 (chance is 0.50; 0.50 before training)" \
+        in reward_model
     assert "+0.31" in reward_model and "still rising at the end (0.60 after 800 pairs, 0.70 after 1600)" in reward_model
     assert "40 held-out prompts x 2 replies" in settings and "(beta) 0.05,0" in settings
     notes = caveats(summary, evaluation["settings"], rm_info)
