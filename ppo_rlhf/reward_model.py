@@ -49,17 +49,38 @@ def load_pair_source(source: str) -> list[dict]:
 
 
 def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(r_chosen [B], r_rejected [B], len(chosen) - len(rejected) in tokens [B]) in one forward pass."""
+    """(r_chosen [B], r_rejected [B], len(chosen) - len(rejected) in tokens [B]) in one forward pass.
+
+    Each distinct (prompt, reply) conversation is scored once however many pairs it is in: K replies of a prompt
+    make up to K(K-1)/2 pairs from K forward passes instead of K(K-1) (InstructGPT trains on all comparisons of
+    a prompt as one batch element for this reason).
+    """
     from ppo_rlhf.rollout import reward_inputs, reward_scores
 
-    prompts = [p["prompt"] for p in pairs]
-    replies = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
-    input_ids, attention_mask = reward_inputs(tokenizer, prompts + prompts, replies)
+    conversations = [(p["prompt"], p["chosen"]) for p in pairs] + [(p["prompt"], p["rejected"]) for p in pairs]
+    distinct = list(dict.fromkeys(conversations))
+    row = {conversation: k for k, conversation in enumerate(distinct)}
+    input_ids, attention_mask = reward_inputs(tokenizer, [c[0] for c in distinct], [c[1] for c in distinct])
     device = next(model.parameters()).device
     scores = reward_scores(model, input_ids.to(device), attention_mask.to(device))
     lengths = attention_mask.sum(dim=1)
+    index = torch.tensor([row[c] for c in conversations])
     n = len(pairs)
-    return scores[:n], scores[n:], lengths[:n] - lengths[n:]
+    chosen, rejected = index[:n], index[n:]
+    return scores[chosen.to(device)], scores[rejected.to(device)], lengths[chosen] - lengths[rejected]
+
+
+def prompt_order(pairs: list[dict], generator: torch.Generator) -> list[int]:
+    """Pair indices in a random order of prompts, the pairs of one prompt together (in random order too), so that
+    a batch holds several pairs of a prompt and pair_scores scores each of their replies once."""
+    groups: dict[str, list[int]] = {}
+    for k, pair in enumerate(pairs):
+        groups.setdefault(pair["prompt"], []).append(k)
+    members = list(groups.values())
+    order = []
+    for g in torch.randperm(len(members), generator=generator).tolist():
+        order += [members[g][i] for i in torch.randperm(len(members[g]), generator=generator).tolist()]
+    return order
 
 
 def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int]:
@@ -195,7 +216,7 @@ def train_reward_model(
     curve = [{"pairs": 0, "epochs": 0, **before}]
     for epoch in range(epochs):
         model.train()
-        order = torch.randperm(len(train), generator=generator).tolist()
+        order = prompt_order(train, generator)
         total, correct, seen = 0.0, 0, 0
         bar = tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
         for step, start in enumerate(bar, start=1):

@@ -6,7 +6,7 @@ import pytest
 from ppo_rlhf.cli import main
 from ppo_rlhf.models import load_sequence_classifier, load_tokenizer
 from ppo_rlhf.pairs import read_pairs
-from ppo_rlhf.reward_model import evaluate_pairs, load_pair_source, train_reward_model
+from ppo_rlhf.reward_model import evaluate_pairs, load_pair_source, pair_scores, prompt_order, train_reward_model
 
 import tiny
 
@@ -74,6 +74,37 @@ def test_heldout_pairs_file_and_learning_curve(tmp_path, base, pairs_file):
     assert {key: curve[-1][key] for key in info["after"]} == info["after"]
     assert curve[0]["accuracy"] == info["before"]["accuracy"]
     assert all(0 <= point["accuracy"] <= 1 for point in curve)
+
+
+def test_each_reply_is_scored_once_and_a_prompt_s_pairs_stay_together(base, monkeypatch):
+    import torch
+
+    import ppo_rlhf.rollout as rollout
+
+    model, tokenizer = load_sequence_classifier(base), load_tokenizer(base)
+    replies = ["happy dog", "sad cat", "the king", "a queen story"]
+    pairs = [{"prompt": "Story 1.", "chosen": a, "rejected": b} for i, a in enumerate(replies) for b in replies[i + 1:]]
+    scored_rows = []
+    original = rollout.reward_scores
+
+    def counting(model, input_ids, attention_mask, batch_size=None):
+        scored_rows.append(len(input_ids))
+        return original(model, input_ids, attention_mask, batch_size)
+
+    monkeypatch.setattr(rollout, "reward_scores", counting)
+    with torch.no_grad():
+        chosen, rejected, gap = pair_scores(model, tokenizer, pairs)
+        one_by_one = [pair_scores(model, tokenizer, [pair]) for pair in pairs]
+    assert scored_rows[0] == 4  # 6 pairs of 4 replies: 4 conversations, not 12
+    assert chosen.tolist() == pytest.approx([c.item() for c, _, _ in one_by_one], abs=1e-5)
+    assert rejected.tolist() == pytest.approx([r.item() for _, r, _ in one_by_one], abs=1e-5)
+    assert gap.tolist() == [g.item() for _, _, g in one_by_one]
+
+    mixed = [{"prompt": f"P{k % 3}"} for k in range(9)]
+    order = prompt_order(mixed, torch.Generator().manual_seed(0))
+    assert sorted(order) == list(range(9))
+    prompts = [mixed[k]["prompt"] for k in order]
+    assert all(len(set(prompts[i : i + 3])) == 1 for i in (0, 3, 6))  # each prompt's pairs in one run
 
 
 def test_drops_pairs_over_max_length(tmp_path, base, pairs_file):
