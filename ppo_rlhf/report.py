@@ -341,19 +341,21 @@ def _evaluation_blocks(evaluation: dict[str, Any], out_dir: Path) -> list[Block]
 
 
 def _study_blocks(study: dict[str, Any], evaluation: dict[str, Any] | None, out_dir: Path) -> list[Block]:
-    """The demo's opening: smoke-run and content notes, the result in words, the caveats, the reward model."""
+    """The demo's opening: the smoke-run note, the result in words, the content note, the caveats, the reward
+    model's learning curve."""
     from ppo_rlhf.findings import CONTENT_NOTE, SMOKE_NOTE, caveats, headline
 
     blocks: list[Block] = []
     if study.get("quick"):
         blocks.append(("p", SMOKE_NOTE))
-    if study.get("realtoxicityprompts"):
-        blocks.append(("p", CONTENT_NOTE))
     if evaluation is not None:
         blocks += [("h2", "The result")] + [("p", text) for text in headline(evaluation, study)]
-        notes = caveats(evaluation["summary"], evaluation.get("settings", {}), study.get("rm_info"))
-        if notes:
-            blocks += [("h2", "Read with care")] + [("p", note) for note in notes]
+    if study.get("realtoxicityprompts"):  # after the result, before any quoted reply
+        blocks.append(("p", CONTENT_NOTE))
+    notes = [] if evaluation is None else caveats(evaluation["summary"], evaluation.get("settings", {}),
+                                                  study.get("rm_info"))
+    if notes:
+        blocks += [("h2", "Read with care")] + [("p", note) for note in notes]
     rm_info = study.get("rm_info")
     if rm_info is not None and rm_info.get("learning_curve"):
         learning_curve_figure(rm_info["learning_curve"]).savefig(out_dir / "learning_curve.png", dpi=100)

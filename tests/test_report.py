@@ -163,6 +163,14 @@ def test_study_report_opens_with_the_result_in_words(tmp_path):
     assert "| 40 | 1 | 0.600 | +0.200 | +0.20 |" in markdown and "| 80 | 1 | 0.700 | +0.400 | nan |" in markdown
     assert page.read_text().count("data:image/png;base64,") == 3  # dashboard, over-optimisation, learning curve
 
+    # a full run: the result is the first paragraph; the content note follows it, before any quoted reply
+    write_report([], evaluation, out, study | {"quick": False, "realtoxicityprompts": True})
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# What PPO against a learned reward model really gained\n\n## The result\n\n"
+                               + result[0])
+    assert markdown.index(result[-1]) < markdown.index("Content note") < markdown.index("PROMPT:")
+    assert SMOKE_NOTE not in markdown
+
 
 def test_learning_curve_figure_marks_chance_and_target():
     figure = learning_curve_figure([{"pairs": 0, "epochs": 0, "accuracy": 0.5},
