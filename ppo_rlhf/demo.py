@@ -86,8 +86,8 @@ class DemoConfig:
     value_lr: PositiveFloat = 1e-4
     """Value model learning rate."""
     sample_batch: PositiveInt = 32
-    """Replies sampled at once by the prompts, pairs and evaluation stages (generation on a CPU is bound by per-step overhead,
-    so a wider batch gives more replies per second; the draws, and so the samples, depend on it)."""
+    """Replies sampled at once by the prompts, pairs and evaluation stages (generation on a CPU is bound by per-step
+    overhead, so a wider batch gives more replies per second; the draws, and so the samples, depend on it)."""
     evaluations: PositiveInt = 5
     """Checkpoints per PPO run that the evaluation scores (every iterations // evaluations, and the last)."""
     dtype: Literal["float32", "bfloat16"] = TrainConfig.dtype
@@ -109,8 +109,9 @@ class DemoConfig:
         require(len(set(map(run_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
 
 
-QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2, batch_size=4,
-             minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, evaluations=2, sample_batch=16)
+QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
+             batch_size=4, minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, evaluations=2,
+             sample_batch=16)
 
 
 def run_name(beta: float) -> str:
@@ -237,9 +238,10 @@ def demo(cfg: DemoConfig) -> Path:
         # pairs get twice the cap: a pair is only usable when both replies finish, and the proxy must score finished
         # replies
         for prompts, path in ((rm_prompts, pairs), (rm_heldout_prompts, heldout_pairs)):
-            print(pairs_line(make_pairs(prompts, path, model=cfg.model, judge_spec=cfg.gold, reply_cap=2 * cfg.reply_cap,
-                                        seed=cfg.seed, replies_per_prompt=cfg.pair_replies, min_margin=cfg.min_margin,
-                                        batch_size=cfg.sample_batch, dtype=cfg.dtype)))
+            info = make_pairs(prompts, path, model=cfg.model, judge_spec=cfg.gold, reply_cap=2 * cfg.reply_cap,
+                              seed=cfg.seed, replies_per_prompt=cfg.pair_replies, min_margin=cfg.min_margin,
+                              batch_size=cfg.sample_batch, dtype=cfg.dtype)
+            print(pairs_line(info))
 
     pairs_key = stages.run("pairs", settings("pairs"), [prompts_key], heldout_pairs, make_both_pairs)
 

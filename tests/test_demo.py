@@ -70,12 +70,14 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
                  "stages.json"):
         assert (out / path).is_file(), path
     assert len((out / "runs/nokl/history.jsonl").read_text().splitlines()) == 5
-    files = {name: set((out / f"prompts/{name}.jsonl").read_text().splitlines()) for name in ("rm", "rm_heldout", "ppo")}
+    files = {name: set((out / f"prompts/{name}.jsonl").read_text().splitlines())
+             for name in ("rm", "rm_heldout", "ppo")}
     assert all(files.values()) and sum(map(len, files.values())) == len(set.union(*files.values()))  # disjoint
     rm_info = json.loads((out / "reward_model/rm_info.json").read_text())
     heldout_pairs = (out / "pairs_heldout.jsonl").read_text().splitlines()
     assert rm_info["heldout_pairs"] == len(heldout_pairs) and rm_info["learning_curve"][0]["pairs"] == 0
-    assert {json.loads(line)["prompt"] for line in heldout_pairs} <= {json.loads(p)["prompt"] for p in files["rm_heldout"]}
+    heldout_prompts = {json.loads(line)["prompt"] for line in files["rm_heldout"]}
+    assert {json.loads(line)["prompt"] for line in heldout_pairs} <= heldout_prompts
     evaluation = json.loads((out / "eval/evaluation.json").read_text())
     assert [m["model"] for m in evaluation["summary"]][0] == "start"
     for run in ("beta005", "nokl"):  # every checkpoint evaluated: `evaluations` of them per run
