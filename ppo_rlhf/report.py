@@ -141,7 +141,8 @@ def overoptimisation_figure(summary: list[dict]) -> Figure:
     run, each point labelled with its iteration.
 
     Every series starts at the start model, (0, 0): Gao et al.'s picture is gold rising with KL and then
-    falling while the proxy keeps rising.
+    falling while the proxy keeps rising. The two panels share both axes, so that the gap between what the proxy
+    claimed and what the gold judge saw reads off at any KL.
     """
     start = next(s for s in summary if s["run"] is None)
     runs: dict[str, list[dict]] = {}
@@ -149,7 +150,7 @@ def overoptimisation_figure(summary: list[dict]) -> Figure:
         if s["run"] is not None:
             runs.setdefault(s["run"], []).append(s)
     figure = Figure(figsize=(12, 4.6), layout="constrained")
-    axes = figure.subplots(1, 2, sharex=True)
+    axes = figure.subplots(1, 2, sharex=True, sharey=True)
     for axis, judge in zip(axes, ("gold", "proxy")):
         for k, (name, points) in enumerate(runs.items()):
             points = [start] + sorted(points, key=lambda s: s["iteration"])
@@ -167,7 +168,35 @@ def overoptimisation_figure(summary: list[dict]) -> Figure:
         axis.set_title(JUDGE_TITLES[judge], fontsize=10)
         axis.grid(alpha=0.3)
         axis.legend(title="run (bars: 95% interval)", fontsize=9, title_fontsize=9)
+    axes[1].yaxis.set_tick_params(labelleft=True)  # shared, but each panel keeps its numbers
     return figure
+
+
+def learning_curve_figure(curve: list[dict]) -> Figure:
+    """The reward model's held-out accuracy against the training pairs it had seen (first pass; a later epoch is
+    a separate point), with chance and the study's 75% target drawn in."""
+    from matplotlib.figure import Figure
+
+    from ppo_rlhf.findings import TARGET_RM_ACCURACY
+
+    figure = Figure(figsize=(6.4, 4.0), layout="constrained")
+    axis = figure.subplots()
+    first = [point for point in curve if point["epochs"] <= 1]
+    axis.plot([p["pairs"] for p in first], [p["accuracy"] for p in first], marker="o", label="first pass")
+    for point in curve:
+        if point["epochs"] > 1:
+            axis.plot([point["pairs"]], [point["accuracy"]], marker="s", linestyle="none",
+                      label=f"after {point['epochs']} epochs")
+    axis.axhline(0.5, color="grey", linewidth=0.8, linestyle=":", label="chance")
+    axis.axhline(TARGET_RM_ACCURACY, color="grey", linewidth=0.8, linestyle="--", label="target")
+    axis.set_xlabel("training pairs seen")
+    axis.set_ylabel("held-out accuracy (share of pairs ranked like the gold judge)")
+    axis.set_title("Does the reward model learn the gold judge's preferences?", fontsize=10)
+    axis.set_ylim(0, 1)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=9)
+    return figure
+
 # ---------------------------------------------------------------- tables
 
 
@@ -285,7 +314,7 @@ def render_html(title: str, blocks: list[Block], image_dir: Path) -> str:
 def _evaluation_blocks(evaluation: dict[str, Any], out_dir: Path) -> list[Block]:
     summary = evaluation["summary"]
     settings = evaluation.get("settings", {})
-    blocks: list[Block] = [("h2", "Held-out evaluation")]
+    blocks: list[Block] = [("h2", "Scores on held-out prompts, against the start model")]
     if settings:
         blocks.append(("p", f"{settings.get('n_prompts')} held-out prompts x {settings.get('replies_per_prompt')} "
                             f"replies per model, sampling seed {settings.get('seed')}; proxy {settings.get('proxy')}, "
@@ -295,18 +324,52 @@ def _evaluation_blocks(evaluation: dict[str, Any], out_dir: Path) -> list[Block]
     blocks.append(("table", *evaluation_table(summary)))
     if any(s["run"] is not None for s in summary):
         overoptimisation_figure(summary).savefig(out_dir / "overoptimisation.png", dpi=100)
-        blocks.append(("img", "overoptimisation.png", "gold and proxy change against KL to the start model"))
+        blocks.append(("img", "overoptimisation.png", "gold and proxy change against KL to the start model, every "
+                       "evaluated checkpoint of every run (bars: 95% intervals over prompts)"))
     examples = evaluation.get("examples", [])
     if examples:
-        blocks.append(("h2", "Before and after"))
+        blocks.append(("h2", "Example replies, before and after training"))
         for example in examples:
             blocks.append(("p", f"PROMPT: {example['prompt']}"))
             blocks.append(("table", *example_table(example)))
     return blocks
 
 
-def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_dir: str | Path) -> Path:
-    """Write the PNGs, report.md and report.html into out_dir; return the path of report.html."""
+def _study_blocks(study: dict[str, Any], evaluation: dict[str, Any] | None, out_dir: Path) -> list[Block]:
+    """The demo's opening: the smoke-run note, the result in words, the content note, the caveats, the reward
+    model's learning curve."""
+    from ppo_rlhf.findings import CONTENT_NOTE, SMOKE_NOTE, caveats, headline
+
+    blocks: list[Block] = []
+    if study.get("quick"):
+        blocks.append(("p", SMOKE_NOTE))
+    if evaluation is not None:
+        blocks += [("h2", "The result")] + [("p", text) for text in headline(evaluation, study)]
+    if study.get("realtoxicityprompts"):  # after the result, before any quoted reply
+        blocks.append(("p", CONTENT_NOTE))
+    notes = [] if evaluation is None else caveats(evaluation["summary"], evaluation.get("settings", {}),
+                                                  study.get("rm_info"))
+    if notes:
+        blocks += [("h2", "Read with care")] + [("p", note) for note in notes]
+    rm_info = study.get("rm_info")
+    if rm_info is not None and rm_info.get("learning_curve"):
+        learning_curve_figure(rm_info["learning_curve"]).savefig(out_dir / "learning_curve.png", dpi=100)
+        rows = [[str(p["pairs"]), str(p["epochs"]), _fmt(p["accuracy"], ".3f"), _fmt(p["mean_margin"], "+.3f"),
+                 _fmt(p["length_corr"], "+.2f")] for p in rm_info["learning_curve"]]
+        blocks += [("h2", "The reward model: how well it learned the gold judge"),
+                   ("img", "learning_curve.png", f"held-out accuracy on {rm_info['heldout_pairs']} pairs of prompts "
+                                                 "it never trained on, against the training pairs seen"),
+                   ("table", ["training pairs seen", "epochs", "held-out accuracy", "mean margin",
+                              "margin-length correlation"], rows)]
+    return blocks
+
+
+def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_dir: str | Path,
+                 study: dict[str, Any] | None = None) -> Path:
+    """Write the PNGs, report.md and report.html into out_dir; return the path of report.html.
+
+    `study` (from the demo) opens the page with the result in words (see findings.headline for its keys, plus
+    "quick" and "realtoxicityprompts") and the reward model's learning curve."""
     require(bool(run_dirs) or eval_dir is not None, "give at least one RUN_DIR or --eval EVAL_DIR")
     histories: dict[str, list[dict]] = {}
     for run_dir in map(Path, run_dirs):
@@ -317,11 +380,11 @@ def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_di
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    blocks: list[Block] = []
+    blocks: list[Block] = [] if study is None else _study_blocks(study, evaluation, out_dir)
     if histories:
         dashboard_figure(histories).savefig(out_dir / "dashboard.png", dpi=100)
         blocks += [
-            ("h2", "Training dashboard"),
+            ("h2", "How training went, iteration by iteration"),
             ("img", "dashboard.png", "the dashboard over iterations, one line per run; [brackets]: the name in "
                                      "history.jsonl and the table below"),
             ("table", *history_table(histories)),
@@ -333,7 +396,10 @@ def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_di
         if table.is_file():
             blocks += [("h2", f"Per-token table: {run_dir.resolve().name}"), ("pre", table.read_text())]
 
-    title = "PPO report: " + ", ".join(histories) if histories else "PPO evaluation report"
+    if study is not None:
+        title = "What PPO against a learned reward model really gained" + (" (smoke run)" if study.get("quick") else "")
+    else:
+        title = "PPO report: " + ", ".join(histories) if histories else "PPO evaluation report"
     (out_dir / "report.md").write_text(render_markdown(title, blocks))
     page = out_dir / "report.html"
     page.write_text(render_html(title, blocks, out_dir))

@@ -8,6 +8,12 @@ functions PPO scores with, so training and use read the same position. The loss 
     -log sigmoid(r(x, chosen) - r(x, rejected))
 
 and the output folder is a PEFT adapter (LoRA + score head) that models.load_sequence_classifier loads.
+
+Held-out accuracy is measured on a held-out share of the pairs, or on a separate pairs file (pairs of prompts the
+model never trained on, as the demo makes them). The learning curve, held-out accuracy after the first 1/8, 1/4,
+1/2 and all of the training pairs of the first pass (and after the last epoch), is measured inside the one training
+run rather than by training once per size: the same curve's shape for a fraction of the compute. It says whether
+more pairs would help (still rising) or the backbone is the limit (flat).
 """
 
 from __future__ import annotations
@@ -53,15 +59,36 @@ def load_pair_source(source: str) -> list[dict]:
 
 
 def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(r_chosen [B], r_rejected [B], len(chosen) - len(rejected) in tokens [B]) in one forward pass."""
-    prompts = [p["prompt"] for p in pairs]
-    replies = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
-    input_ids, attention_mask = reward_inputs(tokenizer, prompts + prompts, replies)
+    """(r_chosen [B], r_rejected [B], len(chosen) - len(rejected) in tokens [B]) in one forward pass.
+
+    Each distinct (prompt, reply) conversation is scored once however many pairs it is in: K replies of a prompt
+    make up to K(K-1)/2 pairs from K forward passes instead of K(K-1) (InstructGPT trains on all comparisons of
+    a prompt as one batch element for this reason).
+    """
+    conversations = [(p["prompt"], p["chosen"]) for p in pairs] + [(p["prompt"], p["rejected"]) for p in pairs]
+    distinct = list(dict.fromkeys(conversations))
+    row = {conversation: k for k, conversation in enumerate(distinct)}
+    input_ids, attention_mask = reward_inputs(tokenizer, [c[0] for c in distinct], [c[1] for c in distinct])
     device = next(model.parameters()).device
     scores = reward_scores(model, input_ids.to(device), attention_mask.to(device))
     lengths = attention_mask.sum(dim=1)
+    index = torch.tensor([row[c] for c in conversations])
     n = len(pairs)
-    return scores[:n], scores[n:], lengths[:n] - lengths[n:]
+    chosen, rejected = index[:n], index[n:]
+    return scores[chosen.to(device)], scores[rejected.to(device)], lengths[chosen] - lengths[rejected]
+
+
+def prompt_order(pairs: list[dict], generator: torch.Generator) -> list[int]:
+    """Pair indices in a random order of prompts, the pairs of one prompt together (in random order too), so that
+    a batch holds several pairs of a prompt and pair_scores scores each of their replies once."""
+    groups: dict[str, list[int]] = {}
+    for k, pair in enumerate(pairs):
+        groups.setdefault(pair["prompt"], []).append(k)
+    members = list(groups.values())
+    order = []
+    for g in torch.randperm(len(members), generator=generator).tolist():
+        order += [members[g][i] for i in torch.randperm(len(members[g]), generator=generator).tolist()]
+    return order
 
 
 def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int]:
@@ -94,12 +121,28 @@ def evaluate_pairs(model, tokenizer, pairs: list[dict], batch_size: int) -> dict
     }
 
 
+CURVE_FRACTIONS = (0.125, 0.25, 0.5)  # of the training pairs, during the first pass; all pairs are always measured
+
+
+def curve_steps(n_train: int, batch_size: int) -> dict[int, int]:
+    """{optimiser step (1-based) of the first epoch: training pairs seen after it} for the learning curve's points
+    (CURVE_FRACTIONS and the end of the pass); a fraction too small for one batch has no point."""
+    steps = {}
+    for fraction in CURVE_FRACTIONS:
+        seen = round(fraction * n_train)
+        if seen >= batch_size:  # at least one full step
+            steps[-(-seen // batch_size)] = min(n_train, -(-seen // batch_size) * batch_size)
+    steps[-(-n_train // batch_size)] = n_train
+    return steps
+
+
 def save_atomically(model, tokenizer, info: dict, out_dir: Path) -> None:
     """Write the adapter folder under a temporary name and rename it into place."""
     with atomic_directory(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "rm_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        (tmp / "learning_curve.json").write_text(json.dumps(info["learning_curve"], indent=1) + "\n")
 
 
 def train_reward_model(
@@ -114,23 +157,36 @@ def train_reward_model(
     seed: int = 0,
     max_length: int = 512,
     device: str | None = None,
+    heldout_source: str | Path | None = None,
     dtype: str = "auto",
 ) -> dict:
-    """Train on the pairs, write OUT (adapter + score head + tokenizer + rm_info.json); return rm_info."""
+    """Train on the pairs, write OUT (adapter + score head + tokenizer + rm_info.json + learning_curve.json);
+    return rm_info. With heldout_source, every pair of it is held out and every pair of pairs_source trains."""
     require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
     require(lr > 0, f"--lr must be > 0, got {lr}")
     require(0 < heldout_fraction < 1, f"--heldout-fraction must be in (0, 1), got {heldout_fraction}")
     started = time.time()
     pairs = load_pair_source(str(pairs_source))
     tokenizer = load_tokenizer(base)
-    # A cut-off conversation would lose its closing EOS, the token the score is read at: drop, don't truncate.
-    lengths = sequence_lengths(tokenizer, pairs)
-    usable = [p for p, n in zip(pairs, lengths) if n <= max_length]
-    require(len(usable) >= 2, f"{len(usable)} of {len(pairs)} pairs fit in --max-length {max_length}; need at least 2")
+
+    def fitting(pairs: list[dict]) -> list[dict]:
+        # A cut-off conversation would lose its closing EOS, the token the score is read at: drop, don't truncate.
+        return [p for p, n in zip(pairs, sequence_lengths(tokenizer, pairs)) if n <= max_length]
+
+    usable = fitting(pairs)
     random.Random(seed).shuffle(usable)
-    n_heldout = max(1, round(heldout_fraction * len(usable)))
-    require(len(usable) - n_heldout >= 1, f"no training pairs left after holding out {n_heldout} of {len(usable)}")
-    heldout, train = usable[:n_heldout], usable[n_heldout:]
+    if heldout_source is None:
+        require(len(usable) >= 2, f"{len(usable)} of {len(pairs)} pairs fit in --max-length {max_length}; need 2")
+        n_heldout = max(1, round(heldout_fraction * len(usable)))
+        require(len(usable) - n_heldout >= 1, f"no training pairs left after holding out {n_heldout} of {len(usable)}")
+        heldout, train = usable[:n_heldout], usable[n_heldout:]
+        dropped = len(pairs) - len(usable)
+    else:
+        given = load_pair_source(str(heldout_source))
+        heldout, train = fitting(given), usable
+        require(len(train) >= 1, f"none of {len(pairs)} pairs fits in --max-length {max_length}")
+        require(len(heldout) >= 1, f"none of {len(given)} held-out pairs fits in --max-length {max_length}")
+        dropped = len(pairs) + len(given) - len(train) - len(heldout)
 
     torch.manual_seed(seed)  # the fresh score head is random
     device = resolve_device(device or "auto")
@@ -145,15 +201,17 @@ def train_reward_model(
 
     generator = torch.Generator().manual_seed(seed)
     epoch_losses = []
+    curve_at = curve_steps(len(train), batch_size)
+    curve = [{"pairs": 0, "epochs": 0, **before}]
     for epoch in range(epochs):
         model.train()
-        order = torch.randperm(len(train), generator=generator).tolist()
+        order = prompt_order(train, generator)
         total, correct, seen = 0.0, 0, 0
         bar = tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
-        for start in bar:
+        for step, start in enumerate(bar, start=1):
             batch = [train[i] for i in order[start : start + batch_size]]
             chosen, rejected, _ = pair_scores(model, tokenizer, batch)
-            loss = -F.logsigmoid(chosen - rejected).mean()
+            loss = -F.logsigmoid((chosen - rejected).float()).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -162,8 +220,15 @@ def train_reward_model(
             correct += int((chosen > rejected).sum())
             seen += len(batch)
             bar.set_postfix(loss=f"{total / seen:.4f}", acc=f"{correct / seen:.3f}")
+            if epoch == 0 and step in curve_at:
+                curve.append({"pairs": curve_at[step], "epochs": 1, **evaluate_pairs(model, tokenizer, heldout,
+                                                                                     batch_size)})
+                model.train()
         epoch_losses.append(total / seen)
-    after = evaluate_pairs(model, tokenizer, heldout, batch_size)
+    after = curve[-1] if epochs == 1 else evaluate_pairs(model, tokenizer, heldout, batch_size)
+    if epochs > 1:
+        curve.append({"pairs": len(train), "epochs": epochs, **after})
+    after = {key: after[key] for key in before}
 
     # The adapter must name the folder its weights apply to, not an alias like "smollm2".
     model.peft_config["default"].base_model_name_or_path = resolve_model_path(base)
@@ -172,7 +237,8 @@ def train_reward_model(
         "base_path": resolve_model_path(base),
         "pairs_source": str(pairs_source) if str(pairs_source).startswith("hf:") else str(Path(pairs_source).resolve()),
         "pairs": len(pairs),
-        "dropped_too_long": len(pairs) - len(usable),
+        "dropped_too_long": dropped,
+        "heldout_source": None if heldout_source is None else str(Path(heldout_source).resolve()),
         "train_pairs": len(train),
         "heldout_pairs": len(heldout),
         "epochs": epochs,
@@ -186,6 +252,7 @@ def train_reward_model(
         "train_loss": epoch_losses,
         "before": before,
         "after": after,
+        "learning_curve": curve,
         "seconds": round(time.time() - started, 1),
     }
     save_atomically(model, tokenizer, info, Path(out_dir))
@@ -214,6 +281,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--heldout-fraction", type=Checked(float, Bounds(0, 1, low_open=True, high_open=True)), default=0.1, help="pairs kept out to measure accuracy")
     train.add_argument("--seed", type=SEED, default=0)
     train.add_argument("--max-length", type=POSITIVE_INT, default=512, help="longer conversations are dropped, not cut")
+    train.add_argument("--heldout-pairs", default=None,
+                       help="a pairs JSONL held out whole (pairs of other prompts); then --heldout-fraction is unused")
     train.add_argument("--dtype", type=Checked(FieldType(str, choices=DTYPES)), default="auto",
                        help="frozen backbone's dtype (auto: bfloat16 where the hardware has it natively; LoRA and head fp32)")
 
@@ -230,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
         heldout_fraction=args.heldout_fraction,
         seed=args.seed,
         max_length=args.max_length,
+        heldout_source=args.heldout_pairs,
         dtype=args.dtype,
     )
     print(f"wrote {args.out}; {summary_line(info)}")

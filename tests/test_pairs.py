@@ -23,7 +23,7 @@ def test_make_pairs_orders_by_the_gold_judge(tmp_path, policy):
                       batch_size=8)
     pairs = read_pairs(out)
     assert len(pairs) == info["pairs"] > 0
-    assert info["pairs"] + info["ties"] + info["cut_off"] == len(PROMPTS)
+    assert info["pairs"] + info["close"] + info["cut_off"] == len(PROMPTS) == info["candidate_pairs"]
     assert {p["prompt"] for p in pairs} <= set(PROMPTS)
     for pair in pairs:
         assert pair["score_chosen"] > pair["score_rejected"]
@@ -34,13 +34,31 @@ def test_make_pairs_orders_by_the_gold_judge(tmp_path, policy):
     assert (tmp_path / "again.jsonl").read_text() == out.read_text()
 
 
+def test_several_replies_pair_every_two_with_a_clear_margin(tmp_path, policy):
+    out = tmp_path / "pairs.jsonl"
+    info = make_pairs(PROMPTS, out, model=policy, reply_cap=24, seed=0, batch_size=16, replies_per_prompt=4,
+                      min_margin=0.01)
+    pairs = read_pairs(out)
+    assert info["candidate_pairs"] == len(PROMPTS) * 6  # 4 replies: 6 pairs per prompt
+    assert info["pairs"] + info["close"] + info["cut_off"] == info["candidate_pairs"]
+    assert len(pairs) == info["pairs"] > len(PROMPTS)  # more pairs than prompts: the point of several replies
+    assert all(p["score_chosen"] - p["score_rejected"] > 0.01 for p in pairs)
+    assert max(sum(p["prompt"] == prompt for p in pairs) for prompt in PROMPTS) > 1
+    # a larger margin keeps a subset of the same samples' pairs
+    stricter = make_pairs(PROMPTS, tmp_path / "strict.jsonl", model=policy, reply_cap=24, seed=0, batch_size=16,
+                          replies_per_prompt=4, min_margin=0.2)
+    assert stricter["pairs"] < info["pairs"] and stricter["close"] > info["close"]
+    with pytest.raises(UsageError, match="replies-per-prompt must be >= 2"):
+        make_pairs(PROMPTS, out, model=policy, replies_per_prompt=1)
+
+
 def test_pairs_cli(tmp_path, policy, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:4]))
     out = tmp_path / "p.jsonl"
     args = ["pairs", "--prompts", str(prompts), "--out", str(out), "--model", policy, "--reply-cap", "24"]
     assert main(args + ["--judge", "vader"]) == 2  # VADER scores random tokens 0: every pair is a tie
-    assert "no usable pair among 4 prompts (4 ties" in capsys.readouterr().err
+    assert "no usable pair among 4 prompts (4 ties or within --min-margin 0" in capsys.readouterr().err
     assert main(args) == 0
     assert "pairs" in capsys.readouterr().out and out.is_file()
     assert main(args + ["--judge", "nope"]) == 2

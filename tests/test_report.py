@@ -10,6 +10,7 @@ from ppo_rlhf.report import (
     PANELS,
     dashboard_figure,
     history_table,
+    learning_curve_figure,
     overoptimisation_figure,
     read_history,
     write_report,
@@ -129,6 +130,7 @@ def test_overoptimisation_plot_reads_without_the_chapter(tmp_path):
         assert "95% interval" in legend.get_title().get_text()
         labels = [t.get_text() for t in axis.texts]
         assert labels.count("it 10") == 2 and labels.count("it 20") == 2 and "start model" in labels
+    assert gold.get_ylim() == proxy.get_ylim()  # one scale: the proxy's claim against the gold judge's view
 
 
 def test_a_file_given_as_a_run_directory_says_so(tmp_path, capsys):
@@ -136,3 +138,45 @@ def test_a_file_given_as_a_run_directory_says_so(tmp_path, capsys):
     path.write_text("{}\n")
     assert main(["report", str(path), "--out", str(tmp_path / "r")]) == 2
     assert "is a file, not a run directory" in capsys.readouterr().err
+
+
+def test_study_report_opens_with_the_result_in_words(tmp_path):
+    from ppo_rlhf.findings import SMOKE_NOTE, headline
+
+    evaluation = fake_evaluation(tmp_path)
+    curve = [{"pairs": 0, "epochs": 0, "accuracy": 0.5, "mean_margin": 0.0, "length_corr": 0.1},
+             {"pairs": 40, "epochs": 1, "accuracy": 0.6, "mean_margin": 0.2, "length_corr": 0.2},
+             {"pairs": 80, "epochs": 1, "accuracy": 0.7, "mean_margin": 0.4, "length_corr": None}]
+    study = {"quick": True, "realtoxicityprompts": False, "runs": {"beta005": 0.05, "nokl": 0.0},
+             "settings": {"model": "smollm2", "betas": "0.05,0", "iterations": 20, "batch_size": 8, "reply_cap": 48},
+             "rm_info": {"heldout_pairs": 30, "train_pairs": 80, "before": {"accuracy": 0.5},
+                         "after": {"accuracy": 0.7, "length_corr": None}, "learning_curve": curve}}
+    out = tmp_path / "report"
+    page = write_report([fake_run(tmp_path, "beta005"), fake_run(tmp_path, "nokl")], evaluation, out, study)
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# What PPO against a learned reward model really gained (smoke run)\n\n" + SMOKE_NOTE)
+    result = headline(json.loads((evaluation / "evaluation.json").read_text()), study)
+    # the result paragraphs come right after the smoke note, before any figure or table
+    assert markdown.index("## The result") < markdown.index(result[0]) < markdown.index("![")
+    assert "Content note" not in markdown and "## Read with care" in markdown
+    assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| 40 | 1 | 0.600 | +0.200 | +0.20 |" in markdown and "| 80 | 1 | 0.700 | +0.400 | nan |" in markdown
+    assert page.read_text().count("data:image/png;base64,") == 3  # dashboard, over-optimisation, learning curve
+
+    # a full run: the result is the first paragraph; the content note follows it, before any quoted reply
+    write_report([], evaluation, out, study | {"quick": False, "realtoxicityprompts": True})
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# What PPO against a learned reward model really gained\n\n## The result\n\n"
+                               + result[0])
+    assert markdown.index(result[-1]) < markdown.index("Content note") < markdown.index("PROMPT:")
+    assert SMOKE_NOTE not in markdown
+
+
+def test_learning_curve_figure_marks_chance_and_target():
+    figure = learning_curve_figure([{"pairs": 0, "epochs": 0, "accuracy": 0.5},
+                                    {"pairs": 10, "epochs": 1, "accuracy": 0.6},
+                                    {"pairs": 10, "epochs": 2, "accuracy": 0.65}])
+    (axis,) = figure.axes
+    labels = [t.get_text() for t in axis.get_legend().get_texts()]
+    assert labels == ["first pass", "after 2 epochs", "chance", "target"]
+    assert list(axis.get_lines()[0].get_xdata()) == [0, 10] and axis.get_ylim() == (0, 1)

@@ -6,7 +6,7 @@ import pytest
 from ppo_rlhf.cli import main
 from ppo_rlhf.models import load_sequence_classifier, load_tokenizer
 from ppo_rlhf.pairs import read_pairs
-from ppo_rlhf.reward_model import evaluate_pairs, load_pair_source, train_reward_model
+from ppo_rlhf.reward_model import evaluate_pairs, load_pair_source, pair_scores, prompt_order, train_reward_model
 
 import tiny
 
@@ -71,6 +71,54 @@ def test_trains_with_a_bf16_backbone(tmp_path, base, pairs_file):
     assert info["train_loss"][-1] < info["train_loss"][0]
     loaded = load_sequence_classifier(str(out), torch.bfloat16)  # the saved LoRA + head, merged, backbone in bf16
     assert loaded.score.weight.dtype == torch.float32 and torch.bfloat16 in weight_dtypes(loaded)
+
+
+def test_heldout_pairs_file_and_learning_curve(tmp_path, base, pairs_file):
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps(p) + "\n" for p in synthetic_pairs(10, seed=7)))
+    out = tmp_path / "rm"
+    info = train_reward_model(pairs_file, base=base, out_dir=out, epochs=2, lr=3e-2, batch_size=4, lora_rank=4,
+                              seed=0, max_length=128, heldout_source=heldout)
+    assert info["train_pairs"] == 48 and info["heldout_pairs"] == 10  # every pair trains; the file is held out
+    curve = json.loads((out / "learning_curve.json").read_text())
+    assert curve == info["learning_curve"]
+    # before training, after 1/8 (6 pairs: 2 steps of 4), 1/4, 1/2 and all of the first pass, after both epochs
+    assert [(point["pairs"], point["epochs"]) for point in curve] == [(0, 0), (8, 1), (12, 1), (24, 1), (48, 1),
+                                                                      (48, 2)]
+    assert {key: curve[-1][key] for key in info["after"]} == info["after"]
+    assert curve[0]["accuracy"] == info["before"]["accuracy"]
+    assert all(0 <= point["accuracy"] <= 1 for point in curve)
+
+
+def test_each_reply_is_scored_once_and_a_prompt_s_pairs_stay_together(base, monkeypatch):
+    import torch
+
+    import ppo_rlhf.reward_model as reward_model_module
+
+    model, tokenizer = load_sequence_classifier(base), load_tokenizer(base)
+    replies = ["happy dog", "sad cat", "the king", "a queen story"]
+    pairs = [{"prompt": "Story 1.", "chosen": a, "rejected": b} for i, a in enumerate(replies) for b in replies[i + 1:]]
+    scored_rows = []
+    original = reward_model_module.reward_scores
+
+    def counting(model, input_ids, attention_mask, batch_size=None):
+        scored_rows.append(len(input_ids))
+        return original(model, input_ids, attention_mask, batch_size)
+
+    monkeypatch.setattr(reward_model_module, "reward_scores", counting)
+    with torch.no_grad():
+        chosen, rejected, gap = pair_scores(model, tokenizer, pairs)
+        one_by_one = [pair_scores(model, tokenizer, [pair]) for pair in pairs]
+    assert scored_rows[0] == 4  # 6 pairs of 4 replies: 4 conversations, not 12
+    assert chosen.tolist() == pytest.approx([c.item() for c, _, _ in one_by_one], abs=1e-5)
+    assert rejected.tolist() == pytest.approx([r.item() for _, r, _ in one_by_one], abs=1e-5)
+    assert gap.tolist() == [g.item() for _, _, g in one_by_one]
+
+    mixed = [{"prompt": f"P{k % 3}"} for k in range(9)]
+    order = prompt_order(mixed, torch.Generator().manual_seed(0))
+    assert sorted(order) == list(range(9))
+    prompts = [mixed[k]["prompt"] for k in order]
+    assert all(len(set(prompts[i : i + 3])) == 1 for i in (0, 3, 6))  # each prompt's pairs in one run
 
 
 def test_drops_pairs_over_max_length(tmp_path, base, pairs_file):

@@ -1,0 +1,140 @@
+"""The study's result in words, generated from its numbers (the first paragraphs of the demo's report).
+
+Every word that states a result is chosen from the numbers: a change whose 95% interval includes zero "did not
+measurably change" the score, one above zero "raised" it, one below "lowered" it; the share of the proxy's gain that
+was real is only given when the proxy's gain excludes zero (a ratio to a change indistinguishable from zero means
+nothing). Caveats are listed for every interval that includes zero and every sample below the sizes the study was
+designed for. Pure functions of dicts, so that they can be tested on made-up numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# The sizes below which the report warns that samples are small (the full preset's design: issue 16).
+MIN_HELDOUT_PROMPTS = 100
+MIN_RM_HELDOUT_PAIRS = 200
+TARGET_RM_ACCURACY = 0.75
+
+SMOKE_NOTE = ("Smoke run (--quick): the same pipeline at toy sizes, minutes instead of an hour. Its numbers show that "
+              "every stage runs; they are not a result.")
+CONTENT_NOTE = ("Content note: some prompts are sentence starts from RealToxicityPrompts, chosen for their potential "
+                "to lead to toxic text; replies quoted below may be offensive.")
+
+
+def _interval(change: dict[str, float]) -> str:
+    return f"{change['mean']:+.2f} [{change['lo']:+.2f}, {change['hi']:+.2f}]"
+
+
+def direction(change: dict[str, float]) -> str:
+    """"up", "down" or "unclear" (the 95% interval includes zero, or is not a number)."""
+    if change["lo"] > 0:
+        return "up"
+    if change["hi"] < 0:
+        return "down"
+    return "unclear"
+
+
+def final_checkpoint(summary: list[dict], run: str) -> dict[str, Any]:
+    """The summary row of a run's last evaluated checkpoint."""
+    rows = [s for s in summary if s["run"] == run]
+    if not rows:
+        raise ValueError(f"no evaluated checkpoint of run {run!r}")
+    return max(rows, key=lambda s: s["iteration"])
+
+
+def run_sentence(label: str, row: dict[str, Any]) -> str:
+    """One run's result: the gold change, the KL, the proxy's claim, and how much of the claim was real."""
+    gold, proxy = row["gold_change"], row["proxy_change"]
+    unit = "start-model standard deviations"
+    verb = {"up": f"raised the gold score by {gold['mean']:.2f} [{gold['lo']:+.2f}, {gold['hi']:+.2f}] {unit}",
+            "down": f"lowered the gold score by {-gold['mean']:.2f} [{gold['lo']:+.2f}, {gold['hi']:+.2f}] {unit}",
+            "unclear": f"did not measurably change the gold score ({_interval(gold)} {unit}, an interval that "
+                       "includes zero)"}[direction(gold)]
+    sentence = (f"{label} {verb} at a KL of {row['kl']:.1f} nats per reply from the start model "
+                f"(step {row['iteration']})")
+    claim = direction(proxy)
+    if claim == "unclear":
+        return sentence + f"; the proxy's own change, {_interval(proxy)}, was not distinguishable from zero either."
+    sentence += f"; the proxy claimed {_interval(proxy)}"
+    if claim == "down":
+        return sentence + ", a fall: PPO did not even raise the score it maximised."
+    if direction(gold) == "down":
+        return sentence + ", so none of the claimed gain was real: the gold score fell while the proxy rose."
+    share = 100.0 * gold["mean"] / proxy["mean"]
+    sentence += f", so about {share:.0f}% of the claimed gain was real"
+    if direction(gold) == "unclear":
+        sentence += " (a point estimate only: the gold change itself includes zero)"
+    return sentence + "."
+
+
+def reward_model_sentence(rm_info: dict[str, Any]) -> str:
+    after = rm_info["after"]
+    corr = after.get("length_corr")
+    length = "n/a" if corr is None or (isinstance(corr, float) and math.isnan(corr)) else f"{corr:+.2f}"
+    text = (f"The proxy reward model ranked {rm_info['heldout_pairs']} held-out pairs like the gold judge with "
+            f"accuracy {after['accuracy']:.2f} (chance is 0.50; "
+            f"{rm_info['before']['accuracy']:.2f} before training), after training on "
+            f"{rm_info['train_pairs']} pairs; the correlation of its score margin with the length difference is "
+            f"{length}.")
+    curve = rm_info.get("learning_curve") or []
+    first_pass = [point for point in curve if point["epochs"] == 1]
+    if len(first_pass) >= 2:
+        gain = first_pass[-1]["accuracy"] - first_pass[-2]["accuracy"]
+        trend = "still rising" if gain > 0.01 else "flat"
+        text += (f" Its learning curve was {trend} at the end ({first_pass[-2]['accuracy']:.2f} after "
+                 f"{first_pass[-2]['pairs']} pairs, {first_pass[-1]['accuracy']:.2f} after {first_pass[-1]['pairs']})"
+                 + (": more pairs would likely help." if trend == "still rising" else
+                    ": more pairs of this kind would likely not help; the backbone or the labels are the limit."))
+    return text
+
+
+def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, Any] | None) -> list[str]:
+    """Every reason to read the numbers with care, measured."""
+    notes = []
+    for row in summary:
+        if row["run"] is None:
+            continue
+        for judge in ("gold", "proxy"):
+            if direction(row[f"{judge}_change"]) == "unclear":
+                notes.append(f"{row['model']}: the {judge} change's 95% interval includes zero "
+                             f"({_interval(row[f'{judge}_change'])}).")
+    n_prompts = settings.get("n_prompts")
+    if isinstance(n_prompts, int) and n_prompts < MIN_HELDOUT_PROMPTS:
+        notes.append(f"Only {n_prompts} held-out prompts were evaluated (the study is designed for at least "
+                     f"{MIN_HELDOUT_PROMPTS}): intervals are wide.")
+    if rm_info is not None:
+        if rm_info["heldout_pairs"] < MIN_RM_HELDOUT_PAIRS:
+            notes.append(f"The reward model's accuracy rests on only {rm_info['heldout_pairs']} held-out pairs "
+                         f"(the study is designed for at least {MIN_RM_HELDOUT_PAIRS}).")
+        if rm_info["after"]["accuracy"] < TARGET_RM_ACCURACY:
+            notes.append(f"The reward model's held-out accuracy, {rm_info['after']['accuracy']:.2f}, is below "
+                         f"{TARGET_RM_ACCURACY:.2f}: PPO optimised a noisy proxy, and a gold gain is harder to get.")
+    return notes
+
+
+def settings_sentence(study: dict[str, Any], settings: dict[str, Any]) -> str:
+    demo = study.get("settings", {})
+    return (f"Settings: start model {demo.get('model')}, KL coefficients (beta) {demo.get('betas')}, "
+            f"{demo.get('iterations')} PPO iterations of {demo.get('batch_size')} replies, reply cap "
+            f"{demo.get('reply_cap')} tokens; evaluation on {settings.get('n_prompts')} held-out prompts x "
+            f"{settings.get('replies_per_prompt')} replies per checkpoint, scores in start-model standard "
+            "deviations, 95% intervals from resampling prompts.")
+
+
+def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
+    """The report's opening paragraphs: the result of each run, the reward model, the settings.
+
+    `study` has "runs" ({run name: beta}, the headline run first), "rm_info" (or None) and "settings" (the demo's).
+    """
+    summary, settings = evaluation["summary"], evaluation.get("settings", {})
+    results = []
+    for name, beta in study["runs"].items():
+        label = f"PPO (beta {beta:g})" if beta else "PPO without a KL penalty (beta 0)"
+        results.append(run_sentence(label, final_checkpoint(summary, name)))
+    paragraphs = [" ".join(results)]
+    if study.get("rm_info") is not None:
+        paragraphs.append(reward_model_sentence(study["rm_info"]))
+    paragraphs.append(settings_sentence(study, settings))
+    return paragraphs

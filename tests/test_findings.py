@@ -1,0 +1,71 @@
+"""The report's result sentences are generated from the numbers: made-up summaries of each kind give each wording."""
+
+from ppo_rlhf.findings import caveats, headline, reward_model_sentence, run_sentence
+
+START = {"model": "start", "run": None, "iteration": None}
+
+
+def row(gold: tuple[float, float, float], proxy: tuple[float, float, float], kl: float = 4.2, run: str = "beta005",
+        iteration: int = 20) -> dict:
+    def change(m: tuple[float, float, float]) -> dict:
+        return dict(zip(("mean", "lo", "hi"), m))
+
+    return {"model": f"{run} step {iteration}", "run": run, "iteration": iteration, "kl": kl,
+            "gold_change": change(gold), "proxy_change": change(proxy)}
+
+
+def test_gain_that_excludes_zero_gives_the_real_share():
+    text = run_sentence("PPO (beta 0.05)", row((0.30, 0.10, 0.50), (0.60, 0.40, 0.80), kl=3.14))
+    assert text == ("PPO (beta 0.05) raised the gold score by 0.30 [+0.10, +0.50] start-model standard deviations at a "
+                    "KL of 3.1 nats per reply from the start model (step 20); the proxy claimed +0.60 [+0.40, +0.80], "
+                    "so about 50% of the claimed gain was real.")
+
+
+def test_gold_interval_that_includes_zero_is_no_measurable_change():
+    text = run_sentence("PPO (beta 0.05)", row((0.05, -0.10, 0.20), (0.80, 0.50, 1.10)))
+    assert "did not measurably change the gold score (+0.05 [-0.10, +0.20]" in text
+    assert "raised" not in text and "about 6% of the claimed gain was real (a point estimate only" in text
+
+
+def test_proxy_up_gold_down_is_over_optimisation():
+    text = run_sentence("PPO without a KL penalty (beta 0)", row((-0.40, -0.70, -0.10), (1.20, 0.90, 1.50), run="nokl"))
+    assert "lowered the gold score by 0.40 [-0.70, -0.10]" in text
+    assert "none of the claimed gain was real: the gold score fell while the proxy rose" in text and "%" not in text
+
+
+def test_no_share_when_the_proxy_gain_includes_zero():
+    text = run_sentence("PPO (beta 0.05)", row((0.02, -0.2, 0.3), (0.10, -0.05, 0.25)))
+    assert "not distinguishable from zero either" in text and "%" not in text
+
+
+def test_headline_caveats_and_reward_model():
+    summary = [START, row((0.3, 0.1, 0.5), (0.6, 0.4, 0.8), iteration=10), row((0.2, -0.1, 0.5), (0.9, 0.6, 1.2)),
+               row((-0.4, -0.7, -0.1), (1.2, 0.9, 1.5), run="nokl")]
+    rm_info = {"heldout_pairs": 120, "train_pairs": 1600, "before": {"accuracy": 0.5},
+               "after": {"accuracy": 0.7, "length_corr": 0.31},
+               "learning_curve": [{"pairs": 0, "epochs": 0, "accuracy": 0.5},
+                                  {"pairs": 800, "epochs": 1, "accuracy": 0.6},
+                                  {"pairs": 1600, "epochs": 1, "accuracy": 0.7}]}
+    evaluation = {"summary": summary, "settings": {"n_prompts": 40, "replies_per_prompt": 2}}
+    study = {"runs": {"beta005": 0.05, "nokl": 0.0}, "rm_info": rm_info,
+             "settings": {"model": "smollm2", "betas": "0.05,0", "iterations": 30, "batch_size": 16, "reply_cap": 48}}
+    result, reward_model, settings = headline(evaluation, study)
+    # the last checkpoint of each run, in the study's order
+    assert result.startswith("PPO (beta 0.05) did not measurably change the gold score (+0.20 [-0.10, +0.50]")
+    assert "(step 20)" in result and "PPO without a KL penalty (beta 0) lowered the gold score by 0.40" in result
+    assert reward_model == reward_model_sentence(rm_info)
+    assert "120 held-out pairs like the gold judge with accuracy 0.70 (chance is 0.50; 0.50 before training)" \
+        in reward_model
+    assert "+0.31" in reward_model and "still rising at the end (0.60 after 800 pairs, 0.70 after 1600)" in reward_model
+    assert "40 held-out prompts x 2 replies" in settings and "(beta) 0.05,0" in settings
+    notes = caveats(summary, evaluation["settings"], rm_info)
+    assert "beta005 step 20: the gold change's 95% interval includes zero (+0.20 [-0.10, +0.50])." in notes
+    assert not any(note.startswith("beta005 step 10") or note.startswith("nokl") for note in notes)
+    assert any("Only 40 held-out prompts" in note for note in notes)
+    assert any("only 120 held-out pairs" in note for note in notes)
+    assert any("accuracy, 0.70, is below 0.75" in note for note in notes)
+    # a study of the designed sizes, every interval clear of zero: no caveat
+    clear = [START, row((0.3, 0.1, 0.5), (0.6, 0.4, 0.8))]
+    big_rm = rm_info | {"heldout_pairs": 250, "after": {"accuracy": 0.8, "length_corr": None}}
+    assert caveats(clear, {"n_prompts": 120}, big_rm) == []
+    assert "difference is n/a" in reward_model_sentence(big_rm)
