@@ -71,7 +71,8 @@ class HFGenerator:
     def __init__(self, policy: nn.Module, tokenizer, max_new_tokens: int, temperature: float, top_p: float = 1.0,
                  batch_size: int | None = None, record_logprobs: bool = False):
         self.policy, self.tokenizer = policy, tokenizer
-        self.max_new_tokens, self.temperature, self.top_p, self.batch_size = max_new_tokens, temperature, top_p, batch_size
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.batch_size = batch_size
         self.record_logprobs = record_logprobs
 
     def sync(self, policy: nn.Module) -> None:

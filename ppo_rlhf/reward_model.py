@@ -278,13 +278,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-4)
     train.add_argument("--batch-size", type=POSITIVE_INT, default=8, help="pairs per step")
     train.add_argument("--lora-rank", type=POSITIVE_INT, default=16)
-    train.add_argument("--heldout-fraction", type=Checked(float, Bounds(0, 1, low_open=True, high_open=True)), default=0.1, help="pairs kept out to measure accuracy")
+    train.add_argument("--heldout-fraction", type=Checked(float, Bounds(0, 1, low_open=True, high_open=True)),
+                       default=0.1, help="pairs kept out to measure accuracy")
     train.add_argument("--seed", type=SEED, default=0)
     train.add_argument("--max-length", type=POSITIVE_INT, default=512, help="longer conversations are dropped, not cut")
     train.add_argument("--heldout-pairs", default=None,
                        help="a pairs JSONL held out whole (pairs of other prompts); then --heldout-fraction is unused")
     train.add_argument("--dtype", type=Checked(FieldType(str, choices=DTYPES)), default="auto",
-                       help="frozen backbone's dtype (auto: bfloat16 where the hardware has it natively; LoRA and head fp32)")
+                       help="frozen backbone's dtype (auto: bfloat16 where the hardware has it natively; LoRA and "
+                            "head fp32)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -239,10 +239,12 @@ def format_loop(results: dict[str, dict], seeds: int, batch: int) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experiment", choices=["all", "cases", "one-batch", "loop"], default="all")
     parser.add_argument("--seeds", type=POSITIVE_INT, default=500, help="independent runs (default 500)")
-    parser.add_argument("--iterations", type=POSITIVE_INT, default=40, help="iterations of the loop experiment (default 40)")
+    parser.add_argument("--iterations", type=POSITIVE_INT, default=40,
+                        help="iterations of the loop experiment (default 40)")
     parser.add_argument("--batch", type=Checked(int, Bounds(low=2)), default=32,
                         help="tokens sampled per batch, at least 2: advantage = reward - batch mean (default 32)")
-    parser.add_argument("--lr", type=POSITIVE_FLOAT, default=DEFAULT_LR, help=f"Adam learning rate (default {DEFAULT_LR})")
+    parser.add_argument("--lr", type=POSITIVE_FLOAT, default=DEFAULT_LR,
+                        help=f"Adam learning rate (default {DEFAULT_LR})")
     parser.add_argument("--seed", type=SEED, default=0, help="random seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 

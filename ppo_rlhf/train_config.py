@@ -28,7 +28,8 @@ class TrainConfig:
     policy_model: str = "smollm2"
     """Policy to train: a Hugging Face id, a local folder, a .gguf file, or "smollm2" (offline default)."""
     reward_model: str = ""
-    """Reward model (frozen) and initialisation of the value model: a folder written by `ppo-rlhf reward-model train` or any sequence-classification model with one output."""
+    """Reward model (frozen) and initialisation of the value model: a folder written by `ppo-rlhf reward-model train` or
+    any sequence-classification model with one output."""
     prompts: str = ""
     """Training prompts: a JSONL file with one {"prompt": ...} per line (see `ppo-rlhf prompts`)."""
     out: str = "runs/ppo"
@@ -42,7 +43,9 @@ class TrainConfig:
     device: str = "auto"
     """"auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N"."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Storage and matmul dtype of the frozen base weights: "auto" (bfloat16 where the CPU has AVX512-BF16/AMX-BF16 or the GPU supports bf16, else float32), "bfloat16", "float16" (GPU) or "float32" (the chapter's run, bit-exact). LoRA, score heads, optimiser states, log-probs, KL, GAE and losses are fp32 in every case."""
+    """Storage and matmul dtype of the frozen base weights: "auto" (bfloat16 where the CPU has AVX512-BF16/AMX-BF16 or
+    the GPU supports bf16, else float32), "bfloat16", "float16" (GPU) or "float32" (the chapter's run, bit-exact). LoRA,
+    score heads, optimiser states, log-probs, KL, GAE and losses are fp32 in every case."""
     # --- the loop
     iterations: PositiveInt = 20
     """PPO iterations; each samples `batch_size` fresh replies."""
@@ -51,9 +54,11 @@ class TrainConfig:
     minibatch_size: PositiveInt = 16
     """Replies per optimiser step."""
     micro_batch_size: NonNegativeInt = 0
-    """Replies per forward/backward pass inside a minibatch (gradient accumulation, the per-token mean kept exact); 0 = the whole minibatch."""
+    """Replies per forward/backward pass inside a minibatch (gradient accumulation, the per-token mean kept exact); 0 =
+    the whole minibatch."""
     score_batch_size: NonNegativeInt = 0
-    """Replies per forward pass when scoring (log-probs, values, rewards; no gradients, so no activations are kept and larger passes cost little memory); 0 = micro_batch_size."""
+    """Replies per forward pass when scoring (log-probs, values, rewards; no gradients, so no activations are kept and
+    larger passes cost little memory); 0 = micro_batch_size."""
     epochs: PositiveInt = 2
     """Passes over each batch (the chapter's K)."""
     # --- sampling
@@ -64,20 +69,27 @@ class TrainConfig:
     max_new_tokens: PositiveInt = 128
     """Reply cap in tokens; a reply without EOS by then is unfinished."""
     max_prompt_tokens: PositiveInt = 512
-    """Longest chat-templated training prompt in tokens; a longer one is an error naming its line (prompt + max_new_tokens must also fit the models' context)."""
+    """Longest chat-templated training prompt in tokens; a longer one is an error naming its line (prompt +
+    max_new_tokens must also fit the models' context)."""
     generation_batch_size: NonNegativeInt = 0
     """Prompts per generate call; 0 = the whole batch."""
     generation_backend: Literal["hf", "vllm"] = "hf"
-    """"hf" (Hugging Face generate on the policy) or "vllm" (a vLLM engine in its own process and environment, `make venv-vllm`; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
+    """"hf" (Hugging Face generate on the policy) or "vllm" (a vLLM engine in its own process and environment, `make
+    venv-vllm`; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
     old_logprobs: Literal["recompute", "generation"] = "recompute"
-    """Where log pi_old and the entropy come from: "recompute" (one more forward of the policy after sampling; the first ratio is 1 and the first KL 0 to float rounding) or "generation" (recorded from the logits `generate` computes: one policy forward fewer per iteration, equal to recompute within ~1e-6 in float32; hf backend only)."""
+    """Where log pi_old and the entropy come from: "recompute" (one more forward of the policy after sampling; the first
+    ratio is 1 and the first KL 0 to float rounding) or "generation" (recorded from the logits `generate` computes: one
+    policy forward fewer per iteration, equal to recompute within ~1e-6 in float32; hf backend only)."""
     tis_cap: NonNegativeFloat = 0.0
-    """Truncated importance sampling (Yao et al. 2025): weight each token's policy loss by min(pi_old / pi_rollout, tis_cap), pi_rollout the probability generate sampled the token with (bf16 generation and the training forward differ); 0 = off. Needs old_logprobs recompute and generation_backend hf."""
+    """Truncated importance sampling (Yao et al. 2025): weight each token's policy loss by min(pi_old / pi_rollout,
+    tis_cap), pi_rollout the probability generate sampled the token with (bf16 generation and the training forward
+    differ); 0 = off. Needs old_logprobs recompute and generation_backend hf."""
     # --- rewards
     reward_norm_samples: PositiveInt = 192
     """Start-policy replies used to measure the mean and std that normalise the reward model's score (detail 1)."""
     eos_rule: bool = True
-    """Give a reply that never emitted EOS within the cap the fixed score `unfinished_score` (the EOS trick, detail 3)."""
+    """Give a reply that never emitted EOS within the cap the fixed score `unfinished_score` (the EOS trick, detail 3).
+    """
     unfinished_score: float = -1.0
     """Normalised score of an unfinished reply under the EOS rule."""
     beta: NonNegativeFloat = 0.05
@@ -89,9 +101,11 @@ class TrainConfig:
     kl_horizon: PositiveInt = 10000
     """Horizon (in replies) of the adaptive controller."""
     kl_in: Literal["reward", "loss"] | None = None
-    """Where the KL penalty goes: "reward" (-beta * KL_t on every reply token's reward, the chapter's) or "loss" (beta * KL_t of the current policy added to the policy loss, GRPO's); null = "loss" for grpo, "reward" otherwise."""
+    """Where the KL penalty goes: "reward" (-beta * KL_t on every reply token's reward, the chapter's) or "loss" (beta *
+    KL_t of the current policy added to the policy loss, GRPO's); null = "loss" for grpo, "reward" otherwise."""
     kl_estimator: Literal["k1", "k2", "k3"] | None = None
-    """Per-token KL estimate: k1 = log pi - log pi_ref, k2 = 0.5 (log pi - log pi_ref)^2, k3 = pi_ref/pi - 1 - log(pi_ref/pi); null = k3 with kl_in loss, k1 in the reward (unbiased: the principled choice there)."""
+    """Per-token KL estimate: k1 = log pi - log pi_ref, k2 = 0.5 (log pi - log pi_ref)^2, k3 = pi_ref/pi - 1 -
+    log(pi_ref/pi); null = k3 with kl_in loss, k1 in the reward (unbiased: the principled choice there)."""
     whiten_rewards: bool = False
     """Whiten the per-token rewards before GAE (detail 7; optional, off)."""
     # --- advantages and losses
@@ -100,33 +114,41 @@ class TrainConfig:
     lam: Annotated[float, UNIT_INTERVAL] = 0.95
     """GAE lambda of the advantages (and of the value targets unless critic_lam is set)."""
     critic_lam: Annotated[float, UNIT_INTERVAL] | None = None
-    """GAE lambda of the value targets (returns); null = lam. VC-PPO/VAPO use 1.0 (unbiased targets for the critic) with a lower lam for the advantages."""
+    """GAE lambda of the value targets (returns); null = lam. VC-PPO/VAPO use 1.0 (unbiased targets for the critic) with
+    a lower lam for the advantages."""
     lam_length_alpha: PositiveFloat | None = None
-    """Length-adaptive lambda of the advantages (VAPO): lam = 1 - 1 / (alpha * reply length) per reply, so a long reply's first tokens still see its score; null = the fixed lam. VAPO: 0.05."""
+    """Length-adaptive lambda of the advantages (VAPO): lam = 1 - 1 / (alpha * reply length) per reply, so a long
+    reply's first tokens still see its score; null = the fixed lam. VAPO: 0.05."""
     clip_range: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.2
     """PPO clip range epsilon: ratios are clipped to [1-eps, 1+eps]."""
     clip_range_low: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] | None = None
     """Lower clip range: ratios are clipped from below at 1 - clip_range_low; null = clip_range."""
     clip_range_high: PositiveFloat | None = None
-    """Upper clip range: ratios are clipped from above at 1 + clip_range_high; null = clip_range. DAPO's clip-higher: 0.28 with clip_range 0.2."""
+    """Upper clip range: ratios are clipped from above at 1 + clip_range_high; null = clip_range. DAPO's clip-higher:
+    0.28 with clip_range 0.2."""
     dual_clip: Annotated[float, Bounds(low=1, low_open=True)] | None = None
-    """Dual-clip c > 1 (Ye et al. 2020): a token with a negative advantage loses at most c * |A|, however far its ratio has grown; null = off. Usually 3."""
+    """Dual-clip c > 1 (Ye et al. 2020): a token with a negative advantage loses at most c * |A|, however far its ratio
+    has grown; null = off. Usually 3."""
     value_clip_range: PositiveFloat = 0.2
     """Value clip range: the value may move at most this far from its old estimate per batch."""
     entropy_coef: NonNegativeFloat = 0.0
     """Entropy bonus c2 (usually 0 in RLHF)."""
     loss_aggregation: Literal["token", "sequence"] = "token"
-    """"token": mean over all reply tokens of the minibatch (detail 8); "sequence": mean per reply, then over replies."""
+    """"token": mean over all reply tokens of the minibatch (detail 8); "sequence": mean per reply, then over replies.
+    """
     advantage_estimator: Literal["gae", "rloo", "grpo"] = "gae"
-    """"gae": GAE with a value model (PPO); "rloo": REINFORCE leave-one-out baseline over the group_size replies to a prompt (Chapter 6, no value model); "grpo": group-normalised rewards (no value model)."""
+    """"gae": GAE with a value model (PPO); "rloo": REINFORCE leave-one-out baseline over the group_size replies to a
+    prompt (Chapter 6, no value model); "grpo": group-normalised rewards (no value model)."""
     group_size: PositiveInt = 1
     """Replies sampled per prompt (consecutive rows of a batch); rloo and grpo need >= 2."""
     grpo_eps: PositiveFloat = 1e-6
     """Added to the group std in GRPO's normalisation."""
     critic_warmup_iterations: NonNegativeInt = 0
-    """Iterations at the start that train only the value model on fresh rollouts (the policy does not move), so the policy's first advantages come from a critic that has learnt something (GAE only)."""
+    """Iterations at the start that train only the value model on fresh rollouts (the policy does not move), so the
+    policy's first advantages come from a critic that has learnt something (GAE only)."""
     policy_start_ev: Annotated[float, Bounds(high=1)] | None = None
-    """After critic_warmup_iterations, keep training only the value model until a batch's explained variance reaches this; the policy trains from then on (null: no gate; GAE only)."""
+    """After critic_warmup_iterations, keep training only the value model until a batch's explained variance reaches
+    this; the policy trains from then on (null: no gate; GAE only)."""
     # --- optimisers
     policy_lr: PositiveFloat = 2e-5
     """AdamW learning rate of the policy's LoRA adapter."""
@@ -141,23 +163,28 @@ class TrainConfig:
     lora_alpha: PositiveFloat = 32.0
     """LoRA alpha (scale = alpha / rank)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    """Learning-rate schedule of both optimisers, stepped per optimiser step: constant, linear (to 0) or cosine (to 0) over the run."""
+    """Learning-rate schedule of both optimisers, stepped per optimiser step: constant, linear (to 0) or cosine (to 0)
+    over the run."""
     warmup_iterations: NonNegativeInt = 0
     """Iterations of linear learning-rate warm-up at the start of the schedule."""
     # --- PPO-ptx (section 8.12)
     ptx_coef: NonNegativeFloat = 0.0
-    """Coefficient of the language-modelling loss on ptx_data added to every policy step (InstructGPT's PPO-ptx); 0 = off."""
+    """Coefficient of the language-modelling loss on ptx_data added to every policy step (InstructGPT's PPO-ptx); 0 =
+    off."""
     ptx_data: str | None = None
-    """Texts for the ptx loss: a JSONL file of {"text": ...} lines or a text file with one text per line (null: none)."""
+    """Texts for the ptx loss: a JSONL file of {"text": ...} lines or a text file with one text per line (null: none).
+    """
     ptx_batch_size: PositiveInt = 8
     """Texts per optimiser step in the ptx loss (cycling through ptx_data)."""
     ptx_max_tokens: Annotated[int, Bounds(low=2)] = 256
     """Each ptx text is cut to this many tokens."""
     # --- speed and memory
     logprob_chunk: NonNegativeInt = 64
-    """Positions per chunk of the LM head when computing log-probs (never the full-vocabulary log-softmax at once); 0 = one pass."""
+    """Positions per chunk of the LM head when computing log-probs (never the full-vocabulary log-softmax at once); 0 =
+    one pass."""
     logprob_chunk_mb: NonNegativeFloat = 128.0
-    """At most this many MB of fp32 logits per chunk: fewer positions per chunk for many rows x a wide vocabulary; 0 = no limit."""
+    """At most this many MB of fp32 logits per chunk: fewer positions per chunk for many rows x a wide vocabulary; 0 =
+    no limit."""
     # --- observability and checkpoints
     checkpoint_every: PositiveInt = 10
     """Save a checkpoint every N iterations (and always at the end)."""
@@ -173,7 +200,8 @@ class TrainConfig:
     def validate(self) -> None:
         """What the field types cannot say: required fields and relations between fields. (Each field's own type,
         interval and choices are checked by `ppo_rlhf.config.check_value` as it is read.)"""
-        require(bool(self.reward_model), "reward_model is required (a folder from `ppo-rlhf reward-model train` or a model id)")
+        require(bool(self.reward_model),
+                "reward_model is required (a folder from `ppo-rlhf reward-model train` or a model id)")
         require(bool(self.prompts), "prompts is required (a JSONL file, see `ppo-rlhf prompts`)")
         require(self.minibatch_size <= self.batch_size,
                 f"minibatch_size ({self.minibatch_size}) must not exceed batch_size ({self.batch_size})")
