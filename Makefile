@@ -22,6 +22,14 @@ export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 venv: $(STAMP) $(GARAK) venv-vllm
 
+$(STAMP): pyproject.toml requirements/ci.txt requirements/nodeps.txt requirements/deepspeed.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements/ci.txt
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements/nodeps.txt
+	$(BIN)/python -m pip install --quiet --no-build-isolation -r requirements/deepspeed.txt
+	touch $(STAMP)
+
 # Optional: when the install fails the set-up still succeeds, and the vllm tests skip saying why. The failure is
 # remembered ($(VLLM_VENV)/.failed, with the install log next to it) so that `make test` does not retry it each time.
 venv-vllm:

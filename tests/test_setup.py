@@ -1,0 +1,22 @@
+"""The set-up a fresh machine runs: `make test` and `make demo` must know how to build the venv they need."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("target", ["test", "demo", "venv"])
+def test_targets_install_a_missing_venv(target, tmp_path):
+    """A dry run (`make -n`) against a venv that does not exist yet lists its whole installation."""
+    venv, vllm_venv = tmp_path / "venv", tmp_path / "venv-vllm"
+    dry = subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={venv}", f"VLLM_VENV={vllm_venv}"],
+                         capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    for step in (f"-m venv {venv}", "-r requirements/ci.txt", "--no-deps -r requirements/nodeps.txt",
+                 "--no-build-isolation -r requirements/deepspeed.txt", f"touch {venv}/.installed"):
+        assert step in dry.stdout, step
