@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ppo_rlhf.errors import require
+from ppo_rlhf.objectives import entropy_from_logits
 
 
 def body_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -62,9 +63,7 @@ def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logz
     if not entropy:
         return logprobs, None
-    # objectives.entropy_from_logits's formula (H = log Z - E_p[logit]) written out to share logz with the log-probs:
-    # a second logsumexp would round the gradient differently
-    return logprobs, logz - (torch.softmax(logits, -1) * logits).sum(-1)
+    return logprobs, entropy_from_logits(logits, logz)  # logz shared with the log-probs
 
 
 def token_logprobs(

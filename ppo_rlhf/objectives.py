@@ -253,10 +253,12 @@ def per_token_rewards(
     return rewards, kl
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy in nats of softmax(logits) over the last dim: logsumexp(z) - sum p z, stable for large logits."""
+def entropy_from_logits(logits: Tensor, logz: Tensor | None = None) -> Tensor:
+    """Entropy in nats of softmax(logits) over the last dim: logsumexp(z) - sum p z, stable for large logits.
+    `logz`: logsumexp(logits) when the caller has it already (the log-probs share it; a second one would round the
+    gradient differently)."""
     probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+    return (torch.logsumexp(logits, dim=-1) if logz is None else logz) - (probs * logits).sum(-1)
 
 
 @torch.no_grad()
