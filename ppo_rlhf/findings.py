@@ -56,7 +56,8 @@ def run_sentence(label: str, row: dict[str, Any]) -> str:
                 f"(step {row['iteration']})")
     claim = direction(proxy)
     if claim == "unclear":
-        return sentence + f"; the proxy's own change, {_interval(proxy)}, was not distinguishable from zero either."
+        also = " either" if direction(gold) == "unclear" else ""
+        return sentence + f"; the proxy's own change, {_interval(proxy)}, was not distinguishable from zero{also}."
     sentence += f"; the proxy claimed {_interval(proxy)}"
     if claim == "down":
         return sentence + ", a fall: PPO did not even raise the score it maximised."
@@ -82,7 +83,7 @@ def reward_model_sentence(rm_info: dict[str, Any]) -> str:
     first_pass = [point for point in curve if point["epochs"] == 1]
     if len(first_pass) >= 2:
         gain = first_pass[-1]["accuracy"] - first_pass[-2]["accuracy"]
-        trend = "still rising" if gain > 0.01 else "flat"
+        trend = "still rising" if gain > 0.01 else "falling" if gain < -0.01 else "flat"
         text += (f" Its learning curve was {trend} at the end ({first_pass[-2]['accuracy']:.2f} after "
                  f"{first_pass[-2]['pairs']} pairs, {first_pass[-1]['accuracy']:.2f} after {first_pass[-1]['pairs']})"
                  + (": more pairs would likely help." if trend == "still rising" else

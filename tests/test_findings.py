@@ -69,3 +69,20 @@ def test_headline_caveats_and_reward_model():
     big_rm = rm_info | {"heldout_pairs": 250, "after": {"accuracy": 0.8, "length_corr": None}}
     assert caveats(clear, {"n_prompts": 120}, big_rm) == []
     assert "difference is n/a" in reward_model_sentence(big_rm)
+
+
+def test_proxy_unclear_after_a_real_gold_gain_says_so_without_either():
+    """The smoke run's case: the gold change excludes zero, the proxy's does not ("either" would misread it)."""
+    text = run_sentence("PPO (beta 0.05)", row((0.19, 0.02, 0.36), (-0.25, -1.25, 0.74)))
+    assert text.startswith("PPO (beta 0.05) raised the gold score by 0.19 [+0.02, +0.36]")
+    assert text.endswith("the proxy's own change, -0.25 [-1.25, +0.74], was not distinguishable from zero.")
+
+
+def test_a_learning_curve_that_fell_is_not_called_flat():
+    rm_info = {"heldout_pairs": 7, "train_pairs": 51, "before": {"accuracy": 0.43},
+               "after": {"accuracy": 0.43, "length_corr": 0.26},
+               "learning_curve": [{"pairs": 0, "epochs": 0, "accuracy": 0.43},
+                                  {"pairs": 32, "epochs": 1, "accuracy": 0.57},
+                                  {"pairs": 51, "epochs": 1, "accuracy": 0.43}]}
+    text = reward_model_sentence(rm_info)
+    assert "falling at the end (0.57 after 32 pairs, 0.43 after 51)" in text and "flat" not in text
