@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -361,6 +362,10 @@ def test_resumed_tensorboard_has_each_iteration_once(setup, tmp_path, monkeypatc
     # iteration 2 is logged after the checkpoint at 2, then the run dies
     killed_at_iteration_3(monkeypatch, config(setup, tmp_path / "run", iterations=4, checkpoint_every=2,
                                               tensorboard=True))
+    # TensorBoard reads event files in name order: events.out.tfevents.<second>.<host>.<pid>.<counter>. A real resume
+    # is a new process at a later second; two writers of one test process in the same second are ordered by the
+    # counter as text ("10" before "9"), which put the resumed file first on a fast machine. So: a later second.
+    time.sleep(1.1)
     train(config(setup, tmp_path / "run", iterations=4, checkpoint_every=2, tensorboard=True), resume=True)
     events = EventAccumulator(str(tmp_path / "run" / "tb"))
     events.Reload()
