@@ -95,12 +95,12 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
 
-    from ppo_rlhf.precision import resolve_dtype
+    from ppo_rlhf.precision import dtype_name, resolve_dtype
 
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
-    gemms = {str(d).removeprefix("torch."): gemm_throughput(d) for d in (torch.float32, torch.bfloat16)}
+    gemms = {dtype_name(d): gemm_throughput(d) for d in (torch.float32, torch.bfloat16)}
     peaks = {name: max(gemm.values()) for name, gemm in gemms.items()}
-    peak = peaks[str(dtype).removeprefix("torch.")]  # every MFU below is against the peak of the dtype it ran in
+    peak = peaks[dtype_name(dtype)]  # every MFU below is against the peak of the dtype it ran in
     bandwidth = read_bandwidth()
     print(f"== machine: {torch.get_num_threads()} threads; read bandwidth {bandwidth:.1f} GB/s")
     for name, gemm in gemms.items():

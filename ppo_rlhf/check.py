@@ -52,7 +52,9 @@ def verdict(name: str, ok: bool, detail: str) -> Result:
 
 def dtype_name(trainer: PPOTrainer) -> str:
     """The dtype the frozen weights are stored in (`dtype: auto` resolved), e.g. "bfloat16"."""
-    return str(trainer.dtype).removeprefix("torch.")
+    from ppo_rlhf.precision import dtype_name as name
+
+    return name(trainer.dtype)
 
 
 def reply_end(experience: Experience, row: int) -> int:

@@ -258,10 +258,10 @@ def make_generator(cfg, policy: nn.Module, tokenizer, model_path: str | None = N
         return HFGenerator(policy, tokenizer, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
                            cfg.generation_batch_size or None, record_logprobs=True)
     from ppo_rlhf.models import resolve_model_path
-    from ppo_rlhf.precision import resolve_dtype
+    from ppo_rlhf.precision import dtype_name, resolve_dtype
 
     # the engine holds the weights in the dtype the policy's frozen weights have (`dtype: auto` resolved here)
-    dtype = str(resolve_dtype(cfg.dtype, next(policy.parameters()).device)).removeprefix("torch.")
+    dtype = dtype_name(resolve_dtype(cfg.dtype, next(policy.parameters()).device))
     return VLLMGenerator.create(model_path or resolve_model_path(cfg.policy_model), tokenizer,
                                 eos_token_ids(policy, tokenizer), cfg.max_new_tokens, cfg.temperature, cfg.top_p,
                                 dtype=dtype, seed=cfg.seed)

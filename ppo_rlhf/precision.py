@@ -42,6 +42,11 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     return any(flag in flags for flag in _CPU_BF16_FLAGS)
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The setting's spelling of a torch dtype: torch.bfloat16 -> "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """The storage dtype of frozen weights for a `dtype` setting on this device."""
     require(name in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")

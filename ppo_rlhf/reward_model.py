@@ -40,7 +40,7 @@ from ppo_rlhf.models import (
     resolve_model_path,
 )
 from ppo_rlhf.pairs import pair_from_record, read_pairs
-from ppo_rlhf.precision import DTYPES, resolve_dtype
+from ppo_rlhf.precision import DTYPES, dtype_name, resolve_dtype
 from ppo_rlhf.prompts import load_hf_dataset
 from ppo_rlhf.scores import reward_inputs, reward_scores
 from ppo_rlhf.stats import pearson
@@ -247,7 +247,7 @@ def train_reward_model(
         "lora_rank": lora_rank,
         "max_length": max_length,
         "seed": seed,
-        "dtype": str(frozen_dtype).removeprefix("torch."),
+        "dtype": dtype_name(frozen_dtype),
         "trainable_parameters": count_parameters(model)[0],
         "train_loss": epoch_losses,
         "before": before,
