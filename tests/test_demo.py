@@ -22,7 +22,7 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     out = tmp_path / "demo"
     settings = dict(candidates=16, heldout_candidates=6, reply_cap=12, rm_epochs=1, iterations=5, batch_size=4,
                     minibatch_size=2, reward_norm_samples=4, replies_per_prompt=1, evaluations=5, min_margin=0.01,
-                    rm_heldout_share=0.3, pair_replies=4)
+                    rm_heldout_share=0.3, pair_replies=4, eval_prompts=2)
 
     def demo_args(**changes) -> list[str]:
         flags = [part for name, value in (settings | changes).items() for part in (f"--{name.replace('_', '-')}",
@@ -81,6 +81,8 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     assert {json.loads(line)["prompt"] for line in heldout_pairs} <= heldout_prompts
     evaluation = json.loads((out / "eval/evaluation.json").read_text())
     assert [m["model"] for m in evaluation["summary"]][0] == "start"
+    kept_heldout = (out / "prompts/heldout.jsonl").read_text().splitlines()
+    assert evaluation["settings"]["n_prompts"] == min(2, len(kept_heldout))  # the first eval_prompts kept
     for run in ("beta005", "nokl"):  # every checkpoint evaluated: `evaluations` of them per run
         assert [s["iteration"] for s in evaluation["summary"] if s["run"] == run] == [1, 2, 3, 4, 5]
     page = (out / "report/report.html").read_text()
