@@ -71,11 +71,11 @@ class DemoConfig:
     """Held-out candidates (before the filter)."""
     rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.75
     """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
-    rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.17
+    rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.14
     """Share of the reward-model prompts whose pairs only measure its accuracy (never trained on)."""
-    pair_replies: Annotated[int, Bounds(low=2)] = 10
+    pair_replies: Annotated[int, Bounds(low=2)] = 12
     """Start-policy replies per reward-model prompt; every two of them can make a pair. The gold judge ignores the
-    prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 10 give 45."""
+    prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 12 give 66."""
     min_margin: Annotated[float, NON_NEGATIVE] = 0.1
     """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
     reply_cap: PositiveInt = 64
@@ -87,7 +87,7 @@ class DemoConfig:
     pairs it is in, so wider batches pass each reply fewer times per epoch."""
     rm_lr: PositiveFloat = 3e-4
     """Reward-model learning rate (LoRA and score head)."""
-    rm_lora_layers: NonNegativeInt = 0
+    rm_lora_layers: NonNegativeInt = 10
     """Reward-model LoRA on the last N blocks only (0: every block): backward stops at the lowest adapted block."""
     iterations: PositiveInt = 10
     """PPO iterations per run."""

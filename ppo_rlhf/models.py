@@ -207,21 +207,22 @@ class LoraSettings:
     dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     top_layers: int = 0
-    """LoRA only on the last `top_layers` transformer blocks (0: every block). Backward then stops at the lowest
-    adapted block: the blocks below run forward only."""
+    """LoRA only on the last `top_layers` transformer blocks (0, or more than the model has: every block). Backward
+    then stops at the lowest adapted block: the blocks below run forward only."""
 
 
 def _lora_config(lora: LoraSettings, task_type: TaskType, n_layers: int,
                  modules_to_save: list[str] | None = None) -> LoraConfig:
     require(lora.rank >= 1, f"LoRA rank must be >= 1, got {lora.rank}")
-    require(0 <= lora.top_layers <= n_layers, f"LoRA top_layers must be in [0, {n_layers}], got {lora.top_layers}")
+    require(lora.top_layers >= 0, f"LoRA top_layers must be >= 0, got {lora.top_layers}")
+    adapted = range(max(0, n_layers - lora.top_layers), n_layers) if lora.top_layers else None
     return LoraConfig(
         task_type=task_type,
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
-        layers_to_transform=list(range(n_layers - lora.top_layers, n_layers)) if lora.top_layers else None,
+        layers_to_transform=None if adapted is None else list(adapted),
         modules_to_save=modules_to_save,
     )
 

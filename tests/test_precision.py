@@ -72,6 +72,20 @@ def test_bf16_storage_keeps_trained_parts_and_heads_fp32(setup):
     assert frozen == sum(p.numel() for p in fp32.parameters() if not p.requires_grad)
 
 
+def test_half_lm_head_reads_a_contiguous_input(setup):
+    # torch's CPU matmul of a strided half [B, C, D] slice by the [V, D] head copies the head once per row (bench/
+    # strided_head.py); generate's first step hands the head hidden[:, -1:], so a half model makes it contiguous
+    policy = load_policy(setup["policy"], LoraSettings(rank=4), dtype=torch.bfloat16)
+    head = policy.get_output_embeddings()
+    seen = []
+    head.register_forward_hook(lambda module, args, output: seen.append(args[0].is_contiguous()))
+    hidden = torch.randn(3, 5, head.in_features, dtype=torch.bfloat16)
+    strided = hidden[:, -1:]
+    assert not strided.is_contiguous()
+    assert torch.equal(head(strided), head(strided.contiguous())) and seen == [True, True]
+    assert not load_policy(setup["policy"], LoraSettings(rank=4)).get_output_embeddings()._forward_pre_hooks  # fp32
+
+
 def test_bf16_ppo_iteration(setup, tmp_path):
     trainer = PPOTrainer(config(setup, tmp_path / "run", dtype="bfloat16"))
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
