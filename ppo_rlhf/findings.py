@@ -70,6 +70,32 @@ def run_sentence(label: str, row: dict[str, Any]) -> str:
     return sentence + "."
 
 
+def curve_sentence(label: str, rows: list[dict[str, Any]]) -> str:
+    """Gao et al.'s question for one run's checkpoints: did the gold score fall from its peak while the proxy went on
+    rising? A fall is called measured only when the last checkpoint's gold interval lies wholly below the peak's."""
+    rows = sorted(rows, key=lambda r: r["iteration"])
+    peak = max(rows, key=lambda r: r["gold_change"]["mean"])
+    last = rows[-1]
+    gold, proxy = last["gold_change"], last["proxy_change"]
+    text = (f"Over its {len(rows)} evaluated checkpoints, {label} went to a KL of {last['kl']:.1f} nats; ")
+    if peak is last:
+        return text + (f"its gold change was highest at the last checkpoint ({_interval(gold)}): no sign of "
+                       "over-optimisation within this run.")
+    proxy_rose = proxy["mean"] > peak["proxy_change"]["mean"]
+    fall = peak["gold_change"]["mean"] - gold["mean"]
+    measured = gold["hi"] < peak["gold_change"]["lo"]
+    text += (f"its gold change peaked at step {peak['iteration']} ({_interval(peak['gold_change'])}, KL "
+             f"{peak['kl']:.1f}) and was {fall:.2f} lower at step {last['iteration']} ({_interval(gold)}), while the "
+             f"proxy {'rose' if proxy_rose else 'did not rise'} from {peak['proxy_change']['mean']:+.2f} to "
+             f"{proxy['mean']:+.2f}")
+    if measured and proxy_rose:
+        return text + ": gold fell while the proxy rose, the over-optimisation Gao et al. describe."
+    if proxy_rose:
+        return text + (": the shape of over-optimisation, but the two gold intervals overlap, so the fall is not "
+                       "a measured one.")
+    return text + "."
+
+
 def reward_model_sentence(rm_info: dict[str, Any]) -> str:
     after = rm_info["after"]
     corr = after.get("length_corr")
@@ -135,6 +161,14 @@ def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
         label = f"PPO (beta {beta:g})" if beta else "PPO without a KL penalty (beta 0)"
         results.append(run_sentence(label, final_checkpoint(summary, name)))
     paragraphs = [" ".join(results)]
+    curves = []
+    for name, beta in study["runs"].items():
+        label = f"the beta {beta:g} run" if beta else "the run without a KL penalty"
+        rows = [s for s in summary if s["run"] == name]
+        if len(rows) >= 2:
+            curves.append(curve_sentence(label, rows))
+    if curves:
+        paragraphs.append(" ".join(curves))
     if study.get("rm_info") is not None:
         paragraphs.append(reward_model_sentence(study["rm_info"]))
     paragraphs.append(settings_sentence(study, settings))

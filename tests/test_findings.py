@@ -1,6 +1,6 @@
 """The report's result sentences are generated from the numbers: made-up summaries of each kind give each wording."""
 
-from ppo_rlhf.findings import caveats, headline, reward_model_sentence, run_sentence
+from ppo_rlhf.findings import caveats, curve_sentence, headline, reward_model_sentence, run_sentence
 
 START = {"model": "start", "run": None, "iteration": None}
 
@@ -49,7 +49,9 @@ def test_headline_caveats_and_reward_model():
     evaluation = {"summary": summary, "settings": {"n_prompts": 40, "replies_per_prompt": 2}}
     study = {"runs": {"beta005": 0.05, "nokl": 0.0}, "rm_info": rm_info,
              "settings": {"model": "smollm2", "betas": "0.05,0", "iterations": 30, "batch_size": 16, "reply_cap": 48}}
-    result, reward_model, settings = headline(evaluation, study)
+    result, curves, reward_model, settings = headline(evaluation, study)
+    assert curves == curve_sentence("the beta 0.05 run", summary[1:3])  # nokl has one checkpoint: no curve
+    assert "peaked at step 10" in curves and "the fall is not a measured one" in curves
     # the last checkpoint of each run, in the study's order
     assert result.startswith("PPO (beta 0.05) did not measurably change the gold score (+0.20 [-0.10, +0.50]")
     assert "(step 20)" in result and "PPO without a KL penalty (beta 0) lowered the gold score by 0.40" in result
@@ -86,3 +88,20 @@ def test_a_learning_curve_that_fell_is_not_called_flat():
                                   {"pairs": 51, "epochs": 1, "accuracy": 0.43}]}
     text = reward_model_sentence(rm_info)
     assert "falling at the end (0.57 after 32 pairs, 0.43 after 51)" in text and "flat" not in text
+
+
+def test_curve_sentence_calls_a_fall_measured_only_when_the_intervals_part():
+    rising = [row((0.1 * k, 0.1 * k - 0.05, 0.1 * k + 0.05), (0.2 * k, 0.1, 0.3), kl=k, iteration=k) for k in (1, 2, 3)]
+    assert "highest at the last checkpoint (+0.30 [+0.25, +0.35]): no sign of over-optimisation" in curve_sentence(
+        "the beta 0.05 run", rising)
+    peak = row((0.50, 0.40, 0.60), (0.5, 0.3, 0.7), kl=2.0, iteration=2)
+    fell = row((0.10, 0.00, 0.20), (0.9, 0.7, 1.1), kl=5.0, iteration=4)
+    text = curve_sentence("the run without a KL penalty", [fell, peak])
+    assert text == ("Over its 2 evaluated checkpoints, the run without a KL penalty went to a KL of 5.0 nats; its gold "
+                    "change peaked at step 2 (+0.50 [+0.40, +0.60], KL 2.0) and was 0.40 lower at step 4 (+0.10 "
+                    "[+0.00, +0.20]), while the proxy rose from +0.50 to +0.90: gold fell while the proxy rose, the "
+                    "over-optimisation Gao et al. describe.")
+    overlapping = row((0.35, 0.20, 0.50), (0.9, 0.7, 1.1), kl=5.0, iteration=4)
+    assert "the fall is not a measured one" in curve_sentence("the beta 0 run", [peak, overlapping])
+    both_fell = row((0.10, 0.00, 0.20), (0.2, 0.0, 0.4), kl=5.0, iteration=4)
+    assert curve_sentence("the beta 0 run", [peak, both_fell]).endswith("the proxy did not rise from +0.50 to +0.20.")
