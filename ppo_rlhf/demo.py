@@ -42,7 +42,7 @@ from ppo_rlhf.config import (
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.evaluate import evaluate_runs
 from ppo_rlhf.files import atomic_write_text
-from ppo_rlhf.pairs import make_pairs
+from ppo_rlhf.pairs import make_pairs, read_pairs
 from ppo_rlhf.pairs import summary_line as pairs_line
 from ppo_rlhf.prompts import build_prompts, read_prompts, summary, write_jsonl
 from ppo_rlhf.report import write_report
@@ -230,6 +230,7 @@ def demo(cfg: DemoConfig) -> Path:
     # lazy: reward_model imports torch; `ppo-rlhf demo` checks its arguments and files without it
     from ppo_rlhf.reward_model import summary_line as reward_model_line
     from ppo_rlhf.reward_model import train_reward_model
+    from ppo_rlhf.word_baseline import word_baseline
 
     out = Path(cfg.out).resolve()  # every path the stages save is absolute: runs read from any directory
     out.mkdir(parents=True, exist_ok=True)
@@ -309,8 +310,12 @@ def demo(cfg: DemoConfig) -> Path:
              "runs": {d.name: float(b) for d, b in zip(run_dirs, cfg.betas.split(","))},
              "rm_info": json.loads((reward_dir / "rm_info.json").read_text()),
              "realtoxicityprompts": bool(prompts_info.get("source_counts", {}).get("realtoxicityprompts"))}
-    stages.run("report", {"quick": cfg.quick}, [eval_key], report / "report.html",
-               lambda _: write_report(run_dirs, eval_dir, report, study))
+
+    def write(_: bool) -> None:
+        study["word_baseline"] = word_baseline(read_pairs(pairs), read_pairs(heldout_pairs), cfg.seed)
+        write_report(run_dirs, eval_dir, report, study)
+
+    stages.run("report", {"quick": cfg.quick}, [eval_key], report / "report.html", write)
     timings = stages.timings()
     atomic_write_text(out / "timings.json", json.dumps(timings, indent=1))
     print(f"total {sum(timings.values()):.0f}s over stages: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))

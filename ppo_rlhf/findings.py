@@ -96,6 +96,22 @@ def curve_sentence(label: str, rows: list[dict[str, Any]]) -> str:
     return text + "."
 
 
+def word_baseline_sentence(rm_accuracy: float, baseline: list[dict[str, Any]]) -> str:
+    """The reward model against word counts alone on the same pairs (ppo_rlhf.word_baseline)."""
+    last = baseline[-1]
+    text = (f"For scale, word counts alone (a logistic regression on the same training pairs) ranked the held-out "
+            f"pairs with accuracy {last['accuracy']:.2f}")
+    if len(baseline) >= 2:
+        before = baseline[-2]
+        text += f" ({before['accuracy']:.2f} after {before['pairs']} pairs)"
+    gap = rm_accuracy - last["accuracy"]
+    text += (f"; the reward model did {gap:.2f} better." if gap > 0.02 else
+             f"; the reward model did {-gap:.2f} worse." if gap < -0.02 else "; the reward model did about as well.")
+    if len(baseline) >= 2 and last["accuracy"] - baseline[-2]["accuracy"] > 0.01:
+        text += " Word counts were still gaining with more pairs, so more labelled pairs are the first thing to try."
+    return text
+
+
 def reward_model_sentence(rm_info: dict[str, Any]) -> str:
     after = rm_info["after"]
     corr = after.get("length_corr")
@@ -170,6 +186,9 @@ def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
     if curves:
         paragraphs.append(" ".join(curves))
     if study.get("rm_info") is not None:
-        paragraphs.append(reward_model_sentence(study["rm_info"]))
+        text = reward_model_sentence(study["rm_info"])
+        if study.get("word_baseline"):
+            text += " " + word_baseline_sentence(study["rm_info"]["after"]["accuracy"], study["word_baseline"])
+        paragraphs.append(text)
     paragraphs.append(settings_sentence(study, settings))
     return paragraphs

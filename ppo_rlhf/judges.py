@@ -18,6 +18,8 @@ import math
 from pathlib import Path
 from typing import Protocol
 
+import torch
+
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models import load_reward_model, load_tokenizer
 from ppo_rlhf.scores import score_texts
@@ -94,12 +96,13 @@ class RewardModelJudge:
     """A sequence-classification reward model (our trained folder or a hub id), with its own tokenizer and
     chat template; each (prompt, reply) is scored at the reply's closing EOS, as during training."""
 
-    def __init__(self, model_name_or_folder: str, batch_size: int = 16, device: str = "cpu") -> None:
+    def __init__(self, model_name_or_folder: str, batch_size: int = 16, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
         self.name = f"rm:{model_name_or_folder}"
         self.batch_size = batch_size
         self.device = device
         self.tokenizer = load_tokenizer(model_name_or_folder)
-        self.model = load_reward_model(model_name_or_folder).to(device)
+        self.model = load_reward_model(model_name_or_folder, dtype).to(device)
 
     def score(self, prompts: list[str], replies: list[str]) -> list[float]:
         require(len(prompts) == len(replies), f"{len(prompts)} prompts but {len(replies)} replies")
@@ -109,8 +112,9 @@ class RewardModelJudge:
         return check_finite(self.name, replies, scores.tolist())
 
 
-def make_judge(spec: str, batch_size: int = 16, device: str = "cpu") -> Judge:
-    """A judge from its name: "vader", "nontoxic", "gold", "rm:PATH_OR_ID", or a reward-model folder."""
+def make_judge(spec: str, batch_size: int = 16, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Judge:
+    """A judge from its name: "vader", "nontoxic", "gold", "rm:PATH_OR_ID", or a reward-model folder (whose frozen
+    weights are stored in `dtype`: the evaluation scores with the proxy in the dtype PPO trained against)."""
     if spec == "vader":
         return VaderJudge()
     if spec == "nontoxic":
@@ -119,7 +123,7 @@ def make_judge(spec: str, batch_size: int = 16, device: str = "cpu") -> Judge:
         return GoldJudge()
     if spec.startswith("rm:"):
         require(len(spec) > 3, "judge rm: needs a reward-model folder or hub id, e.g. rm:runs/rm")
-        return RewardModelJudge(spec[3:], batch_size=batch_size, device=device)
+        return RewardModelJudge(spec[3:], batch_size=batch_size, device=device, dtype=dtype)
     if Path(spec).expanduser().is_dir():
-        return RewardModelJudge(spec, batch_size=batch_size, device=device)
+        return RewardModelJudge(spec, batch_size=batch_size, device=device, dtype=dtype)
     raise UsageError(f"unknown judge {spec!r}; choose from {JUDGE_SPECS}")

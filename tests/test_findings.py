@@ -1,6 +1,13 @@
 """The report's result sentences are generated from the numbers: made-up summaries of each kind give each wording."""
 
-from ppo_rlhf.findings import caveats, curve_sentence, headline, reward_model_sentence, run_sentence
+from ppo_rlhf.findings import (
+    caveats,
+    curve_sentence,
+    headline,
+    reward_model_sentence,
+    run_sentence,
+    word_baseline_sentence,
+)
 
 START = {"model": "start", "run": None, "iteration": None}
 
@@ -105,3 +112,15 @@ def test_curve_sentence_calls_a_fall_measured_only_when_the_intervals_part():
     assert "the fall is not a measured one" in curve_sentence("the beta 0 run", [peak, overlapping])
     both_fell = row((0.10, 0.00, 0.20), (0.2, 0.0, 0.4), kl=5.0, iteration=4)
     assert curve_sentence("the beta 0 run", [peak, both_fell]).endswith("the proxy did not rise from +0.50 to +0.20.")
+
+
+def test_word_baseline_sentence_compares_and_reads_the_trend():
+    rising = [{"pairs": 464, "accuracy": 0.58}, {"pairs": 928, "accuracy": 0.60}, {"pairs": 1856, "accuracy": 0.64}]
+    assert word_baseline_sentence(0.64, rising) == (
+        "For scale, word counts alone (a logistic regression on the same training pairs) ranked the held-out pairs "
+        "with accuracy 0.64 (0.60 after 928 pairs); the reward model did about as well. Word counts were still "
+        "gaining with more pairs, so more labelled pairs are the first thing to try.")
+    flat = [{"pairs": 928, "accuracy": 0.70}, {"pairs": 1856, "accuracy": 0.70}]
+    text = word_baseline_sentence(0.80, flat)
+    assert text.endswith("the reward model did 0.10 better.") and "still gaining" not in text
+    assert word_baseline_sentence(0.60, flat).endswith("the reward model did 0.10 worse.")
