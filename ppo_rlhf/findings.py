@@ -63,11 +63,13 @@ def run_sentence(label: str, row: dict[str, Any]) -> str:
         return sentence + ", a fall: PPO did not even raise the score it maximised."
     if direction(gold) == "down":
         return sentence + ", so none of the claimed gain was real: the gold score fell while the proxy rose."
+    if direction(gold) == "unclear":  # a share of a change indistinguishable from zero means little; its bound does
+        bound = 100.0 * gold["hi"] / proxy["mean"]
+        sentence += f"; the gold change's upper 95% bound is {bound:.0f}% of that claim"
+        return sentence + (", so most of the proxy's gain was not real." if bound < 50 else
+                           ": too uncertain to say how much of the gain was real.")
     share = 100.0 * gold["mean"] / proxy["mean"]
-    sentence += f", so about {share:.0f}% of the claimed gain was real"
-    if direction(gold) == "unclear":
-        sentence += " (a point estimate only: the gold change itself includes zero)"
-    return sentence + "."
+    return sentence + f", so about {share:.0f}% of the claimed gain was real."
 
 
 def curve_sentence(label: str, rows: list[dict[str, Any]]) -> str:

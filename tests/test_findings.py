@@ -31,7 +31,13 @@ def test_gain_that_excludes_zero_gives_the_real_share():
 def test_gold_interval_that_includes_zero_is_no_measurable_change():
     text = run_sentence("PPO (beta 0.05)", row((0.05, -0.10, 0.20), (0.80, 0.50, 1.10)))
     assert "did not measurably change the gold score (+0.05 [-0.10, +0.20]" in text
-    assert "raised" not in text and "about 6% of the claimed gain was real (a point estimate only" in text
+    assert "raised" not in text and "upper 95% bound is 25% of that claim, so most of the proxy's gain" in text
+    # the demo's case (2026-12-03): a negative point estimate gives no negative share
+    text = run_sentence("PPO (beta 0.05)", row((-0.03, -0.18, 0.12), (0.44, 0.27, 0.61)))
+    assert text.endswith("the gold change's upper 95% bound is 27% of that claim, so most of the proxy's gain was not "
+                         "real.")
+    wide = run_sentence("PPO (beta 0.05)", row((0.1, -0.2, 0.6), (0.5, 0.3, 0.7)))
+    assert wide.endswith("upper 95% bound is 120% of that claim: too uncertain to say how much of the gain was real.")
 
 
 def test_proxy_up_gold_down_is_over_optimisation():
