@@ -114,7 +114,9 @@ def word_baseline_sentence(rm_accuracy: float, baseline: list[dict[str, Any]]) -
     return text
 
 
-def reward_model_sentence(rm_info: dict[str, Any]) -> str:
+def reward_model_sentence(rm_info: dict[str, Any], conclude: bool = True) -> str:
+    """The reward model's accuracy and learning curve; `conclude=False` leaves out what the curve's trend implies
+    (when the word-count baseline, which reads the trend with less noise, draws that conclusion instead)."""
     after = rm_info["after"]
     corr = after.get("length_corr")
     length = "n/a" if corr is None or (isinstance(corr, float) and math.isnan(corr)) else f"{corr:+.2f}"
@@ -130,7 +132,7 @@ def reward_model_sentence(rm_info: dict[str, Any]) -> str:
         trend = "still rising" if gain > 0.01 else "falling" if gain < -0.01 else "flat"
         text += (f" Its learning curve was {trend} at the end ({first_pass[-2]['accuracy']:.2f} after "
                  f"{first_pass[-2]['pairs']} pairs, {first_pass[-1]['accuracy']:.2f} after {first_pass[-1]['pairs']})"
-                 + (": more pairs would likely help." if trend == "still rising" else
+                 + ("." if not conclude else ": more pairs would likely help." if trend == "still rising" else
                     ": more pairs of this kind would likely not help; the backbone or the labels are the limit."))
     return text
 
@@ -138,13 +140,13 @@ def reward_model_sentence(rm_info: dict[str, Any]) -> str:
 def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, Any] | None) -> list[str]:
     """Every reason to read the numbers with care, measured."""
     notes = []
-    for row in summary:
-        if row["run"] is None:
-            continue
+    runs = list(dict.fromkeys(row["run"] for row in summary if row["run"] is not None))
+    for run in runs:  # one line per run and judge, listing its checkpoints
         for judge in ("gold", "proxy"):
-            if direction(row[f"{judge}_change"]) == "unclear":
-                notes.append(f"{row['model']}: the {judge} change's 95% interval includes zero "
-                             f"({_interval(row[f'{judge}_change'])}).")
+            unclear = [row for row in summary if row["run"] == run and direction(row[f"{judge}_change"]) == "unclear"]
+            if unclear:
+                steps = "; ".join(f"step {row['iteration']} {_interval(row[f'{judge}_change'])}" for row in unclear)
+                notes.append(f"{run}: the {judge} change's 95% interval includes zero at {steps}.")
     n_prompts = settings.get("n_prompts")
     if isinstance(n_prompts, int) and n_prompts < MIN_HELDOUT_PROMPTS:
         notes.append(f"Only {n_prompts} held-out prompts were evaluated (the study is designed for at least "
@@ -188,7 +190,7 @@ def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
     if curves:
         paragraphs.append(" ".join(curves))
     if study.get("rm_info") is not None:
-        text = reward_model_sentence(study["rm_info"])
+        text = reward_model_sentence(study["rm_info"], conclude=not study.get("word_baseline"))
         if study.get("word_baseline"):
             text += " " + word_baseline_sentence(study["rm_info"]["after"]["accuracy"], study["word_baseline"])
         paragraphs.append(text)

@@ -74,8 +74,8 @@ def test_headline_caveats_and_reward_model():
     assert "+0.31" in reward_model and "still rising at the end (0.60 after 800 pairs, 0.70 after 1600)" in reward_model
     assert "40 held-out prompts x 2 replies" in settings and "(beta) 0.05,0" in settings
     notes = caveats(summary, evaluation["settings"], rm_info)
-    assert "beta005 step 20: the gold change's 95% interval includes zero (+0.20 [-0.10, +0.50])." in notes
-    assert not any(note.startswith("beta005 step 10") or note.startswith("nokl") for note in notes)
+    assert "beta005: the gold change's 95% interval includes zero at step 20 +0.20 [-0.10, +0.50]." in notes
+    assert not any("step 10" in note or note.startswith("nokl") for note in notes)
     assert any("Only 40 held-out prompts" in note for note in notes)
     assert any("only 120 held-out pairs" in note for note in notes)
     assert any("accuracy, 0.70, is below 0.75" in note for note in notes)
@@ -130,3 +130,18 @@ def test_word_baseline_sentence_compares_and_reads_the_trend():
     text = word_baseline_sentence(0.80, flat)
     assert text.endswith("the reward model did 0.10 better.") and "still gaining" not in text
     assert word_baseline_sentence(0.60, flat).endswith("the reward model did 0.10 worse.")
+
+
+def test_the_word_baseline_draws_the_conclusion_when_it_is_there():
+    rm_info = {"heldout_pairs": 321, "train_pairs": 1856, "before": {"accuracy": 0.38},
+               "after": {"accuracy": 0.64, "length_corr": 0.15},
+               "learning_curve": [{"pairs": 928, "epochs": 1, "accuracy": 0.69},
+                                  {"pairs": 1856, "epochs": 1, "accuracy": 0.64}]}
+    summary = [START, row((0.0, -0.1, 0.1), (0.4, 0.2, 0.6))]
+    study = {"runs": {"beta005": 0.05}, "rm_info": rm_info, "settings": {}}
+    alone = headline({"summary": summary, "settings": {}}, study)[1]
+    assert "falling at the end (0.69 after 928 pairs, 0.64 after 1856): more pairs of this kind" in alone
+    baseline = [{"pairs": 928, "accuracy": 0.60}, {"pairs": 1856, "accuracy": 0.64}]
+    both = headline({"summary": summary, "settings": {}}, study | {"word_baseline": baseline})[1]
+    assert "falling at the end (0.69 after 928 pairs, 0.64 after 1856). For scale, word counts" in both
+    assert "would likely not help" not in both and "more labelled pairs are the first thing to try" in both
