@@ -129,7 +129,7 @@ class DemoConfig:
         require(len(set(map(run_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
 
 
-QUICK = dict(candidates=64, heldout_candidates=12, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
+QUICK = dict(candidates=64, heldout_candidates=30, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
              batch_size=4, minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, evaluations=2,
              sample_batch=16, rm_batch_size=8)
 

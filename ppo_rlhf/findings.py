@@ -28,7 +28,10 @@ def _interval(change: dict[str, float]) -> str:
 
 
 def direction(change: dict[str, float]) -> str:
-    """"up", "down" or "unclear" (the 95% interval includes zero, or is not a number)."""
+    """"up", "down" or "unclear" (the 95% interval includes zero, is not a number, or has zero width: resampling
+    a single prompt gives no interval at all)."""
+    if change["lo"] == change["hi"]:
+        return "unclear"
     if change["lo"] > 0:
         return "up"
     if change["hi"] < 0:
@@ -85,7 +88,8 @@ def curve_sentence(label: str, rows: list[dict[str, Any]]) -> str:
                        "over-optimisation within this run.")
     proxy_rose = proxy["mean"] > peak["proxy_change"]["mean"]
     fall = peak["gold_change"]["mean"] - gold["mean"]
-    measured = gold["hi"] < peak["gold_change"]["lo"]
+    widths = (gold["hi"] - gold["lo"], peak["gold_change"]["hi"] - peak["gold_change"]["lo"])
+    measured = gold["hi"] < peak["gold_change"]["lo"] and min(widths) > 0  # zero width: one prompt, no interval
     text += (f"its gold change peaked at step {peak['iteration']} ({_interval(peak['gold_change'])}, KL "
              f"{peak['kl']:.1f}) and was {fall:.2f} lower at step {last['iteration']} ({_interval(gold)}), while the "
              f"proxy {'rose' if proxy_rose else 'did not rise'} from {peak['proxy_change']['mean']:+.2f} to "
@@ -93,8 +97,8 @@ def curve_sentence(label: str, rows: list[dict[str, Any]]) -> str:
     if measured and proxy_rose:
         return text + ": gold fell while the proxy rose, the over-optimisation Gao et al. describe."
     if proxy_rose:
-        return text + (": the shape of over-optimisation, but the two gold intervals overlap, so the fall is not "
-                       "a measured one.")
+        return text + (": the shape of over-optimisation, but the two gold intervals overlap (or, from one prompt, "
+                       "cannot be formed), so the fall is not a measured one.")
     return text + "."
 
 

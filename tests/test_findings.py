@@ -145,3 +145,12 @@ def test_the_word_baseline_draws_the_conclusion_when_it_is_there():
     both = headline({"summary": summary, "settings": {}}, study | {"word_baseline": baseline})[1]
     assert "falling at the end (0.69 after 928 pairs, 0.64 after 1856). For scale, word counts" in both
     assert "would likely not help" not in both and "more labelled pairs are the first thing to try" in both
+
+
+def test_an_interval_of_zero_width_is_no_evidence():
+    """The quick demo kept one held-out prompt: resampling it gives [x, x], which must not read as a measured change."""
+    one_prompt = row((-0.49, -0.49, -0.49), (53.2, 53.2, 53.2), iteration=2)
+    text = run_sentence("PPO (beta 0.05)", one_prompt)
+    assert "did not measurably change the gold score" in text and "not distinguishable from zero either" in text
+    peak = row((1.06, 1.06, 1.06), (33.3, 33.3, 33.3), iteration=1)
+    assert "the fall is not a measured one" in curve_sentence("the beta 0.05 run", [peak, one_prompt])
