@@ -27,10 +27,14 @@ def _interval(change: dict[str, float]) -> str:
     return f"{change['mean']:+.2f} [{change['lo']:+.2f}, {change['hi']:+.2f}]"
 
 
+def has_width(change: dict[str, float]) -> bool:
+    """False for a zero-width interval: resampling a single prompt gives no interval at all."""
+    return change["lo"] != change["hi"]
+
+
 def direction(change: dict[str, float]) -> str:
-    """"up", "down" or "unclear" (the 95% interval includes zero, is not a number, or has zero width: resampling
-    a single prompt gives no interval at all)."""
-    if change["lo"] == change["hi"]:
+    """"up", "down" or "unclear" (the 95% interval includes zero, is not a number, or has zero width)."""
+    if not has_width(change):
         return "unclear"
     if change["lo"] > 0:
         return "up"
@@ -88,8 +92,7 @@ def curve_sentence(label: str, rows: list[dict[str, Any]]) -> str:
                        "over-optimisation within this run.")
     proxy_rose = proxy["mean"] > peak["proxy_change"]["mean"]
     fall = peak["gold_change"]["mean"] - gold["mean"]
-    widths = (gold["hi"] - gold["lo"], peak["gold_change"]["hi"] - peak["gold_change"]["lo"])
-    measured = gold["hi"] < peak["gold_change"]["lo"] and min(widths) > 0  # zero width: one prompt, no interval
+    measured = gold["hi"] < peak["gold_change"]["lo"] and has_width(gold) and has_width(peak["gold_change"])
     text += (f"its gold change peaked at step {peak['iteration']} ({_interval(peak['gold_change'])}, KL "
              f"{peak['kl']:.1f}) and was {fall:.2f} lower at step {last['iteration']} ({_interval(gold)}), while the "
              f"proxy {'rose' if proxy_rose else 'did not rise'} from {peak['proxy_change']['mean']:+.2f} to "
