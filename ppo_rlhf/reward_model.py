@@ -40,11 +40,11 @@ from ppo_rlhf.models import (
     resolve_model_path,
 )
 from ppo_rlhf.pairs import pair_from_record, read_pairs
-from ppo_rlhf.precision import DTYPES, dtype_name, resolve_dtype
+from ppo_rlhf.precision import dtype_name, resolve_dtype
 from ppo_rlhf.prompts import load_hf_dataset
 from ppo_rlhf.scores import reward_inputs, reward_scores
 from ppo_rlhf.stats import pearson
-from ppo_rlhf.train_config import resolve_device
+from ppo_rlhf.train_config import DTYPE_NAMES, resolve_device
 
 
 def load_pair_source(source: str) -> list[dict]:
@@ -288,7 +288,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--max-length", type=POSITIVE_INT, default=512, help="longer conversations are dropped, not cut")
     train.add_argument("--heldout-pairs", default=None,
                        help="a pairs JSONL held out whole (pairs of other prompts); then --heldout-fraction is unused")
-    train.add_argument("--dtype", type=Checked(FieldType(str, choices=DTYPES)), default="auto",
+    train.add_argument("--dtype", type=Checked(FieldType(str, choices=DTYPE_NAMES)), default="auto",
                        help="frozen backbone's dtype (auto: bfloat16 where the hardware has it natively; LoRA and "
                             "head fp32)")
 

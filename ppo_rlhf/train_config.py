@@ -5,7 +5,7 @@ hint says what it accepts (`PositiveInt`, `Literal[...]`), and `validate` checks
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, get_args
 
 from ppo_rlhf.config import (
     UNIT_INTERVAL,
@@ -20,6 +20,11 @@ from ppo_rlhf.errors import UsageError, require
 
 if TYPE_CHECKING:
     import torch
+
+# The dtype settings, here rather than in precision.py (which imports torch): commands check their flags before torch
+# loads.
+DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPE_NAMES: tuple[str, ...] = get_args(DtypeName)
 
 
 @dataclass
@@ -42,7 +47,7 @@ class TrainConfig:
     """Seed of every random number: prompt order, sampling, initialisation of the LoRA adapters."""
     device: str = "auto"
     """"auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N"."""
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: DtypeName = "auto"
     """Storage and matmul dtype of the frozen base weights: "auto" (bfloat16 where the CPU has AVX512-BF16/AMX-BF16 or
     the GPU supports bf16, else float32), "bfloat16", "float16" (GPU) or "float32" (the chapter's run, bit-exact). LoRA,
     score heads, optimiser states, log-probs, KL, GAE and losses are fp32 in every case."""

@@ -6,11 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from ppo_rlhf.config import Bounds, build_config, check_value, field_types, read_yaml, to_yaml
 from ppo_rlhf.demo import DemoConfig
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.train_config import DTYPE_NAMES, TrainConfig
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -43,11 +44,10 @@ def test_every_default_satisfies_its_own_field_type(cls):
 def test_choice_fields_match_the_modules_that_implement_them():
     from ppo_rlhf.generation import BACKENDS
     from ppo_rlhf.objectives import ESTIMATORS
-    from ppo_rlhf.precision import DTYPES
     from ppo_rlhf.schedules import SCHEDULES
 
     kinds = field_types(TrainConfig)
-    assert kinds["dtype"].choices == DTYPES
+    assert kinds["dtype"].choices == DTYPE_NAMES
     assert kinds["advantage_estimator"].choices == ESTIMATORS
     assert kinds["generation_backend"].choices == BACKENDS
     assert kinds["lr_schedule"].choices == SCHEDULES
@@ -90,3 +90,20 @@ def test_every_number_field_declares_its_interval():
         for name, kind in field_types(cls).items():
             if kind.kind in (int, float) and name not in any_finite_number:
                 assert kind.bounds != Bounds(), f"{cls.__name__}.{name}: give its type an interval (PositiveInt, ...)"
+
+
+def test_every_dtype_flag_offers_the_same_names():
+    """The trainer, the demo and the prompts and pairs commands share one list of dtype names (one place to add one)."""
+    import argparse
+
+    from ppo_rlhf import pairs, prompts
+    from ppo_rlhf.precision import resolve_dtype
+
+    assert field_types(DemoConfig)["dtype"].choices == DTYPE_NAMES
+    for module in (prompts, pairs):
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        dtype_flag = next(action for action in parser._actions if action.dest == "dtype")
+        assert tuple(dtype_flag.choices) == DTYPE_NAMES, module.__name__
+    assert str(resolve_dtype("bfloat16", torch.device("cpu"))) == "torch.bfloat16"
+
