@@ -12,6 +12,10 @@ seconds per iteration split into generation / scoring / update, mean reply lengt
 Models: "smollm2" (SmolLM2-135M-Instruct, offline) and "qwen-shape" (random weights with Qwen2.5-0.5B's exact
 shape, built from a config offline and saved once under bench/.cache/, with SmolLM2's tokenizer). The reward model
 and the value model's start are the same base with a fresh one-output score head (random; fine for timing).
+
+Precision: ours in `--dtype` (bfloat16, its default on a CPU with AVX512-BF16); TRL in every setting of `--trl`
+(fp32; bf16 = its `bf16=True`, mixed precision over fp32 weights; bf16-weights = that and the models loaded in bf16).
+Ours is compared with the fastest TRL setting of the run: each side at its best.
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ def run_ours(args) -> dict:
         score_batch_size=args.batch,  # scoring passes over the whole batch, as TRL's local_rollout_forward_batch_size
         temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
         old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device="cpu",
-        dtype="float32"))  # TRL's side runs fp32: the same dtype on both sides
+        dtype=args.dtype))
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # TRL has no score normalisation; skip measuring it
     rss_loaded = peak_rss_gb()
@@ -124,9 +128,12 @@ def run_trl(args) -> dict:
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model_path, padding_side="left")
     lora = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_MODULES)
-    policy = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=torch.float32)
-    reward = AutoModelForSequenceClassification.from_pretrained(args.model_path, num_labels=1, dtype=torch.float32)
-    value = AutoModelForSequenceClassification.from_pretrained(args.model_path, num_labels=1, dtype=torch.float32)
+    # TRL's precision settings: "fp32"; "bf16" = bf16=True in its config (accelerate's mixed precision: fp32 weights,
+    # forwards under autocast); "bf16-weights" = that and the models loaded in bf16, the usual GPU recipe
+    weights = torch.bfloat16 if args.trl_mode == "bf16-weights" else torch.float32
+    policy = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=weights)
+    reward = AutoModelForSequenceClassification.from_pretrained(args.model_path, num_labels=1, dtype=weights)
+    value = AutoModelForSequenceClassification.from_pretrained(args.model_path, num_labels=1, dtype=weights)
     for model in (reward, value):
         model.config.pad_token_id = tokenizer.pad_token_id
     value.load_state_dict(reward.state_dict())  # the value model starts as the reward model
@@ -143,7 +150,7 @@ def run_trl(args) -> dict:
     work = tempfile.mkdtemp(prefix="peer_trl_")
     config = PPOConfig(
         output_dir=work, report_to=[], save_strategy="no", logging_steps=10**6, num_sample_generations=0,
-        use_cpu=True, bf16=False, fp16=False, seed=args.seed, learning_rate=2e-5,
+        use_cpu=True, bf16=args.trl_mode != "fp32", fp16=False, seed=args.seed, learning_rate=2e-5,
         per_device_train_batch_size=args.minibatch, gradient_accumulation_steps=args.batch // args.minibatch,
         num_mini_batches=args.batch // args.minibatch, num_ppo_epochs=args.epochs, total_episodes=n,
         local_rollout_forward_batch_size=args.batch, response_length=args.max_new_tokens,
@@ -204,8 +211,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--old-logprobs", default="recompute", help=argparse.SUPPRESS)
-    parser.add_argument("--ours", default="recompute,generation",
+    parser.add_argument("--ours", default="generation",
                         help="our variants, comma-separated old_logprobs settings, each run against TRL")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                        help="our trainer's dtype (bfloat16 is its default on a CPU with AVX512-BF16 or AMX)")
+    parser.add_argument("--trl", default="fp32,bf16",
+                        help="TRL's precision settings to run, comma-separated: fp32, bf16 (bf16=True: mixed "
+                             "precision, fp32 weights), bf16-weights (bf16=True and the models loaded in bf16)")
+    parser.add_argument("--trl-mode", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
     parser.add_argument("--models", default="smollm2,qwen-shape", help="comma-separated: smollm2, qwen-shape")
     parser.add_argument("--batch", type=int, default=32)
@@ -253,16 +266,20 @@ def main() -> None:
                   str(args.epochs), "--max-new-tokens", str(cap), "--temperature", str(args.temperature),
                   "--warmup", str(args.warmup), "--iterations", str(args.iterations), "--seed", str(args.seed)]
         print(f"== {name}: batch {batch}, minibatch {minibatch}, epochs {args.epochs}, reply cap {cap}, "
-              f"temperature {args.temperature}, LoRA r16/alpha32 on 7 linears (policy and value), fp32, "
+              f"temperature {args.temperature}, LoRA r16/alpha32 on 7 linears (policy and value), ours in "
+              f"{args.dtype}, TRL in {args.trl}, "
               f"{args.warmup} warm-up + {args.iterations} timed iterations per run, {args.rounds} round(s)", flush=True)
-        sides = [f"ours-{variant}" for variant in args.ours.split(",")] + ["trl"]
+        ours_sides = [f"ours-{variant}" for variant in args.ours.split(",")]
+        trl_sides = [f"trl-{mode}" for mode in args.trl.split(",")]
+        sides = ours_sides + trl_sides
         runs = {side: [] for side in sides}
         for r in range(args.rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             for side in order:
-                python = TRL_PY if side == "trl" else OURS_PY
-                flags = ["--side", "trl"] if side == "trl" else ["--side", "ours", "--old-logprobs",
-                                                                 side[len("ours-"):]]
+                is_trl = side.startswith("trl-")
+                python = TRL_PY if is_trl else OURS_PY
+                flags = (["--side", "trl", "--trl-mode", side[len("trl-"):]] if is_trl
+                         else ["--side", "ours", "--old-logprobs", side[len("ours-"):], "--dtype", args.dtype])
                 started = time.perf_counter()
                 proc = subprocess.run([str(python), __file__, *flags, *common], capture_output=True, text=True,
                                       env=env, cwd=ROOT)
@@ -284,13 +301,15 @@ def main() -> None:
         results[name] = {"config": {"batch": batch, "minibatch": minibatch, "epochs": args.epochs,
                                     "max_new_tokens": cap,
                                     "temperature": args.temperature}, **merged}
-        t = merged["trl"]
-        for side in sides[:-1]:
+        best_trl = min(trl_sides, key=lambda side: merged[side]["total"])  # TRL at its best setting here
+        results[name]["best_trl"] = best_trl
+        t = merged[best_trl]
+        for side in ours_sides:
             o = merged[side]
-            print(f"  {'phase':10s} {side:>15s} {'TRL':>9s} {'ratio':>9s}")
+            print(f"  {'phase':10s} {side:>15s} {best_trl:>15s} {'ratio':>9s}")
             for key, unit in (("gen", "s"), ("score", "s"), ("update", "s"), ("total", "s"), ("peak_rss_gb", "GB"),
                               ("len", "tok")):
-                print(f"  {key:10s} {o[key]:14.2f}{unit[0]} {t[key]:8.2f}{unit[0]} {o[key] / t[key]:9.2f}")
+                print(f"  {key:10s} {o[key]:14.2f}{unit[0]} {t[key]:14.2f}{unit[0]} {o[key] / t[key]:9.2f}")
             print(f"  per reply token: {side} {o['total'] / o['len']:.3f} s, TRL {t['total'] / t['len']:.3f} s "
                   f"(ratio {(o['total'] / o['len']) / (t['total'] / t['len']):.2f})", flush=True)
     if args.json:
