@@ -22,7 +22,6 @@ from transformers import GenerationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ppo_rlhf.models import load_causal_lm, load_tokenizer  # noqa: E402
-from ppo_rlhf.precision import store_frozen_weights  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper and a storm."
 
@@ -49,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     tokenizer = load_tokenizer(args.model)
-    model = store_frozen_weights(load_causal_lm(args.model, torch.float32), dtype)
+    model = load_causal_lm(args.model, dtype)  # frozen weights stored in dtype, as the trainer's
     ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)["input_ids"]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.model} in {args.dtype}, "

@@ -36,6 +36,7 @@ CACHE = ROOT / "bench" / ".cache"
 OURS_PY = ROOT / ".venv" / "bin" / "python"
 TRL_PY = ROOT / "bench" / ".venv-trl" / "bin" / "python"
 TRL_VERSION = "1.12.0"
+TRL_MODES = ("fp32", "bf16", "bf16-weights")
 LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PROMPTS = [
     "Tell me a story about a cat.", "What is the capital of France?", "Give me three tips for sleeping well.",
@@ -215,10 +216,10 @@ def main() -> None:
                         help="our variants, comma-separated old_logprobs settings, each run against TRL")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                         help="our trainer's dtype (bfloat16 is its default on a CPU with AVX512-BF16 or AMX)")
-    parser.add_argument("--trl", default="fp32,bf16",
+    parser.add_argument("--trl", default=",".join(TRL_MODES),
                         help="TRL's precision settings to run, comma-separated: fp32, bf16 (bf16=True: mixed "
                              "precision, fp32 weights), bf16-weights (bf16=True and the models loaded in bf16)")
-    parser.add_argument("--trl-mode", default="fp32", help=argparse.SUPPRESS)
+    parser.add_argument("--trl-mode", default="fp32", choices=TRL_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
     parser.add_argument("--models", default="smollm2,qwen-shape", help="comma-separated: smollm2, qwen-shape")
     parser.add_argument("--batch", type=int, default=32)
@@ -246,6 +247,9 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
 
+    unknown = [mode for mode in args.trl.split(",") if mode not in TRL_MODES]
+    if unknown:
+        parser.error(f"--trl: unknown setting(s) {', '.join(unknown)}; choose from {', '.join(TRL_MODES)}")
     if not TRL_PY.exists():
         raise SystemExit(f"{TRL_PY} missing: see bench/README.md to create the TRL environment")
     # PASSIVE: OpenMP threads sleep instead of spinning while they wait. On this shared 2-core machine the default
