@@ -38,7 +38,7 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     batch = trainer.score(rollout)
     torch.manual_seed(1)
     stats = trainer.update(batch)
-    trained = {name: p for model in trainer.models.values() for name, p in model.named_parameters() if p.requires_grad}
+    trained = trained_parameters(trainer)
     params = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})  # FSDP: the shards gathered
     sharded = sum(is_sharded(p) for model in trainer.models.values() for p in model.parameters())
     scores = dist.gather_1d(batch.scores)
@@ -71,7 +71,7 @@ def skipped_update_leaves_everything(trainer, batch) -> dict:
     """An inf in one gradient of the value model only (its head copy, whole under every layout): every step of the
     update is skipped, and neither model's weights nor optimiser state moves (issue 13, item 15)."""
     dist = trainer.dist
-    trained = {name: p for model in trainer.models.values() for name, p in model.named_parameters() if p.requires_grad}
+    trained = trained_parameters(trainer)
     head = next(p for name, p in trainer.value_model.named_parameters() if p.requires_grad and "score" in name)
     before = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})
     moments = copy.deepcopy({name: role.step.state_dict() for name, role in trainer.roles.items()})
@@ -81,6 +81,12 @@ def skipped_update_leaves_everything(trainer, batch) -> dict:
     after = dist.full_tensors({name: p.detach().clone() for name, p in trained.items()})
     return {"skipped": stats["skipped_steps"], "weights": same(before, after),
             "moments": same(moments, {name: role.step.state_dict() for name, role in trainer.roles.items()})}
+
+
+def trained_parameters(trainer) -> dict[str, torch.Tensor]:
+    """Every trained parameter under "role.name": policy and value LoRA share parameter names."""
+    return {f"{role}.{name}": p for role, model in trainer.models.items() for name, p in model.named_parameters()
+            if p.requires_grad}
 
 
 def same(a, b) -> bool:

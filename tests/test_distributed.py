@@ -75,22 +75,25 @@ def test_two_processes_equal_one(tmp_path, tokenizer, sharding):
     for key in ("pg_loss", "v_loss", "clipfrac", "approx_kl", "grad_norm_policy", "grad_norm_value"):
         for part in ranks:
             assert part["stats"][key] == pytest.approx(one["stats"][key], rel=1e-4, abs=1e-6), key
+    # Adam divides each gradient element by its own size, so the float-order difference of a near-zero element
+    # (one process sums the rows, two all-reduce them) moves its weight by a sliver of a step: 1/100 of lr 1e-2
+    step_tolerance = 1e-4
     for name, value in one["params"].items():
         for part in ranks:
-            assert torch.allclose(part["params"][name], value, atol=1e-5), name
+            assert torch.allclose(part["params"][name], value, atol=step_tolerance), name
     assert one["stats"]["grad_norm_policy"] > 0
     # the checkpoint holds whole tensors (the single process's), and reading it back restored weights and moments
     from safetensors.torch import load_file
 
     saved = load_file(double / "checkpoints" / "iter_000001" / "policy" / "adapter_model.safetensors")
     reference = load_file(single / "checkpoints" / "iter_000001" / "policy" / "adapter_model.safetensors")
-    assert saved.keys() == reference.keys() and all(torch.allclose(saved[k], reference[k], atol=1e-5) for k in saved)
+    assert saved.keys() == reference.keys() and all(torch.allclose(saved[k], reference[k], atol=step_tolerance) for k in saved)
     assert one["restored"] and all(part["restored"] for part in ranks)
     # resumed from that checkpoint after the weights and moments had moved on: the same next step as one process
     for name, value in one["resumed"].items():
         assert not torch.allclose(value, one["params"][name]), name
         for part in ranks:
-            assert torch.allclose(part["resumed"][name], value, atol=1e-5), name
+            assert torch.allclose(part["resumed"][name], value, atol=step_tolerance), name
     # FSDP: the layers' weights (frozen and LoRA) really are split between the processes
     assert all((part["sharded"] > 0) == (sharding == "fsdp") for part in ranks) and one["sharded"] == 0
     # DeepSpeed: the optimisers really ran in ZeRO engines, and the checkpoint holds their partitions
