@@ -1,5 +1,5 @@
 """Sampling a rollout: one reply per prompt by KV-cached batched generation, with the log-probs and entropies
-generation saw (SampledTokenLogprobs), in the right-padded layout PPO works on.
+generation saw (TokenSampler), in the right-padded layout PPO works on.
 
 Tensor conventions (docs/DESIGN.md): sequences are RIGHT-padded [B, L]; per-token tensors are [B, L-1] and
 entry t is about choosing token t+1 after tokens 0..t. Masks come from known lengths, never from `token == pad`
@@ -17,7 +17,6 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.distributed import current
 from ppo_rlhf.errors import require
-from ppo_rlhf.objectives import entropy_from_logits
 from ppo_rlhf.padding import right_pad
 
 
@@ -81,18 +80,19 @@ def eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[
     return sorted(ids)
 
 
-def _sampling_config(max_new_tokens: int, temperature: float, top_p: float, eos: list[int], pad: int):
+def _sampling_config(max_new_tokens: int, eos: list[int], pad: int):
+    # generate runs greedy: TokenSampler has drawn the token and left it the only finite score, so argmax picks it.
     # transformers fills every field we leave unset from the model's own generation_config (a hub model may
-    # ship repetition_penalty, top_k, min_p, ...), so set every distribution-changing field to its neutral value:
-    # the tokens must come from softmax(logits / temperature), the distribution token_logprobs computes.
+    # ship repetition_penalty, temperature, top_k, ...), so set every distribution-changing field to its neutral
+    # value: the scores reaching TokenSampler must be the model's logits, the ones token_logprobs computes.
     return GenerationConfig(
-        do_sample=True,
+        do_sample=False,
         max_new_tokens=max_new_tokens,
         min_new_tokens=0,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=0,  # HF's default of 50 would truncate the distribution
-        min_p=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        min_p=None,
         typical_p=1.0,
         epsilon_cutoff=0.0,
         eta_cutoff=0.0,
@@ -105,38 +105,58 @@ def _sampling_config(max_new_tokens: int, temperature: float, top_p: float, eos:
     )
 
 
-class SampledTokenLogprobs(LogitsProcessor):
-    """Records, at every step of `generate`, log pi(sampled token) and the entropy of softmax(logits / temperature).
+def top_p_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs with every token outside the top-p nucleus set to 0 (not renormalised): a token stays when the tokens
+    more probable than it hold less than top_p of the mass, so the most probable always stays (HF's TopP rule)."""
+    if top_p >= 1.0:
+        return probs
+    ranked, order = probs.sort(dim=-1, descending=True)
+    mass_before = ranked.cumsum(dim=-1) - ranked
+    return torch.zeros_like(probs).scatter_(-1, order, ranked.masked_fill(mass_before >= top_p, 0.0))
 
-    It sees the raw logits: Hugging Face runs custom processors before its temperature and top-p warpers, so the
-    distribution is the one token_logprobs computes. The token drawn at step s is known only at step s+1 (as
-    input_ids[:, -1]), so one step's log-softmax waits in `pending`: [B, V] memory, never [B, steps, V].
+
+def sample_from_(weights: torch.Tensor) -> torch.Tensor:
+    """One index per row, drawn with probability proportional to `weights` [B, V] (>= 0), which it overwrites with
+    their running sum: inverse CDF, one uniform per row from torch's global RNG (torch.multinomial draws V
+    exponentials per row; its exponential_ was 19% of a bf16 SmolLM2 generate here). torch's CPU cumsum adds in
+    float64 and rounds each entry to float32, so a token's share is within ~1e-7 of its probability."""
+    cdf = weights.cumsum_(dim=-1)
+    threshold = torch.rand(weights.shape[0], 1, device=weights.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, threshold, right=True).clamp_(max=weights.shape[-1] - 1).squeeze(-1)
+
+
+class TokenSampler(LogitsProcessor):
+    """Draws each step's token from softmax(logits / temperature), truncated to the top-p nucleus, and returns
+    scores in which only that token is finite, so greedy `generate` appends it.
+
+    Sampling here instead of in HF's warpers and multinomial does the vocabulary-wide work once per step, in place
+    on generate's own float32 copy of the logits and one reused buffer (fresh [B, V] tensors each step cost page
+    faults that outweighed the arithmetic). With `record` it keeps, from the same log-softmax, log pi(token) and the
+    entropy of the untruncated tempered distribution: what token_logprobs computes.
     """
 
-    def __init__(self, temperature: float):
-        self.temperature = temperature
-        self.logprobs: list[torch.Tensor] = []  # one [B] per resolved step
-        self.entropies: list[torch.Tensor] = []  # one [B] per step seen
-        self.pending: torch.Tensor | None = None
+    def __init__(self, temperature: float, top_p: float = 1.0, record: bool = False):
+        self.temperature, self.top_p, self.record = temperature, top_p, record
+        self.logprobs: list[torch.Tensor] = []  # one [B] per step
+        self.entropies: list[torch.Tensor] = []  # one [B] per step
+        self.probs: torch.Tensor | None = None  # the [B, V] buffer every step reuses
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.pending is not None:
-            self.resolve(input_ids[:, -1])
-        logits = scores.float() / self.temperature
-        # a banned token's -inf logit (an HF processor ran first) made finite, so that its 0 * logit term is 0
-        self.entropies.append(entropy_from_logits(logits.clamp(min=torch.finfo(logits.dtype).min)))
-        self.pending = torch.log_softmax(logits, dim=-1)
-        return scores
+        # a banned token's -inf (an HF processor ran first) made finite: probability 0 and no 0 * inf in the entropy
+        logits = scores.float().div_(self.temperature).clamp_(min=torch.finfo(torch.float32).min)
+        logz = torch.logsumexp(logits, dim=-1, keepdim=True)
+        if self.probs is None or self.probs.shape != logits.shape:
+            self.probs = torch.empty_like(logits)
+        probs = torch.sub(logits, logz, out=self.probs).exp_()
+        if self.record:
+            self.entropies.append(logz.squeeze(-1) - torch.linalg.vecdot(probs, logits))
+        tokens = sample_from_(top_p_nucleus(probs, self.top_p))
+        if self.record:
+            self.logprobs.append(logits.gather(-1, tokens[:, None]).squeeze(-1) - logz.squeeze(-1))
+        return logits.fill_(float("-inf")).scatter_(-1, tokens[:, None], 0.0)
 
-    def resolve(self, tokens: torch.Tensor) -> None:
-        self.logprobs.append(self.pending.gather(-1, tokens[:, None]).squeeze(-1))
-        self.pending = None
-
-    def finish(self, new_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """([b, steps], [b, steps]) for the `new_tokens` [b, steps] generate returned (it may drop a last step)."""
-        steps = new_tokens.shape[1]
-        if self.pending is not None and len(self.logprobs) < steps:
-            self.resolve(new_tokens[:, len(self.logprobs)])
+    def finish(self, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """([b, steps], [b, steps]): the recorded log-probs and entropies of the `steps` tokens generate returned."""
         return torch.stack(self.logprobs[:steps], dim=1), torch.stack(self.entropies[:steps], dim=1)
 
 
@@ -177,7 +197,7 @@ def generate_rollout(
     device = next(policy.parameters()).device
     pad = tokenizer.pad_token_id
     eos = eos_token_ids(policy, tokenizer)
-    config = _sampling_config(max_new_tokens, temperature, top_p, eos, pad)
+    config = _sampling_config(max_new_tokens, eos, pad)
 
     prompt_ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
     reply_ids: list[list[int]] = []
@@ -193,18 +213,18 @@ def generate_rollout(
         # Left padding for generation, so every row's next token is appended at the same column.
         ids = torch.tensor([[pad] * (prompt_width - len(p)) + p for p in chunk], device=device)
         mask = torch.tensor([[0] * (prompt_width - len(p)) + [1] * len(p) for p in chunk], device=device)
-        recorder = SampledTokenLogprobs(temperature) if record_logprobs else None
+        sampler = TokenSampler(temperature, top_p, record=record_logprobs)
         out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config, synced_gpus=synced,
-                              logits_processor=LogitsProcessorList([recorder] if recorder else []))
+                              logits_processor=LogitsProcessorList([sampler]))
         new_tokens = out[:, prompt_width:]
-        if recorder is not None:
-            logprobs, entropies = (t.tolist() for t in recorder.finish(new_tokens))
+        if record_logprobs:
+            logprobs, entropies = (t.tolist() for t in sampler.finish(new_tokens.shape[1]))
         for i, row in enumerate(new_tokens.tolist()):
             # Cut at the first EOS (kept): HF pads finished rows with pad, which may equal EOS.
             end = next((j for j, token in enumerate(row) if token in eos), None)
             reply_ids.append(row if end is None else row[: end + 1])
             finished.append(end is not None)
-            if recorder is not None:
+            if record_logprobs:
                 reply_logprobs.append(logprobs[i][: len(reply_ids[-1])])
                 reply_entropies.append(entropies[i][: len(reply_ids[-1])])
 

@@ -176,28 +176,61 @@ def test_recorded_logprobs_equal_recomputed(tokenizer, arch, batch_size):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_sampling_distribution_is_logits_over_temperature(tokenizer, arch):
-    """generate's processed scores (what it sampled from) == token_logprobs of the tokens, even when the model's
-    own generation_config asks for top_k / repetition_penalty (hub models ship such defaults)."""
+def test_sampling_ignores_the_models_generation_defaults(tokenizer, arch):
+    """Hub models ship generation defaults (top_k, repetition_penalty, min_p, a low temperature): none of them may
+    reach the tokens, which come from softmax(logits / temperature), the distribution token_logprobs computes."""
     model = tiny.tiny_causal_lm(tokenizer, arch)
-    model.generation_config.top_k = 5
-    model.generation_config.repetition_penalty = 1.5
-    model.generation_config.min_p = 0.2
-    prompt_ids = [chat_prompt_ids(tokenizer, p) for p in PROMPTS[:2]]
-    width = max(map(len, prompt_ids))
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompt_ids])
-    mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in prompt_ids]).view(-1, 1)).long()
-    config = rollout._sampling_config(6, 0.7, 1.0, [-1], tokenizer.pad_token_id)  # no EOS: fixed length
+    model.generation_config.update(top_k=5, repetition_penalty=1.5, min_p=0.2, temperature=0.1, do_sample=True)
     torch.manual_seed(0)
-    out = model.generate(
-        input_ids=ids, attention_mask=mask, generation_config=config, output_scores=True, return_dict_in_generate=True
-    )
-    replies = out.sequences[:, width:].tolist()
-    input_ids, attention_mask, action_mask = build_batch(prompt_ids, replies, tokenizer.pad_token_id)
-    ours = token_logprobs(model, input_ids, attention_mask, 0.7)
-    for row in range(2):
-        theirs = torch.stack([torch.log_softmax(s[row], -1)[tok] for s, tok in zip(out.scores, replies[row])])
-        torch.testing.assert_close(ours[row][action_mask[row].bool()], theirs, atol=1e-4, rtol=0)
+    r = generate_rollout(model, tokenizer, PROMPTS, max_new_tokens=6, temperature=0.7, record_logprobs=True)
+    full = token_logprobs(model, r.input_ids, r.attention_mask, 0.7, with_entropy=True)
+    act = r.action_mask.bool()
+    torch.testing.assert_close(r.logprobs[act], full[0][act], atol=1e-5, rtol=0)  # no penalty changed the scores
+    torch.testing.assert_close(r.entropy[act], full[1][act], atol=1e-4, rtol=0)
+    with torch.no_grad():
+        logits = model(input_ids=r.input_ids, attention_mask=r.attention_mask).logits[:, :-1]
+    ranks = (logits > logits.gather(-1, r.input_ids[:, 1:, None])).sum(-1)  # tokens more likely than the drawn one
+    assert (ranks[act] >= 5).any()  # top_k=5 was not applied: the near-uniform tiny model draws past the top 5
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_token_sampler_draws_from_the_tempered_nucleus(top_p):
+    """40,000 draws from one row of logits: every token's frequency within 5 standard errors of its probability
+    under softmax(logits / T), renormalised over the top-p nucleus; tokens outside it never drawn. The returned
+    scores leave only the drawn token finite (generate runs greedy), and the record is the untruncated log-prob."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, float("-inf")])
+    rows = 40_000
+    sampler = rollout.TokenSampler(temperature=0.7, top_p=top_p, record=True)
+    torch.manual_seed(0)
+    scores = sampler(torch.zeros(rows, 1, dtype=torch.long), logits.repeat(rows, 1))
+    tokens = scores.argmax(-1)
+    assert torch.isfinite(scores).sum(-1).eq(1).all() and (scores.gather(-1, tokens[:, None]) == 0).all()
+    probs = torch.softmax(logits / 0.7, -1)
+    torch.testing.assert_close(sampler.logprobs[0], probs.log()[tokens])
+    entropy = -(probs[:-1] * probs[:-1].log()).sum()  # the -inf token has probability 0
+    torch.testing.assert_close(sampler.entropies[0], entropy.expand(rows))
+    kept = probs.sort(descending=True).values.cumsum(0) - probs.sort(descending=True).values < top_p
+    nucleus = torch.where(probs >= probs.sort(descending=True).values[kept].min(), probs, 0.0)
+    expected = nucleus / nucleus.sum()
+    frequency = torch.bincount(tokens, minlength=len(logits)) / rows
+    standard_error = (expected * (1 - expected) / rows).sqrt()
+    assert ((frequency - expected).abs() <= 5 * standard_error).all(), (frequency, expected)
+    assert (frequency[expected == 0] == 0).all() and (expected == 0).sum() == (1 if top_p == 1.0 else 4)
+
+
+def test_top_p_nucleus_matches_transformers():
+    """The nucleus is the set HF's TopPLogitsWarper keeps, on random rows with ties and peaked rows."""
+    from transformers import TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.cat([torch.randn(20, 50, generator=g) * 3, torch.randint(0, 3, (5, 50), generator=g).float()])
+    for top_p in (0.05, 0.5, 0.9, 0.999):
+        ours = rollout.top_p_nucleus(torch.softmax(logits, -1), top_p) > 0
+        theirs = torch.isfinite(TopPLogitsWarper(top_p)(None, logits.clone()))
+        # ties at the edge of the nucleus may be cut differently: compare the kept mass, and the sets away from ties
+        torch.testing.assert_close((torch.softmax(logits, -1) * ours).sum(-1),
+                                   (torch.softmax(logits, -1) * theirs).sum(-1))
+        assert torch.equal(ours[:20], theirs[:20])
 
 
 # ---------------------------------------------------------------- log-probs
