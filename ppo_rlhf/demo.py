@@ -101,10 +101,11 @@ class DemoConfig:
     """Policy LoRA learning rate (measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first iteration)."""
     value_lr: PositiveFloat = 1e-4
     """Value model learning rate."""
-    sample_batch: PositiveInt = 64
+    sample_batch: PositiveInt = 100
     """Replies sampled at once by the prompts, pairs and evaluation stages (generation on a CPU is bound by per-step
-    overhead, so a wider batch gives more replies per second, up to a point: SmolLM2 in bf16 on the 2-core machine
-    sampled 2.25, 3.01 and 2.76 replies/s at 32, 64 and 128; the draws, and so the samples, depend on it)."""
+    overhead, so a wider batch gives more replies per second, up to a point: the start model's 200 evaluation
+    replies took 51-54 s at 100 and 200, 56-65 s at 50 and 64, in bf16 on the 2-core machine; the draws, and so
+    the samples, depend on it)."""
     evaluations: PositiveInt = 5
     """Checkpoints per PPO run that the evaluation scores (every iterations // evaluations, and the last)."""
     dtype: DtypeName = TrainConfig.dtype
