@@ -269,10 +269,14 @@ def load_value_model(
 
 
 def load_policy_adapter(base_name: str, adapter_dir: str | Path, dtype: torch.dtype = torch.float32) -> PeftModel:
-    """A saved policy adapter on its base model, for evaluation: eval mode, no gradients."""
+    """A saved policy adapter on its base model, for evaluation: eval mode, no gradients.
+
+    The LoRA factors take the base's dtype (training keeps them fp32 for the optimiser; sampling needs no such
+    care): PEFT's fp32 factors on a bf16 base cast every adapted layer's input each step (bench/eval_adapter.py
+    measures the time saved and the log-prob change)."""
     adapter_dir = Path(adapter_dir)
     require((adapter_dir / "adapter_config.json").is_file(), f"{adapter_dir} is not a PEFT adapter folder")
-    model = PeftModel.from_pretrained(load_causal_lm(base_name, dtype), adapter_dir)
+    model = PeftModel.from_pretrained(load_causal_lm(base_name, dtype), adapter_dir, autocast_adapter_dtype=False)
     model.requires_grad_(False)
     return model.eval()
 
