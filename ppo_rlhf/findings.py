@@ -100,9 +100,29 @@ def curve_sentence(label: str, rows: list[dict[str, Any]]) -> str:
     if measured and proxy_rose:
         return text + ": gold fell while the proxy rose, the over-optimisation Gao et al. describe."
     if proxy_rose:
-        return text + (": the shape of over-optimisation, but the two gold intervals overlap (or, from one prompt, "
-                       "cannot be formed), so the fall is not a measured one.")
+        why = ("the two gold intervals overlap" if has_width(gold) and has_width(peak["gold_change"]) else
+               "a gold interval cannot be formed from one prompt")
+        return text + f": the shape of over-optimisation, but {why}, so the fall is not a measured one."
     return text + "."
+
+
+def along_the_way_sentence(summary: list[dict], labels: dict[str, str]) -> str | None:
+    """Checkpoints before a run's last whose gold interval excludes zero, weighed against how many intervals were
+    drawn: with n intervals at 95% and no real change, at least one excludes zero with probability up to
+    1 - 0.95^n (exactly that if they were independent; checkpoints of one run are positively correlated, so less)."""
+    rows = [r for r in summary if r["run"] in labels]
+    finals = {run: final_checkpoint(summary, run)["iteration"] for run in labels}
+    along = [r for r in rows if r["iteration"] != finals[r["run"]] and direction(r["gold_change"]) != "unclear"]
+    if not along:
+        return None
+    parts = [f"in {labels[r['run']]} at step {r['iteration']} (KL {r['kl']:.1f}): gold "
+             f"{_interval(r['gold_change'])}, proxy {_interval(r['proxy_change'])}" for r in along]
+    n = len(rows)
+    chance = 100.0 * (1.0 - 0.95 ** n)
+    which = "it" if len(along) == 1 else "they"
+    return (f"Before the last checkpoint, the gold change's interval excluded zero {'; '.join(parts)}. Read "
+            f"{which} as a hint, not a finding: {n} gold intervals were drawn at 95% each, and with no real change "
+            f"at least one would exclude zero by chance with probability up to {chance:.0f}%.")
 
 
 def word_baseline_sentence(rm_accuracy: float, baseline: list[dict[str, Any]]) -> str:
@@ -188,12 +208,16 @@ def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
         label = f"PPO (beta {beta:g})" if beta else "PPO without a KL penalty (beta 0)"
         results.append(run_sentence(label, final_checkpoint(summary, name)))
     paragraphs = [" ".join(results)]
+    labels = {name: f"the beta {beta:g} run" if beta else "the run without a KL penalty"
+              for name, beta in study["runs"].items()}
     curves = []
-    for name, beta in study["runs"].items():
-        label = f"the beta {beta:g} run" if beta else "the run without a KL penalty"
+    for name, label in labels.items():
         rows = [s for s in summary if s["run"] == name]
         if len(rows) >= 2:
             curves.append(curve_sentence(label, rows))
+    along = along_the_way_sentence(summary, labels)
+    if along:
+        curves.append(along)
     if curves:
         paragraphs.append(" ".join(curves))
     if study.get("rm_info") is not None:

@@ -1,6 +1,7 @@
 """The report's result sentences are generated from the numbers: made-up summaries of each kind give each wording."""
 
 from ppo_rlhf.findings import (
+    along_the_way_sentence,
     caveats,
     curve_sentence,
     headline,
@@ -63,7 +64,10 @@ def test_headline_caveats_and_reward_model():
     study = {"runs": {"beta005": 0.05, "nokl": 0.0}, "rm_info": rm_info,
              "settings": {"model": "smollm2", "betas": "0.05,0", "iterations": 30, "batch_size": 16, "reply_cap": 48}}
     result, curves, reward_model, settings = headline(evaluation, study)
-    assert curves == curve_sentence("the beta 0.05 run", summary[1:3])  # nokl has one checkpoint: no curve
+    # nokl has one checkpoint: no curve; beta005's step 10 gold interval excludes zero before its last checkpoint
+    assert curves == curve_sentence("the beta 0.05 run", summary[1:3]) + " " + along_the_way_sentence(
+        summary, {"beta005": "the beta 0.05 run", "nokl": "the run without a KL penalty"})
+    assert "excluded zero in the beta 0.05 run at step 10 (KL 4.2)" in curves and "3 gold intervals" in curves
     assert "peaked at step 10" in curves and "the fall is not a measured one" in curves
     # the last checkpoint of each run, in the study's order
     assert result.startswith("PPO (beta 0.05) did not measurably change the gold score (+0.20 [-0.10, +0.50]")
@@ -154,3 +158,35 @@ def test_an_interval_of_zero_width_is_no_evidence():
     assert "did not measurably change the gold score" in text and "not distinguishable from zero either" in text
     peak = row((1.06, 1.06, 1.06), (33.3, 33.3, 33.3), iteration=1)
     assert "the fall is not a measured one" in curve_sentence("the beta 0.05 run", [peak, one_prompt])
+
+
+def test_an_interval_that_excludes_zero_before_the_end_is_a_hint_weighed_against_the_count():
+    # the demo's numbers of 2026-12-04: one gold interval of ten below zero, at beta 0.05 step 8
+    labels = {"beta005": "the beta 0.05 run", "nokl": "the run without a KL penalty"}
+    summary = [START] + [row((-0.10, -0.25, 0.05), (0.1, -0.1, 0.3), kl=0.3 * k, iteration=k) for k in (2, 4, 6)]
+    summary += [row((-0.151, -0.291, -0.006), (0.207, 0.065, 0.349), kl=1.2, iteration=8),
+                row((-0.113, -0.274, 0.046), (0.317, 0.164, 0.470), kl=1.86, iteration=10)]
+    summary += [row((-0.05, -0.2, 0.1), (0.1 * k, 0.0, 0.2 * k), kl=0.5 * k, run="nokl", iteration=2 * k)
+                for k in range(1, 6)]
+    assert along_the_way_sentence(summary, labels) == (
+        "Before the last checkpoint, the gold change's interval excluded zero in the beta 0.05 run at step 8 (KL 1.2): "
+        "gold -0.15 [-0.29, -0.01], proxy +0.21 [+0.07, +0.35]. Read it as a hint, not a finding: 10 gold intervals "
+        "were drawn at 95% each, and with no real change at least one would exclude zero by chance with probability "
+        "up to 40%.")
+    study = {"runs": {"beta005": 0.05, "nokl": 0.0}, "rm_info": None, "settings": {}}
+    assert "Read it as a hint" in headline({"summary": summary, "settings": {}}, study)[1]
+    # only the last checkpoint excluding zero is the run sentence's business, not a hint
+    summary[4] = row((-0.15, -0.25, 0.05), (0.207, 0.065, 0.349), kl=1.2, iteration=8)
+    summary[5] = row((-0.3, -0.5, -0.1), (0.3, 0.1, 0.5), kl=1.86, iteration=10)
+    assert along_the_way_sentence(summary, labels) is None
+    assert "Read it as a hint" not in " ".join(headline({"summary": summary, "settings": {}}, study))
+
+
+def test_the_curve_sentence_says_why_a_fall_is_not_measured():
+    peak = row((0.50, 0.40, 0.60), (0.5, 0.3, 0.7), kl=2.0, iteration=2)
+    one_prompt = row((0.10, 0.10, 0.10), (0.9, 0.9, 0.9), kl=5.0, iteration=4)
+    assert curve_sentence("the beta 0 run", [peak, one_prompt]).endswith(
+        "but a gold interval cannot be formed from one prompt, so the fall is not a measured one.")
+    overlapping = row((0.35, 0.20, 0.50), (0.9, 0.7, 1.1), kl=5.0, iteration=4)
+    assert curve_sentence("the beta 0 run", [peak, overlapping]).endswith(
+        "but the two gold intervals overlap, so the fall is not a measured one.")
