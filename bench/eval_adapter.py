@@ -24,7 +24,13 @@ from peft import PeftModel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ppo_rlhf.logprobs import token_logprobs  # noqa: E402
 from ppo_rlhf.models import (  # noqa: E402
-    LoraSettings, add_policy_lora, load_causal_lm, load_policy_adapter, load_tokenizer, resolve_model_path)
+    LoraSettings,
+    add_policy_lora,
+    load_causal_lm,
+    load_policy_adapter,
+    load_tokenizer,
+    resolve_model_path,
+)
 from ppo_rlhf.rollout import generate_rollout  # noqa: E402
 
 

@@ -29,12 +29,18 @@ PROMPT = "Write a short story about a lighthouse keeper and a storm."
 def generate_seconds(model, input_ids, attention_mask, new_tokens: int, cache: str | None, pad: int) -> float:
     config = GenerationConfig(do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens, top_k=0,
                               temperature=1.0, use_cache=True, pad_token_id=pad, cache_implementation=cache)
+    return timed_generate(model, input_ids, attention_mask, config)
+
+
+def timed_generate(model, input_ids, attention_mask, config: GenerationConfig, processors=None) -> float:
+    """Seconds of one `generate` from seed 0 that must give every row exactly config.max_new_tokens tokens."""
     torch.manual_seed(0)
     start = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                             logits_processor=processors)
     seconds = time.perf_counter() - start
-    assert out.shape[1] == input_ids.shape[1] + new_tokens
+    assert out.shape[1] == input_ids.shape[1] + config.max_new_tokens
     return seconds
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.kv_cache import timed_generate  # noqa: E402
 from ppo_rlhf.models import load_causal_lm, load_tokenizer  # noqa: E402
 from ppo_rlhf.rollout import TokenSampler  # noqa: E402
 
@@ -37,14 +37,7 @@ def generate_seconds(model, input_ids, attention_mask, new_tokens: int, variant:
     else:
         config = GenerationConfig(do_sample=False, **fixed)
         processors = LogitsProcessorList([TokenSampler(temperature, record=variant == "ours+record")])
-    torch.manual_seed(0)
-    start = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                             logits_processor=processors)
-    seconds = time.perf_counter() - start
-    assert out.shape[1] == input_ids.shape[1] + new_tokens
-    return seconds
+    return timed_generate(model, input_ids, attention_mask, config, processors)
 
 
 def main() -> None:

@@ -87,7 +87,8 @@ def test_two_processes_equal_one(tmp_path, tokenizer, sharding):
 
     saved = load_file(double / "checkpoints" / "iter_000001" / "policy" / "adapter_model.safetensors")
     reference = load_file(single / "checkpoints" / "iter_000001" / "policy" / "adapter_model.safetensors")
-    assert saved.keys() == reference.keys() and all(torch.allclose(saved[k], reference[k], atol=step_tolerance) for k in saved)
+    assert saved.keys() == reference.keys()
+    assert all(torch.allclose(saved[k], reference[k], atol=step_tolerance) for k in saved)
     assert one["restored"] and all(part["restored"] for part in ranks)
     # resumed from that checkpoint after the weights and moments had moved on: the same next step as one process
     for name, value in one["resumed"].items():
