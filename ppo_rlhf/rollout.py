@@ -148,7 +148,7 @@ class TokenSampler(LogitsProcessor):
         if self.probs is None or self.probs.shape != logits.shape:
             self.probs = torch.empty_like(logits)
         probs = torch.sub(logits, logz, out=self.probs).exp_()
-        if self.record:
+        if self.record:  # objectives.entropy_from_logits's formula, on the probabilities already in the buffer
             self.entropies.append(logz.squeeze(-1) - torch.linalg.vecdot(probs, logits))
         tokens = sample_from_(top_p_nucleus(probs, self.top_p))
         if self.record:

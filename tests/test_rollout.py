@@ -209,8 +209,9 @@ def test_token_sampler_draws_from_the_tempered_nucleus(top_p):
     torch.testing.assert_close(sampler.logprobs[0], probs.log()[tokens])
     entropy = -(probs[:-1] * probs[:-1].log()).sum()  # the -inf token has probability 0
     torch.testing.assert_close(sampler.entropies[0], entropy.expand(rows))
-    kept = probs.sort(descending=True).values.cumsum(0) - probs.sort(descending=True).values < top_p
-    nucleus = torch.where(probs >= probs.sort(descending=True).values[kept].min(), probs, 0.0)
+    ranked = probs.sort(descending=True).values
+    kept = ranked.cumsum(0) - ranked < top_p
+    nucleus = torch.where(probs >= ranked[kept].min(), probs, 0.0)
     expected = nucleus / nucleus.sum()
     frequency = torch.bincount(tokens, minlength=len(logits)) / rows
     standard_error = (expected * (1 - expected) / rows).sqrt()
