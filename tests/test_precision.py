@@ -86,6 +86,32 @@ def test_half_lm_head_reads_a_contiguous_input(setup):
     assert not load_policy(setup["policy"], LoraSettings(rank=4)).get_output_embeddings()._forward_pre_hooks  # fp32
 
 
+def test_lora_products_run_in_bf16_from_fp32_factors(setup):
+    # bf16 activations meet the fp32 LoRA factors cast to bf16 (not the activations cast to fp32); the factors, and
+    # so their gradients and AdamW's states, stay fp32. A float32 model is left exactly as PEFT made it.
+    policy = load_policy(setup["policy"], LoraSettings(rank=4), dtype=torch.bfloat16)
+    layer = policy.base_model.model.model.layers[0].self_attn.q_proj
+    factor_a, factor_b = layer.lora_A["default"], layer.lora_B["default"]
+    torch.nn.init.normal_(factor_b.weight)  # PEFT starts B at zero, which would hide the LoRA term
+    assert not layer.cast_input_dtype_enabled and type(factor_a) is precision.HalfMatmulLinear
+    assert factor_a.weight.dtype == factor_b.weight.dtype == torch.float32
+    x = torch.randn(2, 3, layer.in_features, dtype=torch.bfloat16)
+    out = layer(x)
+    a, b = factor_a.weight.to(torch.bfloat16), factor_b.weight.to(torch.bfloat16)
+    by_hand = layer.base_layer(x) + (x @ a.T @ b.T) * layer.scaling["default"]
+    assert out.dtype == torch.bfloat16 and torch.equal(out, by_hand)
+    out.float().square().sum().backward()
+    assert factor_a.weight.grad.dtype == factor_b.weight.grad.dtype == torch.float32
+    assert factor_a.weight.grad.abs().sum() > 0
+    # undone: PEFT's own path (activations to fp32) again, within bf16 rounding of the half products
+    precision.half_lora_products(policy, enabled=False)
+    assert layer.cast_input_dtype_enabled and type(factor_a) is torch.nn.Linear
+    assert torch.allclose(layer(x).float(), out.float(), rtol=0.05, atol=0.05)
+    fp32 = load_policy(setup["policy"], LoraSettings(rank=4))
+    fp32_layer = fp32.base_model.model.model.layers[0].self_attn.q_proj
+    assert fp32_layer.cast_input_dtype_enabled and type(fp32_layer.lora_A["default"]) is torch.nn.Linear
+
+
 def test_bf16_ppo_iteration(setup, tmp_path):
     trainer = PPOTrainer(config(setup, tmp_path / "run", dtype="bfloat16"))
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
