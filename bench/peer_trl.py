@@ -16,6 +16,11 @@ and the value model's start are the same base with a fresh one-output score head
 Precision: ours in `--dtype` (bfloat16, its default on a CPU with AVX512-BF16); TRL in every setting of `--trl`
 (fp32; bf16 = its `bf16=True`, mixed precision over fp32 weights; bf16-weights = that and the models loaded in bf16).
 Ours is compared with the fastest TRL setting of the run: each side at its best.
+
+Allocator (`--malloc`, the same for both sides): glibc's default, `hugetlb` (transparent huge pages, as `make demo`)
+or `tuned` (and large freed blocks returned to the OS: lower peaks, slower SmolLM2 fwd+bwd). `--micro-batch` splits
+each minibatch's forward+backward into smaller passes on both sides (TRL's per_device_train_batch_size), which trades
+speed for activation memory; `--logprob-chunk-mb` is ours only (TRL forms the whole [B, L, V] logits).
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ PROMPTS = [
     "What should I pack for a weekend trip?", "Describe the taste of a lemon.", "How many legs does a spider have?",
     "Write one sentence about the sea.", "What is a good breakfast?", "Translate 'thank you' into French.",
 ]
-TUNED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+# glibc allocator settings, the same for both sides: "hugetlb" is what `make demo` sets (transparent huge pages);
+# "tuned" adds returning large freed blocks to the OS (lower peak memory, slower SmolLM2 fwd+bwd: bench/README.md)
+MALLOC_SETTINGS = {"default": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
+                   "tuned": {"MALLOC_MMAP_THRESHOLD_": "131072", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
 QWEN_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                   intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
                   rms_norm_eps=1e-6, tie_word_embeddings=True)
@@ -98,11 +106,12 @@ def run_ours(args) -> dict:
     cfg = build_config(TrainConfig, dict(
         policy_model=args.model_path, reward_model=args.model_path, prompts=str(work / "prompts.jsonl"),
         out=str(work / "run"), iterations=args.warmup + args.iterations, batch_size=args.batch,
-        minibatch_size=args.minibatch, epochs=args.epochs, max_new_tokens=args.max_new_tokens,
+        minibatch_size=args.minibatch, micro_batch_size=args.micro_batch, epochs=args.epochs,
+        max_new_tokens=args.max_new_tokens,
         score_batch_size=args.batch,  # scoring passes over the whole batch, as TRL's local_rollout_forward_batch_size
         temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
         old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device="cpu",
-        dtype=args.dtype))
+        dtype=args.dtype, logprob_chunk_mb=args.logprob_chunk_mb))
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # TRL has no score normalisation; skip measuring it
     rss_loaded = peak_rss_gb()
@@ -149,10 +158,12 @@ def run_trl(args) -> dict:
     n = args.batch * (args.warmup + args.iterations)
     train = datasets.Dataset.from_dict({"input_ids": [chat[i % len(chat)] for i in range(max(n, len(chat)))]})
     work = tempfile.mkdtemp(prefix="peer_trl_")
+    # TRL's rollout batch = micro-batch x accumulation steps; its minibatch = that / num_mini_batches
+    micro = args.micro_batch or args.minibatch
     config = PPOConfig(
         output_dir=work, report_to=[], save_strategy="no", logging_steps=10**6, num_sample_generations=0,
         use_cpu=True, bf16=args.trl_mode != "fp32", fp16=False, seed=args.seed, learning_rate=2e-5,
-        per_device_train_batch_size=args.minibatch, gradient_accumulation_steps=args.batch // args.minibatch,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=args.batch // micro,
         num_mini_batches=args.batch // args.minibatch, num_ppo_epochs=args.epochs, total_episodes=n,
         local_rollout_forward_batch_size=args.batch, response_length=args.max_new_tokens,
         temperature=args.temperature, stop_token="eos", missing_eos_penalty=1.0, kl_coef=0.05, cliprange=0.2,
@@ -225,6 +236,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--minibatch", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--logprob-chunk-mb", type=float, default=128.0,
+                        help="ours: MB of fp32 logits per log-prob chunk (TRL forms the whole [B, L, V] logits)")
+    parser.add_argument("--micro-batch", type=int, default=0,
+                        help="rows per forward+backward in the update, both sides (0 = the minibatch)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--warmup", type=int, default=1)
@@ -235,10 +250,11 @@ def main() -> None:
     parser.add_argument("--qwen-max-new-tokens", type=int, default=0,
                         help="reply cap for qwen-shape; 0 = --max-new-tokens")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--tuned-malloc", action="store_true",
-                        help="both sides with glibc's allocator returning large freed blocks to the OS and using "
-                             "transparent huge pages (MALLOC_MMAP_THRESHOLD_=131072, "
-                             "GLIBC_TUNABLES=glibc.malloc.hugetlb=1)")
+    parser.add_argument("--malloc", choices=list(MALLOC_SETTINGS), default="default",
+                        help="glibc allocator settings of both sides: default; hugetlb (transparent huge pages, as "
+                             "`make demo`); tuned (and large freed blocks returned to the OS: "
+                             "MALLOC_MMAP_THRESHOLD_=131072)")
+    parser.add_argument("--tuned-malloc", action="store_true", help="the same as --malloc tuned")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -256,10 +272,12 @@ def main() -> None:
     # (spinning) made a 2-thread forward+backward 3-4x slower whenever other processes held the cores.
     env = {"OMP_WAIT_POLICY": "PASSIVE", "TRL_EXPERIMENTAL_SILENCE": "1", **os.environ, "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    if args.tuned_malloc:
-        env.update(TUNED_MALLOC)
-    print(f"environment: OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}, torch threads = default ({os.cpu_count()} cores)"
-          + (f", {TUNED_MALLOC}" if args.tuned_malloc else ""))
+    malloc = "tuned" if args.tuned_malloc else args.malloc
+    for key in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):  # only the chosen settings, not the caller's
+        env.pop(key, None)
+    env.update(MALLOC_SETTINGS[malloc])
+    print(f"environment: OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}, torch threads = default ({os.cpu_count()} cores), "
+          f"allocator {malloc} {MALLOC_SETTINGS[malloc]}")
     results = {}
     for name in args.models.split(","):
         path = prepare_model(name)
@@ -267,9 +285,11 @@ def main() -> None:
         minibatch = batch // 2 if name == "qwen-shape" and args.qwen_batch else args.minibatch
         cap = args.qwen_max_new_tokens if name == "qwen-shape" and args.qwen_max_new_tokens else args.max_new_tokens
         common = ["--model-path", path, "--batch", str(batch), "--minibatch", str(minibatch), "--epochs",
-                  str(args.epochs), "--max-new-tokens", str(cap), "--temperature", str(args.temperature),
+                  str(args.epochs), "--micro-batch", str(args.micro_batch), "--max-new-tokens", str(cap),
+                  "--temperature", str(args.temperature),
                   "--warmup", str(args.warmup), "--iterations", str(args.iterations), "--seed", str(args.seed)]
-        print(f"== {name}: batch {batch}, minibatch {minibatch}, epochs {args.epochs}, reply cap {cap}, "
+        print(f"== {name}: batch {batch}, minibatch {minibatch}, micro-batch {args.micro_batch or minibatch}, "
+              f"epochs {args.epochs}, reply cap {cap}, "
               f"temperature {args.temperature}, LoRA r16/alpha32 on 7 linears (policy and value), ours in "
               f"{args.dtype}, TRL in {args.trl}, "
               f"{args.warmup} warm-up + {args.iterations} timed iterations per run, {args.rounds} round(s)", flush=True)
@@ -283,7 +303,8 @@ def main() -> None:
                 is_trl = side.startswith("trl-")
                 python = TRL_PY if is_trl else OURS_PY
                 flags = (["--side", "trl", "--trl-mode", side[len("trl-"):]] if is_trl
-                         else ["--side", "ours", "--old-logprobs", side[len("ours-"):], "--dtype", args.dtype])
+                         else ["--side", "ours", "--old-logprobs", side[len("ours-"):], "--dtype", args.dtype,
+                               "--logprob-chunk-mb", str(args.logprob_chunk_mb)])
                 started = time.perf_counter()
                 proc = subprocess.run([str(python), __file__, *flags, *common], capture_output=True, text=True,
                                       env=env, cwd=ROOT)
