@@ -263,6 +263,11 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
 
+    if args.micro_batch < 0 or (args.micro_batch and args.minibatch % args.micro_batch):
+        parser.error(f"--micro-batch must be 0 (the minibatch) or a divisor of --minibatch {args.minibatch}, "
+                     f"got {args.micro_batch}")
+    if args.logprob_chunk_mb < 0:
+        parser.error(f"--logprob-chunk-mb must be >= 0 (0 = no limit), got {args.logprob_chunk_mb}")
     unknown = [mode for mode in args.trl.split(",") if mode not in TRL_MODES]
     if unknown:
         parser.error(f"--trl: unknown setting(s) {', '.join(unknown)}; choose from {', '.join(TRL_MODES)}")
