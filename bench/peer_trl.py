@@ -254,7 +254,8 @@ def main() -> None:
                         help="glibc allocator settings of both sides: default; hugetlb (transparent huge pages, as "
                              "`make demo`); tuned (and large freed blocks returned to the OS: "
                              "MALLOC_MMAP_THRESHOLD_=131072)")
-    parser.add_argument("--tuned-malloc", action="store_true", help="the same as --malloc tuned")
+    parser.add_argument("--tuned-malloc", dest="malloc", action="store_const", const="tuned",
+                        help="the same as --malloc tuned")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -263,9 +264,14 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
 
-    if args.micro_batch < 0 or (args.micro_batch and args.minibatch % args.micro_batch):
-        parser.error(f"--micro-batch must be 0 (the minibatch) or a divisor of --minibatch {args.minibatch}, "
-                     f"got {args.micro_batch}")
+    unknown_models = [name for name in args.models.split(",") if name not in ("smollm2", "qwen-shape")]
+    if unknown_models:
+        parser.error(f"--models: unknown model(s) {', '.join(unknown_models)}; choose from smollm2, qwen-shape")
+    # every configuration's minibatch: --qwen-batch gives the Qwen shape its own (half its batch)
+    minibatches = {args.minibatch} | ({args.qwen_batch // 2} if args.qwen_batch else set())
+    if args.micro_batch < 0 or any(args.micro_batch and m % args.micro_batch for m in minibatches):
+        parser.error(f"--micro-batch must be 0 (the minibatch) or a divisor of every minibatch "
+                     f"({', '.join(map(str, sorted(minibatches)))}), got {args.micro_batch}")
     if args.logprob_chunk_mb < 0:
         parser.error(f"--logprob-chunk-mb must be >= 0 (0 = no limit), got {args.logprob_chunk_mb}")
     unknown = [mode for mode in args.trl.split(",") if mode not in TRL_MODES]
@@ -277,12 +283,11 @@ def main() -> None:
     # (spinning) made a 2-thread forward+backward 3-4x slower whenever other processes held the cores.
     env = {"OMP_WAIT_POLICY": "PASSIVE", "TRL_EXPERIMENTAL_SILENCE": "1", **os.environ, "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    malloc = "tuned" if args.tuned_malloc else args.malloc
     for key in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):  # only the chosen settings, not the caller's
         env.pop(key, None)
-    env.update(MALLOC_SETTINGS[malloc])
+    env.update(MALLOC_SETTINGS[args.malloc])
     print(f"environment: OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}, torch threads = default ({os.cpu_count()} cores), "
-          f"allocator {malloc} {MALLOC_SETTINGS[malloc]}")
+          f"allocator {args.malloc} {MALLOC_SETTINGS[args.malloc]}")
     results = {}
     for name in args.models.split(","):
         path = prepare_model(name)
