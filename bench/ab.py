@@ -74,7 +74,7 @@ def main() -> None:
     cfg = build_config(TrainConfig, dict(policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"),
                                          out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
                                          max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True,
-                                         device="cpu", dtype=args.dtype))
+                                         device="cpu", dtype=args.dtype, init_score_head=True))  # speed only
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     originals = {"first": logprobs_module.first_reply_position, "frozen": logprobs_module._frozen_plain_head}

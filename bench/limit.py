@@ -37,20 +37,29 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def gemm_throughput(dtype: torch.dtype, seconds: float = 1.0) -> dict[str, float]:
-    """GFLOP/s of matmul in `dtype` for a few shapes (square and the transformer's own)."""
-    shapes = {"2048^3": (2048, 2048, 2048), "1024x576x1536": (1024, 576, 1536), "1024x1536x576": (1024, 1536, 576),
+CPU_SHAPES = {"2048^3": (2048, 2048, 2048), "1024x576x1536": (1024, 576, 1536), "1024x1536x576": (1024, 1536, 576),
               "1024x576x49152": (1024, 576, 49152), "4096^3": (4096, 4096, 4096)}
+
+
+def gemm_throughput(dtype: torch.dtype, seconds: float = 1.0, shapes: dict = CPU_SHAPES,
+                    device: str = "cpu") -> dict[str, float]:
+    """GFLOP/s of matmul in `dtype` for a few shapes (square and the transformer's own), best of 3 timed bursts
+    (random data; on CUDA the burst ends with a synchronize, so queued products are counted only once done)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     out = {}
     for name, (m, k, n) in shapes.items():
-        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
         a @ b
+        sync()
         best = 0.0
         for _ in range(3):
             start, count = time.perf_counter(), 0
             while time.perf_counter() - start < seconds / 3:
                 a @ b
                 count += 1
+                if count % 16 == 0:
+                    sync()  # keep the queue short, so the clock check above is close to the device
+            sync()
             best = max(best, 2 * m * k * n * count / (time.perf_counter() - start) / 1e9)
         out[name] = best
     return out
@@ -83,6 +92,48 @@ def chunk_tokens(rollout, rows_per_chunk: int, first: int | None = None) -> tupl
     return body, head
 
 
+def model_sizes(trainer) -> dict[str, int]:
+    """N (the policy's body without embedding and LoRA), H (its LM head) and the value model's body."""
+    from ppo_rlhf.logprobs import body_and_lm_head
+    from ppo_rlhf.models import backbone_and_head
+
+    body, head = body_and_lm_head(trainer.policy)
+    vbody, _ = backbone_and_head(trainer.value_model)
+
+    def count(module) -> int:
+        return sum(p.numel() for name, p in module.named_parameters()
+                   if "embed_tokens" not in name and "lora_" not in name)
+
+    return {"n_body": count(body), "n_head": head.weight.numel(), "n_vbody": count(vbody)}
+
+
+def iteration_flops(rollout, micro: int, epochs: int, minibatch: int, sizes: dict[str, int]) -> dict[str, float]:
+    """The FLOPs of one iteration's phases (the module docstring's counts) from the rollout it ran."""
+    from ppo_rlhf.logprobs import first_reply_position
+
+    n_body, n_head, n_vbody = sizes["n_body"], sizes["n_head"], sizes["n_vbody"]
+    B = len(rollout.prompts)
+    prompt_width = max(len(p) for p in rollout.prompt_ids)
+    steps = int(rollout.reply_lengths.max())
+    scored, scored_head = chunk_tokens(rollout, micro, first_reply_position(rollout.prompt_ids))
+    # generation: prefill of the left-padded prompts, then `steps` decoding steps for every row
+    gen = B * (prompt_width + steps) * 2 * (n_body + n_head)
+    # scoring: policy (with logits), reference (with logits), value model; reward model ~ one more body pass
+    score = scored * 2 * n_body * 2 + scored_head * 2 * n_head * 2 + scored * 2 * n_vbody * 2
+    # update: every epoch, every micro-batch; per token 6N model FLOPs for policy and value bodies, + LM head
+    # (the minibatches are random rows; contiguous ones are used here, close enough for the count)
+    update_tokens = update_head = 0
+    for _ in range(epochs):
+        for start in range(0, B, minibatch):
+            body_pos, head_pos = chunk_tokens(rollout.select(list(range(start, min(B, start + minibatch)))), micro)
+            update_tokens, update_head = update_tokens + body_pos, update_head + head_pos
+    return {"gen": gen, "score": score,
+            "update_6N": update_tokens * 6 * (n_body + n_vbody) + update_head * 6 * n_head,
+            "update_4N": update_tokens * 4 * (n_body + n_vbody) + update_head * 6 * n_head,
+            "reply_tokens": int(rollout.reply_lengths.sum()), "decode_steps": steps, "scored_positions": scored,
+            "update_positions": update_tokens}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
@@ -111,8 +162,6 @@ def main() -> None:
     from peer_trl import PROMPTS, prepare_model
 
     from ppo_rlhf.config import build_config
-    from ppo_rlhf.logprobs import body_and_lm_head, first_reply_position
-    from ppo_rlhf.models import backbone_and_head
     from ppo_rlhf.train_config import TrainConfig
     from ppo_rlhf.trainer import PPOTrainer
 
@@ -122,14 +171,10 @@ def main() -> None:
     cfg = build_config(TrainConfig, dict(policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"),
                                          out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
                                          epochs=args.epochs, max_new_tokens=args.max_new_tokens, tensorboard=False,
-                                         quiet=True, device="cpu", dtype=args.dtype))
+                                         quiet=True, device="cpu", dtype=args.dtype, init_score_head=True))
     trainer = PPOTrainer(cfg)
-    body, head = body_and_lm_head(trainer.policy)
-    n_body = sum(p.numel() for name, p in body.named_parameters() if "embed_tokens" not in name and "lora_" not in name)
-    n_head = head.weight.numel()
-    vbody, _ = backbone_and_head(trainer.value_model)
-    n_vbody = sum(p.numel() for name, p in vbody.named_parameters()
-                  if "embed_tokens" not in name and "lora_" not in name)
+    sizes = model_sizes(trainer)
+    n_body, n_head, n_vbody = sizes["n_body"], sizes["n_head"], sizes["n_vbody"]
     weight_bytes = dtype.itemsize * (n_body + n_head)  # what each decoding step reads
     print(f"== model {args.model}: N (body, no embedding) {n_body / 1e6:.1f}M, H (LM head) {n_head / 1e6:.1f}M, "
           f"value body {n_vbody / 1e6:.1f}M; batch {args.batch}, minibatch {args.minibatch}, epochs {args.epochs}, "
@@ -140,26 +185,12 @@ def main() -> None:
               "bandwidth_gbs": bandwidth, "iterations": []}
     for index in range(1, args.iterations + 1):
         stats, rollout = trainer.iteration(index)
-        micro = trainer.micro_size
         B = len(rollout.prompts)
-        prompt_width = max(len(p) for p in rollout.prompt_ids)
-        steps = int(rollout.reply_lengths.max())
-        reply_tokens = int(rollout.reply_lengths.sum())
-        scored, scored_head = chunk_tokens(rollout, micro, first_reply_position(rollout.prompt_ids))
-        # generation: prefill of the left-padded prompts, then `steps` decoding steps for every row
-        gen_flops = B * (prompt_width + steps) * 2 * (n_body + n_head)
-        # scoring: policy (with logits), reference (with logits), value model; reward model ~ one more body pass
-        score_flops = scored * 2 * n_body * 2 + scored_head * 2 * n_head * 2 + scored * 2 * n_vbody * 2
-        # update: every epoch, every micro-batch; per token 6N model FLOPs for policy and value bodies, + LM head
-        # (the minibatches are random rows; contiguous ones are used here, close enough for the count)
-        update_tokens = update_head = 0
-        for _ in range(args.epochs):
-            for start in range(0, B, args.minibatch):
-                body_pos, head_pos = chunk_tokens(rollout.select(list(range(start, min(B, start + args.minibatch)))),
-                                                  micro)
-                update_tokens, update_head = update_tokens + body_pos, update_head + head_pos
-        update_model = update_tokens * 6 * (n_body + n_vbody) + update_head * 6 * n_head
-        update_done = update_tokens * 4 * (n_body + n_vbody) + update_head * 6 * n_head
+        flops = iteration_flops(rollout, trainer.micro_size, args.epochs, args.minibatch, sizes)
+        gen_flops, score_flops, update_model, update_done = (flops[k] for k in ("gen", "score", "update_6N",
+                                                                                  "update_4N"))
+        reply_tokens, steps, scored = flops["reply_tokens"], flops["decode_steps"], flops["scored_positions"]
+        update_tokens = flops["update_positions"]
         t = {k: stats[f"time_{k}"] for k in ("gen", "score", "update", "total")}
         bound_bw = B * bandwidth * 1e9 / weight_bytes  # tokens/s if each decoding step reads every weight once
         bound_compute = peak * 1e9 / (2 * (n_body + n_head))

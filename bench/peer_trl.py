@@ -57,6 +57,10 @@ MALLOC_SETTINGS = {"default": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hu
 QWEN_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                   intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
                   rms_norm_eps=1e-6, tie_word_embeddings=True)
+# random models: name -> (folder under bench/.cache, Qwen2 config); "qwen-tiny" is bench/gpu_check.py --dry-run's
+RANDOM_SHAPES = {"qwen-shape": ("qwen2.5-0.5b-shape-random", QWEN_SHAPE),
+                 "qwen-tiny": ("qwen2-tiny-random", {**QWEN_SHAPE, "hidden_size": 64, "num_hidden_layers": 2,
+                                                     "num_attention_heads": 4, "intermediate_size": 128})}
 
 
 def peak_rss_gb() -> float:
@@ -64,24 +68,25 @@ def peak_rss_gb() -> float:
 
 
 # ------------------------------------------------------------------------------------------ preparation
-def prepare_model(name: str) -> str:
-    """A local folder for `name` (run in our venv)."""
+def prepare_model(name: str, tokenizer_folder: str | None = None, cache: Path = CACHE) -> str:
+    """A local folder for `name` (run in our venv). The random models take their tokenizer from the folder
+    `tokenizer_folder` (default: SmolLM2's; bench/gpu_check.py carries SmolLM2's tokenizer files alone to a GPU machine,
+    and its --dry-run a tiny one) and are saved once under `cache`."""
     sys.path.insert(0, str(ROOT))
     from ppo_rlhf.models import resolve_model_path
 
-    smollm2 = resolve_model_path("smollm2")
     if name == "smollm2":
-        return smollm2
-    if name != "qwen-shape":
+        return resolve_model_path("smollm2")
+    if name not in RANDOM_SHAPES:
         raise SystemExit(f"unknown model {name!r}")
-    folder = CACHE / "qwen2.5-0.5b-shape-random"
+    folder = cache / RANDOM_SHAPES[name][0]
     if not (folder / "config.json").is_file():
         import torch
         from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-        tokenizer = AutoTokenizer.from_pretrained(smollm2)
-        config = Qwen2Config(**QWEN_SHAPE, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                             pad_token_id=tokenizer.pad_token_id)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder or resolve_model_path("smollm2"))
+        config = Qwen2Config(**RANDOM_SHAPES[name][1], bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(config)
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -92,11 +97,17 @@ def prepare_model(name: str) -> str:
     return str(folder)
 
 
-# ------------------------------------------------------------------------------------------------ ours
-def run_ours(args) -> dict:
-    sys.path.insert(0, str(ROOT))
+def peak_gpu_gb() -> float | None:
+    """The most GPU memory torch's allocator held at once (None without CUDA)."""
     import torch
 
+    return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
+
+
+# ------------------------------------------------------------------------------------------------ ours
+def ours_trainer(args):
+    """Our PPOTrainer at the configuration held equal with TRL's (bench/README.md)."""
+    sys.path.insert(0, str(ROOT))
     from ppo_rlhf.config import build_config
     from ppo_rlhf.train_config import TrainConfig
     from ppo_rlhf.trainer import PPOTrainer
@@ -105,24 +116,38 @@ def run_ours(args) -> dict:
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     cfg = build_config(TrainConfig, dict(
         policy_model=args.model_path, reward_model=args.model_path, prompts=str(work / "prompts.jsonl"),
+        init_score_head=True,  # the policy as reward model, with a random head: a speed comparison
         out=str(work / "run"), iterations=args.warmup + args.iterations, batch_size=args.batch,
         minibatch_size=args.minibatch, micro_batch_size=args.micro_batch, epochs=args.epochs,
         max_new_tokens=args.max_new_tokens,
         score_batch_size=args.batch,  # scoring passes over the whole batch, as TRL's local_rollout_forward_batch_size
         temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
-        old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device="cpu",
+        old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device=args.device,
         dtype=args.dtype, logprob_chunk_mb=args.logprob_chunk_mb))
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # TRL has no score normalisation; skip measuring it
+    return trainer
+
+
+def run_ours(args) -> dict:
+    """Our side; each timed row also holds the FLOPs of its phases (limit.iteration_flops), for an MFU."""
+    import torch
+    from limit import iteration_flops, model_sizes
+
+    trainer = ours_trainer(args)
     rss_loaded = peak_rss_gb()
+    sizes = model_sizes(trainer)
     rows = []
     for index in range(args.warmup + args.iterations):
         stats, rollout = trainer.iteration(index)
         if index >= args.warmup:
             rows.append({"gen": stats["time_gen"], "score": stats["time_score"], "update": stats["time_update"],
                          "total": stats["time_total"], "len": stats["len"],
-                         "tokens": int(rollout.attention_mask.sum())})
-    return {"rows": rows, "rss_loaded_gb": rss_loaded, "peak_rss_gb": peak_rss_gb(), "threads": torch.get_num_threads()}
+                         "tokens": int(rollout.attention_mask.sum()),
+                         "flops": iteration_flops(rollout, trainer.micro_size, args.epochs, args.minibatch, sizes)})
+    return {"rows": rows, "rss_loaded_gb": rss_loaded, "peak_rss_gb": peak_rss_gb(), "threads": torch.get_num_threads(),
+            "peak_gpu_gb": peak_gpu_gb(), "dtype": str(next(trainer.policy.parameters()).dtype),
+            "device": str(trainer.device)}
 
 
 # ------------------------------------------------------------------------------------------------- TRL
@@ -162,7 +187,7 @@ def run_trl(args) -> dict:
     micro = args.micro_batch or args.minibatch
     config = PPOConfig(
         output_dir=work, report_to=[], save_strategy="no", logging_steps=10**6, num_sample_generations=0,
-        use_cpu=True, bf16=args.trl_mode != "fp32", fp16=False, seed=args.seed, learning_rate=2e-5,
+        use_cpu=args.device == "cpu", bf16=args.trl_mode != "fp32", fp16=False, seed=args.seed, learning_rate=2e-5,
         per_device_train_batch_size=micro, gradient_accumulation_steps=args.batch // micro,
         num_mini_batches=args.batch // args.minibatch, num_ppo_epochs=args.epochs, total_episodes=n,
         local_rollout_forward_batch_size=args.batch, response_length=args.max_new_tokens,
@@ -209,7 +234,7 @@ def run_trl(args) -> dict:
              "update": m["end"] - m["update_start"], "total": m["end"] - m["gen_start"], "len": m["len"],
              "tokens": m["tokens"]} for m in marks[args.warmup:]]
     return {"rows": rows, "rss_loaded_gb": rss_loaded, "peak_rss_gb": peak_rss_gb(), "threads": torch.get_num_threads(),
-            "trl": trl.__version__}
+            "trl": trl.__version__, "peak_gpu_gb": peak_gpu_gb()}
 
 
 # ---------------------------------------------------------------------------------------------- parent
@@ -232,6 +257,7 @@ def main() -> None:
                              "precision, fp32 weights), bf16-weights (bf16=True and the models loaded in bf16)")
     parser.add_argument("--trl-mode", default="fp32", choices=TRL_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)  # one side's device (bench/gpu_check.py)
     parser.add_argument("--models", default="smollm2,qwen-shape", help="comma-separated: smollm2, qwen-shape")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--minibatch", type=int, default=16)

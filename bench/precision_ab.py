@@ -42,7 +42,7 @@ def run_side(args: argparse.Namespace) -> dict:
     cfg = build_config(TrainConfig, dict(
         policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"), out=str(work / "run"),
         batch_size=args.batch, minibatch_size=args.minibatch, max_new_tokens=args.max_new_tokens,
-        tensorboard=False, quiet=True, seed=args.seed, device="cpu", dtype=args.side))
+        tensorboard=False, quiet=True, seed=args.seed, device="cpu", dtype=args.side, init_score_head=True))
     started = time.perf_counter()
     trainer = PPOTrainer(cfg)
     load_s = time.perf_counter() - started

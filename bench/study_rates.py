@@ -42,7 +42,8 @@ def main() -> None:
           f"(mean {tokens / args.batch:.0f} tokens, {rollout.finished.float().mean():.2f} finished)")
     del policy
 
-    model = add_value_lora(load_sequence_classifier("smollm2", dtype), LoraSettings(rank=16, alpha=32.0))
+    model = add_value_lora(load_sequence_classifier("smollm2", dtype, init_score_head=True),  # a random head: speed
+                           LoraSettings(rank=16, alpha=32.0))
     pairs = [{"prompt": p, "chosen": t, "rejected": t[: len(t) // 2] or "No."}
              for p, t in zip(prompts, rollout.reply_texts)][: args.rm_batch]
     trainable = [p for p in model.parameters() if p.requires_grad]

@@ -13,6 +13,7 @@ This module only writes and reads files: what goes in them is the trainer's busi
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from pathlib import Path
@@ -24,8 +25,8 @@ from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from ppo_rlhf.distributed import Dist, as_shard_of, is_sharded
-from ppo_rlhf.errors import UsageError
-from ppo_rlhf.files import atomic_directory, atomic_write_text
+from ppo_rlhf.errors import RunError, UsageError
+from ppo_rlhf.files import atomic_directory, atomic_write_text, disk_full
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -65,21 +66,46 @@ def trained_weights(model: PeftModel, dist: Dist) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(run_dir: Path, iteration: int, models: dict[str, PeftModel], state: dict[str, Any],
-                    history_lines: list[str]) -> Path:
+                    history_lines: list[str], rng: dict[str, Any] | None = None) -> Path:
     """Write checkpoint `iter_{iteration}` atomically and point `latest` at it: the trainer's `state`
     (`PPOTrainer.state_dict()`), its "weights" as one PEFT adapter folder per model (what `evaluate` reads), the rest
-    with the RNG states in state.pt, and the history so far."""
+    with the RNG states (`rng`, by default the current ones) in state.pt, and the history so far. A full disk is a
+    `RunError` naming the latest good checkpoint, the partial folder removed."""
     root = run_dir / CHECKPOINTS
     final = root / checkpoint_name(iteration)
-    # an existing `final`: a checkpoint of the same iteration from a run that was killed after writing it
-    with atomic_directory(final) as tmp:
-        for name, model in models.items():
-            model.save_pretrained(tmp / name, state_dict=state["weights"][name])
-        rest = {key: value for key, value in state.items() if key != "weights"}
-        torch.save({"iteration": iteration, "trainer": rest, "rng": rng_state()}, tmp / "state.pt")
-        (tmp / "history.jsonl").write_text("".join(history_lines))
-    atomic_write_text(root / LATEST, final.name + "\n")
+    try:
+        # an existing `final`: a checkpoint of the same iteration from a run that was killed after writing it
+        with atomic_directory(final) as tmp:
+            for name, model in models.items():
+                model.save_pretrained(tmp / name, state_dict=state["weights"][name])
+            rest = {key: value for key, value in state.items() if key != "weights"}
+            with open(tmp / "state.pt", "wb") as handle:  # a Python file: a full disk is an OSError, not torch's
+                torch.save({"iteration": iteration, "trainer": rest, "rng": rng or rng_state()}, handle)
+            (tmp / "history.jsonl").write_text("".join(history_lines))
+        atomic_write_text(root / LATEST, final.name + "\n")
+    except Exception as error:
+        if not disk_full(error):
+            raise
+        clean_partial_writes(run_dir)
+        last = latest_checkpoint(run_dir, tuple(models))
+        good = f"the latest good checkpoint is {last.name}" if last else "no checkpoint was written before it"
+        raise RunError(f"no space left on device writing {final}; {good}") from None
     return final
+
+
+def prune_checkpoints(run_dir: Path, keep: int, newest: int, models: tuple[str, ...]) -> list[Path]:
+    """Delete the complete checkpoints older than the `keep` newest up to iteration `newest` (the one just written,
+    never deleted; any after it are a killed run's, about to be written again); `keep` 0 deletes none. Each is renamed
+    aside first (`.NAME.old-PID`, what clean_partial_writes removes), so a kill mid-delete never leaves half of one
+    that looks like a checkpoint. Returns the deleted ones."""
+    if keep == 0:
+        return []
+    older = [folder for iteration, folder in list_checkpoints(run_dir, models) if iteration <= newest][:-keep]
+    for folder in older:
+        aside = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        os.replace(folder, aside)
+        shutil.rmtree(aside)
+    return older
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")

@@ -14,7 +14,7 @@ import importlib
 import sys
 
 from ppo_rlhf import __version__
-from ppo_rlhf.errors import UsageError
+from ppo_rlhf.errors import RunError, UsageError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"ppo-rlhf {command}: interrupted", file=sys.stderr)
+    except RunError as error:
+        print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as error:  # errors.Interrupted says what to do next
+        print(f"ppo-rlhf {command}: interrupted" + (f"; {error}" if str(error) else ""), file=sys.stderr)
         return 130

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import re
 import textwrap
 import types
 import typing
@@ -218,14 +219,39 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
                                 metavar=kind.__name__.upper(), help=help_text)
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A mapping that gives one key twice (`DuplicateKeyLoader`)."""
+
+    def __init__(self, key: Any, first_line: int, second_line: int):
+        super().__init__(f"key {key!r} is given twice (lines {first_line} and {second_line}); keep one")
+
+
+class DuplicateKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, but a key given twice in one mapping is an error: SafeLoader keeps the last silently, so
+    `beta: 0.05` ... `beta: 0.5` would run with 0.5 without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<` merges may override on purpose; a non-scalar key is refused by SafeLoader itself
+            key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+            if key in lines:
+                raise DuplicateKey(key, lines[key], line)
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=DuplicateKeyLoader)
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"cannot read config file {path}: {error}") from None
+    except DuplicateKey as error:
+        raise UsageError(f"{path}: {error}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -237,8 +263,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def build_config(cls: type[T], *sources: dict[str, Any]) -> T:
-    """Merge sources left to right into a `cls`, checking keys and types, then run its `validate()`."""
+def build_config(cls: type[T], *sources: dict[str, Any], origin: dict[str, str] | None = None) -> T:
+    """Merge sources left to right into a `cls`, checking keys and types, then run its `validate()`. `origin` names the
+    file each field's final value came from (`config_from_args`): a failed relation check says so."""
     names = [field.name for field in dataclasses.fields(cls)]  # type: ignore[arg-type]
     kinds = field_types(cls)
     values: dict[str, Any] = {}
@@ -253,16 +280,32 @@ def build_config(cls: type[T], *sources: dict[str, Any]) -> T:
     config = cls(**values)
     validate = getattr(config, "validate", None)
     if validate is not None:
-        validate()
+        try:
+            validate()
+        except UsageError as error:
+            raise UsageError(name_origins(str(error), origin or {})) from None
     return config
+
+
+def name_origins(message: str, origin: dict[str, str]) -> str:
+    """`message` with the value of each field it names that came from a file marked so: `minibatch_size (8, from
+    configs/x.yaml) must not exceed batch_size (4)`; a field named without its value in brackets gets a note at the end.
+    """
+    for name, where in origin.items():
+        message, marked = re.subn(rf"\b{name} \(([^()]*)\)", lambda m: f"{name} ({m[1]}, from {where})", message)
+        if not marked and re.search(rf"\b{name}\b", message):
+            message += f" ({name} from {where})"
+    return message
 
 
 def config_from_args(cls: type[T], args: argparse.Namespace, extra: tuple[str, ...] = ()) -> T:
     """Build `cls` from `--config FILE` (if given) and the field flags present in `args`."""
     names = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    from_file = read_yaml(args.config) if getattr(args, "config", None) else {}
+    path = getattr(args, "config", None)
+    from_file = read_yaml(path) if path else {}
     from_flags = {k: v for k, v in vars(args).items() if k in names and k not in extra}
-    return build_config(cls, from_file, from_flags)
+    origin = {str(key).replace("-", "_"): path for key in from_file} if path else {}
+    return build_config(cls, from_file, from_flags, origin={k: v for k, v in origin.items() if k not in from_flags})
 
 
 def to_yaml(config: Any) -> str:

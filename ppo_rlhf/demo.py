@@ -6,7 +6,8 @@
   3. reward model  a Bradley-Terry proxy trained on those pairs (LoRA + score head on the policy's backbone), its
                    held-out accuracy, length correlation and learning curve
   4. PPO           runs identical except for beta (0.05 and 0) against the proxy, `evaluations` checkpoints each
-  5. evaluation    start model and every checkpoint of each run on held-out prompts, proxy and gold judge
+  5. evaluation    start model and every checkpoint of each run on held-out prompts, proxy and gold judge (when it
+                   runs again, a model whose key is unchanged keeps its stored records: only new checkpoints sample)
   6. report        the result in words from the numbers, plots, tables and examples in OUT/report/report.html
 
 Every stage writes its outputs under OUT, keyed by the settings it depends on and the stages before it
@@ -39,13 +40,13 @@ from ppo_rlhf.config import (
     build_config,
     to_yaml,
 )
-from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.evaluate import evaluate_runs
+from ppo_rlhf.errors import Interrupted, UsageError, require
 from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.lock import hold
 from ppo_rlhf.pairs import make_pairs, read_pairs
 from ppo_rlhf.pairs import summary_line as pairs_line
+from ppo_rlhf.paths import check_model_name
 from ppo_rlhf.prompts import build_prompts, read_prompts, summary, write_jsonl
-from ppo_rlhf.report import write_report
 from ppo_rlhf.train import train
 from ppo_rlhf.train_config import DtypeName, TrainConfig
 
@@ -128,6 +129,7 @@ class DemoConfig:
             raise UsageError(f"betas must be comma-separated numbers, got {self.betas!r}") from None
         require(all(b in NON_NEGATIVE for b in betas), f"betas must be finite and >= 0, got {self.betas!r}")
         require(len(set(map(run_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
+        check_model_name(self.model)  # a typo is named before any stage starts, and before torch loads
 
 
 QUICK = dict(candidates=64, heldout_candidates=30, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
@@ -181,10 +183,14 @@ class Stages:
     whether it finished. A finished stage with the same key is skipped; an unfinished one (a killed demo) runs again
     with `continuing=True`; a changed key runs it from scratch and names the settings that changed."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, settings_text: str = ""):
         self.record_file = out / "stages.json"
+        # OUT/demo.yaml: the settings, written once a stage has finished with them (an interrupted demo with new
+        # settings leaves the old outputs, and the file that describes them)
+        self.settings_file, self.settings_text = out / "demo.yaml", settings_text
         self.records: dict[str, dict] = json.loads(self.record_file.read_text()) if self.record_file.is_file() else {}
         self.names: list[str] = []  # this demo's stages, in order
+        self.ran: dict[str, float] = {}  # seconds of the stages that ran this time (the others were done already)
 
     def run(self, name: str, settings: dict[str, Any], inputs: list[str], output: Path,
             work: Callable[[bool], object]) -> str:
@@ -199,9 +205,16 @@ class Stages:
         self._save(name, {"key": key, "settings": settings, "finished": False})
         print(f"[{name}] ...{self._reason(record, continuing, settings, output)}", flush=True)
         start = time.perf_counter()
-        work(continuing)
+        try:
+            work(continuing)
+        except KeyboardInterrupt:  # a PPO run's own advice (train --resume) is the demo's to follow, not the user's
+            raise Interrupted(f"stage {name} stopped; running the same command again continues from the finished "
+                              "stages (a PPO run from its latest checkpoint)") from None
         seconds = round(time.perf_counter() - start, 1)
         self._save(name, {"key": key, "settings": settings, "finished": True, "seconds": seconds})
+        self.ran[name] = seconds
+        if self.settings_text:
+            atomic_write_text(self.settings_file, self.settings_text)
         print(f"[{name}] finished in {seconds:.0f}s", flush=True)
         return key
 
@@ -218,6 +231,13 @@ class Stages:
             return f" (settings changed: {', '.join(changed)}; every later stage runs again)"
         return " (its inputs changed)"
 
+    def total_line(self) -> str:
+        """The time of this demo: only the stages that ran count; the skipped ones are named (their outputs reused)."""
+        ran = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in self.ran.items()) or "none"
+        line = f"total {sum(self.ran.values()):.0f}s over the stages that ran: {ran}"
+        skipped = [name for name in self.names if name not in self.ran]
+        return line + (f"; skipped (done already, outputs reused): {', '.join(skipped)}" if skipped else "")
+
     def timings(self) -> dict[str, float]:
         """Seconds of this demo's stages (when each last ran)."""
         return {name: self.records[name]["seconds"] for name in self.names}
@@ -228,15 +248,22 @@ class Stages:
 
 
 def demo(cfg: DemoConfig) -> Path:
-    # lazy: reward_model imports torch; `ppo-rlhf demo` checks its arguments and files without it
+    """The whole study; returns the report folder. OUT is locked meanwhile (lock.py): a second demo in it is refused."""
+    with hold(cfg.out, "demo folder"):
+        return run_stages(cfg)
+
+
+def run_stages(cfg: DemoConfig) -> Path:
+    # lazy: evaluate imports scipy, report matplotlib; `ppo-rlhf demo` checks its arguments and files without them
+    from ppo_rlhf.evaluate import evaluate_runs
+    from ppo_rlhf.report import write_report
     from ppo_rlhf.reward_model import summary_line as reward_model_line
     from ppo_rlhf.reward_model import train_reward_model
     from ppo_rlhf.word_baseline import word_baseline
 
     out = Path(cfg.out).resolve()  # every path the stages save is absolute: runs read from any directory
     out.mkdir(parents=True, exist_ok=True)
-    (out / "demo.yaml").write_text(to_yaml(cfg))
-    stages = Stages(out)
+    stages = Stages(out, to_yaml(cfg))
 
     def settings(stage: str, **extra: Any) -> dict[str, Any]:
         return {name: getattr(cfg, name) for name in STAGE_SETTINGS[stage]} | extra
@@ -298,9 +325,12 @@ def demo(cfg: DemoConfig) -> Path:
         eval_prompts = prompts_dir / "eval.jsonl"
         kept = read_prompts(prompts_dir / "heldout.jsonl")
         write_jsonl(eval_prompts, [{"prompt": p} for p in kept[: cfg.eval_prompts]])
+        # a model whose stage key is unchanged keeps its stored records (the start model's outputs change only with
+        # the proxy's: reward_key, which chains the model and prompts too); only new or changed checkpoints are run
+        model_keys = {None: reward_key} | {d.name: key for d, key in zip(run_dirs, run_keys)}
         evaluate_runs(run_dirs, eval_prompts, eval_dir, proxy=f"rm:{reward_dir}", gold=cfg.gold,
                       replies_per_prompt=cfg.replies_per_prompt, seed=cfg.seed, device=cfg.device,
-                      batch_size=cfg.sample_batch)
+                      batch_size=cfg.sample_batch, model_keys=model_keys)
         print((eval_dir / "evaluation.txt").read_text())
 
     eval_key = stages.run("evaluation", settings("evaluation"), run_keys, eval_dir / "evaluation.json", evaluate)
@@ -319,7 +349,7 @@ def demo(cfg: DemoConfig) -> Path:
     stages.run("report", {"quick": cfg.quick}, [eval_key], report / "report.html", write)
     timings = stages.timings()
     atomic_write_text(out / "timings.json", json.dumps(timings, indent=1))
-    print(f"total {sum(timings.values()):.0f}s over stages: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items()))
+    print(stages.total_line())
     print(f"report: {report / 'report.html'}")
     return report
 

@@ -9,3 +9,13 @@ def require(condition: bool, message: str) -> None:
     """Raise UsageError(message) unless condition holds."""
     if not condition:
         raise UsageError(message)
+
+
+class RunError(Exception):
+    """A run that cannot go on for a reason that is neither bad input nor a bug (a full disk): the CLI prints its
+    message on one line and exits with code 1."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, with what to do next (the latest checkpoint, the command that continues): the CLI prints it after
+    "interrupted" and exits with code 130."""

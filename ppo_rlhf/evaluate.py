@@ -26,13 +26,15 @@ from tqdm import tqdm
 
 from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED, read_yaml
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.paths import require_run_dir
+from ppo_rlhf.paths import check_model_name, require_run_dir
 from ppo_rlhf.prompts import read_prompts
 from ppo_rlhf.stats import distinct_n, paired_bootstrap, pearson, standardize
 from ppo_rlhf.train_config import resolve_device
 
 START = "start"
 JUDGES = ("proxy", "gold")
+# what a record's "kl" is (see _sample_records); the text and the report say it
+KL_ESTIMATE = "k3 estimate of KL(model || start model), summed over each reply's tokens"
 
 
 # ---------------------------------------------------------------- runs and checkpoints
@@ -176,8 +178,26 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def shown_reply(reply: str, limit: int | None = None) -> str:
+    """A reply as evaluation.txt quotes it (repr, clipped to `limit` characters) or the report shows it (whole, as
+    is); an empty one says so, rather than leave a blank."""
+    if not reply.strip():
+        return f"(empty reply{': only whitespace' if reply else ''})"
+    return repr(_clip(reply, limit)) if limit is not None else reply
+
+
 def _signed(value: float, digits: int = 3) -> str:
     return "nan" if np.isnan(value) else f"{value:+.{digits}f}"
+
+
+def length_correlation(s: dict[str, Any]) -> str:
+    """A summary's length correlation, or why it has none (a correlation needs two finished replies that differ)."""
+    if not np.isnan(s["length_corr"]):
+        return _signed(s["length_corr"], 2)
+    finished = round(s["finished"] * s["replies"])
+    if finished < 2:
+        return f"n/a (only {finished} finished {'reply' if finished == 1 else 'replies'}; it needs 2)"
+    return "n/a (the finished replies all have the same length or the same proxy score)"
 
 
 def format_evaluation(summary: list[dict], examples: list[dict], replies_per_checkpoint: int) -> str:
@@ -196,7 +216,8 @@ def format_evaluation(summary: list[dict], examples: list[dict], replies_per_che
         c = s[f"{judge}_change"]
         return f"{judge} change {_signed(c['mean'])} [{_signed(c['lo'])}, {_signed(c['hi'])}]"
 
-    lines = [f"{replies_per_checkpoint} held-out replies per checkpoint (same prompts, same sampling seed)"]
+    lines = [f"{replies_per_checkpoint} held-out replies per checkpoint (same prompts, same sampling seed); "
+             f"KL: the {KL_ESTIMATE}"]
     for s in checkpoints:
         lines.append(
             f"{head(s)} {change(s, 'proxy')}  {change(s, 'gold')}  "
@@ -208,7 +229,7 @@ def format_evaluation(summary: list[dict], examples: list[dict], replies_per_che
     for s in summary:
         lines.append(
             f"{head(s)} distinct-2 {s['distinct_2']:.3f}  entropy {s['entropy']:.3f}  "
-            f"length correlation {_signed(s['length_corr'], 2)}"
+            f"length correlation {length_correlation(s)}"
         )
     if examples:
         lines += ["", "Before and after (proxy and gold in start-model standard deviations)"]
@@ -218,7 +239,7 @@ def format_evaluation(summary: list[dict], examples: list[dict], replies_per_che
             for r in example["replies"]:
                 lines.append(
                     f"  [{r['model']:<{label_width}}] proxy {_signed(r['proxy'], 2)} gold {_signed(r['gold'], 2)} "
-                    f"tokens {r['tokens']:>3} {_clip(r['reply'], 400)!r}"
+                    f"tokens {r['tokens']:>3} {shown_reply(r['reply'], 400)}"
                 )
     return "\n".join(lines) + "\n"
 
@@ -239,6 +260,9 @@ def _sample_records(
 ) -> list[dict]:
     """Sample replies_per_prompt replies per prompt, with per-reply tokens, finished, KL and entropy sum.
 
+    The KL is `KL_ESTIMATE`: per token k3 = r - 1 - log r, r = pi_ref / pi, on the policy's own samples an unbiased
+    estimate of KL(pi || pi_ref) that is never negative (k1, log pi - log pi_ref, is unbiased too but any single
+    reply's sum can be negative, and a mean near zero then printed as "-0.0"), summed over the reply's tokens.
     The policy's log-probs and entropies are the ones generation computed anyway (`record_logprobs`): one forward
     pass per reply fewer. In bf16 they differ from a full forward's by float rounding (the run's `mismatch_kl` per
     token, about 0.002 nats in SmolLM2); the reference's log-probs come from a forward pass of the same tokens.
@@ -247,7 +271,7 @@ def _sample_records(
     import torch
 
     from ppo_rlhf.logprobs import first_reply_position, token_logprobs
-    from ppo_rlhf.objectives import kl_k1, masked_sum
+    from ppo_rlhf.objectives import kl_k3, masked_sum
     from ppo_rlhf.rollout import generate_rollout
 
     label = model_label(run, iteration)
@@ -271,7 +295,7 @@ def _sample_records(
                 ref_logprobs = token_logprobs(model, ids, att, temperature, first=first).cpu()
                 width = ref_logprobs.shape[1]
                 logprobs = rollout.logprobs[rows, :width]
-                kls.append(masked_sum(kl_k1(logprobs, ref_logprobs), part.action_mask, dim=1))
+                kls.append(masked_sum(kl_k3(ref_logprobs, logprobs), part.action_mask, dim=1))  # r = ref / pi
     kl = torch.cat(kls).tolist()
     entropy_sum = entropy_sum.tolist()
     tokens = rollout.reply_lengths.tolist()
@@ -322,6 +346,32 @@ def _common_settings(configs: dict[str, dict[str, Any]], proxy: str | None) -> d
     return settings
 
 
+def stored_records(out_dir: Path, record_settings: dict[str, Any], prompts: list[str],
+                   model_keys: dict[str | None, str]) -> dict[str, list[dict]]:
+    """The records in out_dir/evaluation.json of each model whose stored key equals its run's in `model_keys` (None:
+    the start model's), when they were made with `record_settings` and answer exactly `prompts`, every reply of
+    each: {model label: records}."""
+    path = out_dir / "evaluation.json"
+    if not model_keys or not path.is_file():
+        return {}
+    try:
+        previous = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}  # a damaged file is evaluated anew, not reused
+    made_with = previous.get("settings", {})
+    if any(made_with.get(key) != value for key, value in json.loads(json.dumps(record_settings)).items()):
+        return {}
+    by_model: dict[str, list[dict]] = {}
+    for record in previous.get("records", []):
+        by_model.setdefault(record["model"], []).append(record)
+    complete = [(j, i) for j in range(len(prompts)) for i in range(record_settings["replies_per_prompt"])]
+    return {label: records for label, records in by_model.items()
+            if model_keys.get(records[0]["run"]) is not None
+            and [(r["prompt_index"], r["reply_index"]) for r in records] == complete
+            and all(r.get("key") == model_keys[r["run"]] and r["prompt"] == prompts[r["prompt_index"]]
+                    for r in records)}
+
+
 def _release_memory() -> None:
     import torch  # lazy, as in run()
 
@@ -342,8 +392,16 @@ def evaluate_runs(
     batch_size: int = 16,
     n_examples: int = 3,
     device: str = "auto",
+    model_keys: dict[str | None, str] | None = None,
 ) -> dict[str, Any]:
-    """Evaluate the start model and the chosen checkpoints of each run; write evaluation.json and .txt."""
+    """Evaluate the start model and the chosen checkpoints of each run; write evaluation.json and .txt.
+
+    `model_keys` (the demo's): a key per run name, and under None one for the start model, that changes whenever
+    the run's checkpoints (or the start model) or the proxy change. A model whose key equals the one stored with its
+    records in out_dir/evaluation.json, made with the same settings on the same prompts, keeps those records instead
+    of being sampled and scored again: torch's RNG is reset to `seed` before each model samples, so a model's records
+    do not depend on which models are evaluated with it, and the result is the one a full evaluation gives.
+    """
     require(len(run_dirs) > 0, "give at least one run directory")
     require(replies_per_prompt >= 1, f"--replies-per-prompt must be >= 1, got {replies_per_prompt}")
     require(batch_size >= 1, f"--batch-size must be >= 1, got {batch_size}")
@@ -354,9 +412,13 @@ def evaluate_runs(
         config = read_run_config(run_dir)
         require(name not in configs, f"two runs are named {name!r}; give their folders different names")
         configs[name] = config
-    selected = {run_name(d): select_checkpoints(d, checkpoints) for d in run_dirs}
     settings = _common_settings(configs, proxy)
     prompts = read_prompts(prompts_path)  # every input is checked before the slow imports and model loads
+    for judge in (settings["proxy"], gold):
+        prefix = next((known for known in ("rm:", "rm-init-head:") if judge.startswith(known)), None)
+        if prefix is not None:
+            check_model_name(judge.removeprefix(prefix))
+    selected = {run_name(d): select_checkpoints(d, checkpoints) for d in run_dirs}  # (imports torch)
 
     # lazy: every argument and file is checked above before torch, transformers and the models load
     import torch
@@ -364,43 +426,63 @@ def evaluate_runs(
     from ppo_rlhf.judges import make_judge
     from ppo_rlhf.models import load_causal_lm, load_policy_adapter, load_tokenizer
     from ppo_rlhf.precision import resolve_dtype
+    from ppo_rlhf.trainer import check_prompt_lengths
 
     device = str(resolve_device(device))
-    dtype = resolve_dtype(settings["dtype"], torch.device(device))  # the runs' own setting: "auto" resolves here
-    base = settings["policy_model"]
-    tokenizer = load_tokenizer(base)
-    # the proxy in the runs' dtype: the scores PPO maximised (and bf16 forwards are ~2x faster than fp32 here)
-    judges = {"proxy": make_judge(settings["proxy"], batch_size, device, dtype),
-              "gold": make_judge(gold, batch_size, device)}
-
-    sample = dict(prompts=prompts, replies_per_prompt=replies_per_prompt, settings=settings, seed=seed)
+    # what a record depends on besides its model: records made otherwise are never reused
+    record_settings = {**settings, "gold": gold, "replies_per_prompt": replies_per_prompt, "seed": seed,
+                       "batch_size": batch_size, "device": device, "kl": KL_ESTIMATE}
+    out_dir = Path(out_dir)
     jobs = [(None, None, None)] + [(run, i, folder) for run, found in selected.items() for i, folder in found]
-    records: list[dict] = []
-    for run, iteration, folder in tqdm(jobs, desc="models", unit="model"):
-        if folder is None:
-            model = load_causal_lm(base, dtype).to(device)
-        else:
-            model = load_policy_adapter(base, folder / "policy", dtype).to(device)
-        new = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration, **sample)
-        del model  # one policy in memory at a time
-        _release_memory()
-        texts_prompts, texts = [r["prompt"] for r in new], [r["reply"] for r in new]
-        for judge_name, judge in judges.items():
-            for record, score in zip(new, judge.score(texts_prompts, texts)):
-                record[f"{judge_name}_raw"] = score
-        records.extend(new)
+    stored = stored_records(out_dir, record_settings, prompts, model_keys or {})
+    reused = [model_label(run, iteration) for run, iteration, _ in jobs if model_label(run, iteration) in stored]
+    if reused:
+        print(f"reusing the stored records of {len(reused)} of {len(jobs)} models (keys unchanged): "
+              + ", ".join(reused))
+    pending = [job for job in jobs if model_label(job[0], job[1]) not in stored]
+    new_records: dict[str, list[dict]] = {}
+    if pending:
+        dtype = resolve_dtype(settings["dtype"], torch.device(device))  # the runs' own setting: "auto" resolves here
+        base = settings["policy_model"]
+        tokenizer = load_tokenizer(base)
+        # the proxy in the runs' dtype: the scores PPO maximised (and bf16 forwards are ~2x faster than fp32 here)
+        judges = {"proxy": make_judge(settings["proxy"], batch_size, device, dtype),
+                  "gold": make_judge(gold, batch_size, device)}
+        sample = dict(prompts=prompts, replies_per_prompt=replies_per_prompt, settings=settings, seed=seed)
+
+        def load(folder: Path | None) -> torch.nn.Module:
+            """The start model (no folder) or a checkpoint's policy, on the device."""
+            if folder is None:
+                return load_causal_lm(base, dtype).to(device)
+            return load_policy_adapter(base, folder / "policy", dtype).to(device)
+
+        model = load(pending[0][2])
+        # as train does: a prompt beyond a model's context would be cut, and its replies would mean nothing
+        judge_models = [getattr(judge, "model", None) for judge in judges.values()]
+        check_prompt_lengths(str(prompts_path), tokenizer, [model, *judge_models], settings["max_new_tokens"])
+        for k, (run, iteration, folder) in enumerate(tqdm(pending, desc="models", unit="model")):
+            model = model if k == 0 else load(folder)
+            new = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration, **sample)
+            del model  # one policy in memory at a time
+            _release_memory()
+            texts_prompts, texts = [r["prompt"] for r in new], [r["reply"] for r in new]
+            for judge_name, judge in judges.items():
+                for record, score in zip(new, judge.score(texts_prompts, texts)):
+                    record[f"{judge_name}_raw"] = score
+            for record in new:
+                record["key"] = (model_keys or {}).get(run)
+            new_records[model_label(run, iteration)] = new
+    by_label = stored | new_records
+    records = [record for run, iteration, _ in jobs for record in by_label[model_label(run, iteration)]]
 
     norms = standardize_records(records, settings["unfinished_score"])
     summary = summarize(records)
     examples = before_after(records, n_examples)
     result = {
         "settings": {
-            **settings,
-            "gold": gold,
+            **record_settings,
             "prompts": str(Path(prompts_path).resolve()),  # absolute, like every saved path
             "n_prompts": len(prompts),
-            "replies_per_prompt": replies_per_prompt,
-            "seed": seed,
             "checkpoints": checkpoints,
             "runs": {name: str(d.resolve()) for name, d in zip(configs, run_dirs)},
         },
@@ -409,7 +491,6 @@ def evaluate_runs(
         "examples": examples,
         "records": records,
     }
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "evaluation.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     (out_dir / "evaluation.txt").write_text(format_evaluation(summary, examples, len(prompts) * replies_per_prompt))

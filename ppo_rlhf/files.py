@@ -6,6 +6,7 @@ kill) and rename it into place.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Iterator
@@ -51,3 +52,15 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     os.replace(path, old)
     os.replace(tmp, path)
     shutil.rmtree(old)
+
+
+def disk_full(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from or during, is a full disk (or quota): an OSError ENOSPC /
+    EDQUOT, or a library's own error whose message carries the OS's words (safetensors writes from Rust)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False

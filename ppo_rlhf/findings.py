@@ -67,7 +67,9 @@ def run_sentence(label: str, row: dict[str, Any]) -> str:
         return sentence + f"; the proxy's own change, {_interval(proxy)}, was not distinguishable from zero{also}."
     sentence += f"; the proxy claimed {_interval(proxy)}"
     if claim == "down":
-        return sentence + ", a fall: PPO did not even raise the score it maximised."
+        return sentence + (", a fall: on held-out prompts PPO did not even raise the score it maximised (the "
+                           "training dashboard's score, which may well have risen, is measured on the training "
+                           "batches, on prompts PPO trained on).")
     if direction(gold) == "down":
         return sentence + ", so none of the claimed gain was real: the gold score fell while the proxy rose."
     if direction(gold) == "unclear":  # a share of a change indistinguishable from zero means little; its bound does

@@ -9,7 +9,9 @@ composite of two classic text classifiers:
 "friendly and clean": VADER's compound sentiment of the reply in [-1, 1], and profanity-check's
 probability that the reply is offensive, mapped to [-1, 1] so that both halves weigh the same.
 Any Hugging Face sequence-classification reward model (e.g. Skywork/Skywork-Reward-V2-Qwen3-0.6B) or a
-reward-model folder we trained can be a judge too: `make_judge("rm:NAME")`.
+reward-model folder we trained can be a judge too: `make_judge("rm:NAME")`. A model without a trained score head (a
+plain causal LM) is refused there; `rm-init-head:NAME` accepts it with a random head (its scores are noise: for tests
+of the machinery only).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from typing import Protocol
 import torch
 
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.models import load_reward_model, load_tokenizer
+from ppo_rlhf.models import NoScoreHead, load_reward_model, load_tokenizer
 from ppo_rlhf.scores import score_texts
 
-JUDGE_SPECS = "vader, nontoxic, gold, rm:PATH_OR_HUB_ID (or a reward-model folder)"
+JUDGE_SPECS = "vader, nontoxic, gold, rm:PATH_OR_HUB_ID (or a reward-model folder), rm-init-head:PATH_OR_HUB_ID"
+INIT_HEAD_PREFIX = "rm-init-head:"  # a model without a trained score head, given a random one on purpose
 
 
 class Judge(Protocol):
@@ -94,15 +97,20 @@ class GoldJudge:
 
 class RewardModelJudge:
     """A sequence-classification reward model (our trained folder or a hub id), with its own tokenizer and
-    chat template; each (prompt, reply) is scored at the reply's closing EOS, as during training."""
+    chat template; each (prompt, reply) is scored at the reply's closing EOS, as during training. A model without a
+    trained score head is refused unless `init_score_head` (spec rm-init-head:)."""
 
     def __init__(self, model_name_or_folder: str, batch_size: int = 16, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
-        self.name = f"rm:{model_name_or_folder}"
+                 dtype: torch.dtype = torch.float32, init_score_head: bool = False) -> None:
+        self.name = f"{INIT_HEAD_PREFIX if init_score_head else 'rm:'}{model_name_or_folder}"
         self.batch_size = batch_size
         self.device = device
         self.tokenizer = load_tokenizer(model_name_or_folder)
-        self.model = load_reward_model(model_name_or_folder, dtype).to(device)
+        try:
+            self.model = load_reward_model(model_name_or_folder, dtype, init_score_head=init_score_head).to(device)
+        except NoScoreHead as error:
+            raise NoScoreHead(f"judge {self.name}: {error} (the judge {INIT_HEAD_PREFIX}{model_name_or_folder} starts "
+                              "from a random head on purpose)") from None
 
     def score(self, prompts: list[str], replies: list[str]) -> list[float]:
         require(len(prompts) == len(replies), f"{len(prompts)} prompts but {len(replies)} replies")
@@ -114,7 +122,8 @@ class RewardModelJudge:
 
 def make_judge(spec: str, batch_size: int = 16, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Judge:
     """A judge from its name: "vader", "nontoxic", "gold", "rm:PATH_OR_ID", or a reward-model folder (whose frozen
-    weights are stored in `dtype`: the evaluation scores with the proxy in the dtype PPO trained against)."""
+    weights are stored in `dtype`: the evaluation scores with the proxy in the dtype PPO trained against);
+    "rm-init-head:PATH_OR_ID" accepts a model without a trained score head (random scores)."""
     if spec == "vader":
         return VaderJudge()
     if spec == "nontoxic":
@@ -124,6 +133,10 @@ def make_judge(spec: str, batch_size: int = 16, device: str = "cpu", dtype: torc
     if spec.startswith("rm:"):
         require(len(spec) > 3, "judge rm: needs a reward-model folder or hub id, e.g. rm:runs/rm")
         return RewardModelJudge(spec[3:], batch_size=batch_size, device=device, dtype=dtype)
+    if spec.startswith(INIT_HEAD_PREFIX):
+        name = spec.removeprefix(INIT_HEAD_PREFIX)
+        require(bool(name), f"judge {INIT_HEAD_PREFIX} needs a model folder or hub id, e.g. {INIT_HEAD_PREFIX}smollm2")
+        return RewardModelJudge(name, batch_size=batch_size, device=device, dtype=dtype, init_score_head=True)
     if Path(spec).expanduser().is_dir():
         return RewardModelJudge(spec, batch_size=batch_size, device=device, dtype=dtype)
     raise UsageError(f"unknown judge {spec!r}; choose from {JUDGE_SPECS}")

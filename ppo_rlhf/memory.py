@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ppo_rlhf.config import POSITIVE_INT
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.paths import check_model_name
 
 GB = 1e9
 PRECISIONS = {  # name -> (bytes per trained parameter, bytes per frozen parameter)
@@ -175,6 +176,15 @@ def activation_estimate(shape: ModelShape, batch: int, seq_len: int, vocab: int)
 
 def shape_from_config(source: str) -> ModelShape:
     """Count a model's parameters from its config alone, by building it on the meta device."""
+    if source.endswith(".json"):
+        require(Path(source).expanduser().is_file(), f"--config: no such file: {source}")
+    else:  # what can be checked without torch is checked first: a typo costs no import
+        try:
+            check_model_name(source)
+        except UsageError as error:
+            raise UsageError(f"--config: {error}") from None
+        require(not Path(source).expanduser().is_dir() or (Path(source).expanduser() / "config.json").is_file(),
+                f"--config: {source} has no config.json (an adapter folder? give its base model)")
     # lazy: `ppo-rlhf memory` without --params/--config needs neither torch nor transformers
     import torch
     from torch import nn
@@ -184,14 +194,11 @@ def shape_from_config(source: str) -> ModelShape:
 
     if source.endswith(".json"):
         where = str(Path(source).expanduser())
-        require(Path(where).is_file(), f"--config: no such file: {source}")
     else:
         try:
             where = resolve_model_path(source)  # "smollm2", a .gguf file, a folder or a hub id, as `train` takes them
         except UsageError as error:
             raise UsageError(f"--config: {error}") from None
-        require(not Path(where).is_dir() or (Path(where) / "config.json").is_file(),
-                f"--config: {source} has no config.json (an adapter folder? give its base model)")
     try:
         config = AutoConfig.from_pretrained(where)
         with torch.device("meta"):

@@ -166,35 +166,68 @@ def load_causal_lm(name: str, dtype: torch.dtype = torch.float32, trust_remote_c
     return _finish(model, dtype)
 
 
+class NoScoreHead(UsageError):
+    """A reward or value model without a trained score head: its scores would come from a random head. Callers add
+    how to opt in (`init_score_head`, the judge spec rm-init-head:)."""
+
+
+def _no_score_head(name: str, found: str) -> NoScoreHead:
+    return NoScoreHead(f"{name} is {found} without a trained score head, so its scores would be random; give a folder "
+                       "from `ppo-rlhf reward-model train` or a sequence-classification model with one output")
+
+
+def _classifier_config(path: str, name: str, trust_remote_code: bool) -> tuple[bool, str]:
+    """(is it a sequence classifier, its architecture's name) from a model's config.json; a classifier must have one
+    label."""
+    config = _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
+    architecture = ", ".join(config.architectures or []) or config.model_type
+    is_classifier = any(arch.endswith("ForSequenceClassification") for arch in config.architectures or [])
+    require(not is_classifier or config.num_labels == 1, f"{name} has {config.num_labels} output labels, need 1")
+    return is_classifier, architecture
+
+
 def load_sequence_classifier(
-    name: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+    name: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False, init_score_head: bool = False
 ) -> PreTrainedModel:
-    """A one-output sequence classifier: a reward model folder, a causal LM (its score head starts random),
-    or a PEFT adapter folder written by our reward-model trainer (LoRA + score head, merged here)."""
+    """A one-output sequence classifier: a reward model folder, or a PEFT adapter folder written by our reward-model
+    trainer (LoRA + score head, merged here). A model without a trained score head (a causal LM, or a classifier whose
+    weights lack the head) is refused with `NoScoreHead` unless `init_score_head`: then its head starts random (the
+    reward-model trainer's start, which trains it)."""
     path = resolve_model_path(name)
     base = _adapter_base(path)
     if base is not None:
-        model = load_sequence_classifier(base, torch.float32, trust_remote_code)  # merged in fp32, then cast
+        adapter = json.loads((Path(path) / "adapter_config.json").read_text())
+        head_in_adapter = "score" in (adapter.get("modules_to_save") or [])  # PEFT saves the trained head's copy
+        if not (head_in_adapter or init_score_head):
+            is_classifier, architecture = _classifier_config(resolve_model_path(base), base, trust_remote_code)
+            if not is_classifier:
+                raise _no_score_head(name, f"an adapter on a causal LM ({architecture}, {base})")
+        # merged in fp32, then cast
+        model = load_sequence_classifier(base, torch.float32, trust_remote_code, init_score_head or head_in_adapter)
         try:
             model = PeftModel.from_pretrained(model, path).merge_and_unload()
         except (OSError, ValueError, RuntimeError) as error:
             raise UsageError(f"cannot apply the adapter {name} to {base}: {_first_line(error)}") from error
         return _finish(model, dtype)
-    config = _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
-    is_classifier = any(arch.endswith("ForSequenceClassification") for arch in config.architectures or [])
-    # A classifier keeps its head (and must have one label); a causal LM gets a fresh one-output head.
-    require(not is_classifier or config.num_labels == 1, f"{name} has {config.num_labels} output labels, need 1")
+    is_classifier, architecture = _classifier_config(path, name, trust_remote_code)
+    if not (is_classifier or init_score_head):  # refused before its weights load
+        raise _no_score_head(name, f"a causal LM ({architecture})")
     # A causal LM has no score head: transformers' load report of the fresh head is expected noise here.
     verbosity = transformers_logging.get_verbosity()
     if not is_classifier:
         transformers_logging.set_verbosity_error()
     try:
-        model = _from_pretrained(
+        model, loading = _from_pretrained(
             AutoModelForSequenceClassification, path, dtype=torch.float32, trust_remote_code=trust_remote_code,
-            num_labels=1,
+            num_labels=1, output_loading_info=True,
         )
     finally:
         transformers_logging.set_verbosity(verbosity)
+    # a classifier's checkpoint can lack its head too (saved from a causal LM under a classifier's config)
+    body = f"{model.base_model_prefix}."
+    fresh = [key for key in loading["missing_keys"] if not key.startswith(body)]
+    if fresh and not init_score_head:
+        raise _no_score_head(name, f"a {architecture} whose weights lack {', '.join(sorted(fresh))}")
     if model.config.pad_token_id is None:
         model.config.pad_token_id = load_tokenizer(path, trust_remote_code).pad_token_id
     return _finish(model, dtype)
@@ -252,20 +285,21 @@ def load_policy(
 
 
 def load_reward_model(
-    name: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+    name: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False, init_score_head: bool = False
 ) -> PreTrainedModel:
-    """The frozen reward model."""
-    model = load_sequence_classifier(name, dtype, trust_remote_code)
+    """The frozen reward model (`init_score_head`: see `load_sequence_classifier`)."""
+    model = load_sequence_classifier(name, dtype, trust_remote_code, init_score_head)
     model.requires_grad_(False)
     return model
 
 
 def load_value_model(
-    reward_name: str, lora: LoraSettings, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+    reward_name: str, lora: LoraSettings, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False,
+    init_score_head: bool = False,
 ) -> PeftModel:
     """The reward model with LoRA and a trainable copy of its score head (spec 8.7); with the adapter off
-    (`disable_adapter()`) it is the reward model again."""
-    return add_value_lora(load_sequence_classifier(reward_name, dtype, trust_remote_code), lora)
+    (`disable_adapter()`) it is the reward model again (`init_score_head`: see `load_sequence_classifier`)."""
+    return add_value_lora(load_sequence_classifier(reward_name, dtype, trust_remote_code, init_score_head), lora)
 
 
 def load_policy_adapter(base_name: str, adapter_dir: str | Path, dtype: torch.dtype = torch.float32) -> PeftModel:

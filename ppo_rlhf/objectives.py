@@ -89,10 +89,15 @@ def kl_k3(new_logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
-def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str, mask: Tensor) -> Tensor:
     """Per-token estimate of KL(p || ref) on tokens sampled from p: k1 = log p - log ref, k2 = 0.5 (log p - log ref)^2,
-    k3 = ref/p - 1 - log(ref/p) (`kl_k3` with r = ref / p)."""
+    k3 = ref/p - 1 - log(ref/p) (`kl_k3` with r = ref / p); 0 where mask == 0.
+
+    Positions off the reply are zeroed before the estimate, as in `clipped_policy_loss`: a padding position whose two
+    log-probs differ by more than ~88 nats would overflow k3's exp to inf, and inf times the zero gradient a masked
+    loss sends there is nan, in every gradient of the step. Reply positions compute exactly the same floats."""
     require(estimator in KL_ESTIMATORS, f"kl_estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    logprobs, ref_logprobs = _zero_masked(logprobs, mask), _zero_masked(ref_logprobs, mask)
     if estimator == "k1":
         return kl_k1(logprobs, ref_logprobs)
     if estimator == "k2":
@@ -246,7 +251,7 @@ def per_token_rewards(
     """Section 8.6's shaped reward: -beta * KL_t on every reply token, plus the score on the last one, with KL_t the
     `estimator` of `kl_estimate` (k1 = log pi_old - log pi_ref, the chapter's). Returns (rewards, kl), both 0 where
     mask == 0. beta = 0 leaves the KL out of the rewards (`kl_in: loss`)."""
-    kl = _zero_masked(kl_estimate(logprobs, ref_logprobs, estimator), mask)
+    kl = kl_estimate(logprobs, ref_logprobs, estimator, mask)
     rewards = -beta * kl
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last_token_index(mask)] += scores.to(rewards.dtype)

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from ppo_rlhf.config import NON_NEGATIVE, POSITIVE_FLOAT, POSITIVE_INT, SEED, Checked
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.paths import check_model_name
 from ppo_rlhf.prompts import message_text, read_jsonl, read_prompts, write_jsonl
 from ppo_rlhf.train_config import DTYPE_NAMES
 
@@ -70,13 +71,6 @@ def make_pairs(
 ) -> dict:
     """Sample replies_per_prompt replies per prompt, pair every two whose gold scores differ by more than
     min_margin, write the pairs JSONL; return the counts."""
-    # lazy: `ppo-rlhf pairs` checks its arguments and files before torch and transformers load
-    import torch
-
-    from ppo_rlhf.judges import make_judge
-    from ppo_rlhf.models import load_causal_lm, load_tokenizer
-    from ppo_rlhf.rollout import generate_rollout
-
     if not isinstance(prompts, list):
         prompts = read_prompts(prompts)
     require(bool(prompts), "no prompts to make pairs from")
@@ -84,6 +78,14 @@ def make_pairs(
     require(batch_size >= 1, f"batch size must be >= 1, got {batch_size}")
     require(replies_per_prompt >= 2, f"--replies-per-prompt must be >= 2 to make a pair, got {replies_per_prompt}")
     require(min_margin >= 0, f"--min-margin must be >= 0, got {min_margin}")
+    check_model_name(model)
+    # lazy: `ppo-rlhf pairs` checks its arguments and files (above) before torch and transformers load
+    import torch
+
+    from ppo_rlhf.judges import make_judge
+    from ppo_rlhf.models import load_causal_lm, load_tokenizer
+    from ppo_rlhf.rollout import generate_rollout
+
     judge = make_judge(judge_spec)
     tokenizer = load_tokenizer(model)
     from ppo_rlhf.precision import resolve_dtype
@@ -114,7 +116,7 @@ def make_pairs(
             chosen_longer += lengths[win] > lengths[lose]
             rows.append(dict(zip(PAIR_FIELDS, (prompt, texts[win], texts[lose], scores[win], scores[lose]))))
     if not rows:
-        raise UsageError(f"no usable pair among {len(prompts)} prompts ({close} ties or within --min-margin "
+        raise UsageError(f"no usable pair among {counted(len(prompts), 'prompt')} ({close} ties or within --min-margin "
                          f"{min_margin:g}, {unfinished} with a cut-off reply)")
     write_jsonl(out_path, rows)
     return {
@@ -133,9 +135,15 @@ def make_pairs(
     }
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """`1 prompt`, `3 prompts`; `1 reply`, `2 replies` (given the irregular plural)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def summary_line(info: dict) -> str:
     """The counts of `make_pairs` in words, one line (for `ppo-rlhf pairs` and the demo)."""
-    return (f"pairs: {info['pairs']} from {info['prompts']} prompts x {info['replies_per_prompt']} replies "
+    return (f"pairs: {info['pairs']} from {counted(info['prompts'], 'prompt')} x "
+            f"{counted(info['replies_per_prompt'], 'reply', 'replies')} "
             f"({info['close']} with a gold margin <= {info['min_margin']:g} and {info['cut_off']} with a cut-off reply "
             f"skipped); {info['judge']} judge scores chosen {info['mean_score_chosen']:+.3f}, rejected "
             f"{info['mean_score_rejected']:+.3f}; chosen reply longer in {info['chosen_longer_fraction']:.0%}")

@@ -46,3 +46,23 @@ def check_model_name(name: str) -> None:
     else:
         require(not path.is_file(), f"{name} is a file, not a model folder (nor a .gguf file)")
         require(not looks_like_path(name), f"model folder {name} not found")
+
+
+def demo_output_hint(flag: str, name: str) -> str:
+    """What writes a missing `name` inside a demo's folder (configs/smollm2_offline.yaml reads runs/demo/reward_model),
+    and the other demo's copy to pass instead: `; `make demo` writes it, or use --reward-model
+    runs/demo-quick/reward_model (written by `make demo-quick`)`. "" for any other path."""
+    path = Path(name)
+    demo = next((folder for folder in path.parents if folder.name.startswith("demo")), None)
+    if demo is None or path.exists():
+        return ""
+
+    def writer(folder: Path, quick: bool) -> str:
+        make = {Path("runs/demo"): "`make demo`", Path("runs/demo-quick"): "`make demo-quick`"}
+        return make.get(folder, f"`ppo-rlhf demo {'--quick ' if quick else ''}--out {folder}`")
+
+    quick = demo.name == "demo-quick"
+    other = demo.with_name("demo" if quick else "demo-quick")
+    instead = other / path.relative_to(demo)
+    written = "" if instead.exists() else f" (written by {writer(other, not quick)})"
+    return f"; {writer(demo, quick)} writes it, or use {flag} {instead}{written}"

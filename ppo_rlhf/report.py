@@ -14,6 +14,7 @@ import base64
 import html
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from matplotlib.ticker import MaxNLocator
 
 from ppo_rlhf.dashboard import DASHBOARD
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.evaluate import length_correlation, shown_reply
 
 EDGE_ITERATIONS = 5  # "first five and last five iterations"
 
@@ -50,6 +52,20 @@ def read_history(run_dir: Path) -> list[dict[str, Any]]:
             raise UsageError(f"{path}:{number}: not valid JSON") from None
     require(bool(rows), f"{path} is empty")
     return rows
+
+
+def machine_sentence(run_dirs: list[Path]) -> str | None:
+    """What each run's settings resolved to on its machine (run_info.json, written by `train` at its latest start):
+    "ppo: dtype auto -> float32 (no AVX512-BF16/AMX-BF16 on this CPU), 2 threads, device cpu"; None if no run has it."""
+    parts = []
+    for run_dir in run_dirs:
+        try:
+            info = json.loads((run_dir / "run_info.json").read_text())
+            parts.append(f"{run_dir.resolve().name}: dtype {info['dtype_note']}, {info['threads']} threads, device "
+                         f"{info['device']}")
+        except (OSError, ValueError, KeyError, TypeError):  # older runs have none; the report does not need it
+            continue
+    return "Run settings on their machine: " + "; ".join(parts) + "." if parts else None
 
 
 def read_evaluation(eval_dir: Path) -> dict[str, Any]:
@@ -190,9 +206,11 @@ def learning_curve_figure(curve: list[dict]) -> Figure:
     axis.axhline(0.5, color="grey", linewidth=0.8, linestyle=":", label="chance")
     axis.axhline(TARGET_RM_ACCURACY, color="grey", linewidth=0.8, linestyle="--", label="target")
     axis.set_xlabel("training pairs seen")
-    axis.set_ylabel("held-out accuracy (share of pairs ranked like the gold judge)")
+    # two lines: in one, the label is longer than the axis is high, and the figure cuts both of its ends off
+    axis.set_ylabel("held-out accuracy\n(share of pairs ranked like the gold judge)")
     axis.set_title("Does the reward model learn the gold judge's preferences?", fontsize=10)
-    axis.set_ylim(0, 1)
+    axis.set_ylim(-0.04, 1.04)  # an accuracy of 0 or 1 drawn on the frame would hide in it: a margin around [0, 1]
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # pairs are counted
     axis.grid(alpha=0.3)
     axis.legend(fontsize=9)
     return figure
@@ -206,11 +224,14 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def history_table(histories: dict[str, list[dict]]) -> tuple[list[str], list[list[str]]]:
-    """Each run's dashboard averaged over its first and its last EDGE_ITERATIONS iterations."""
+    """Each run's dashboard averaged over its first and its last EDGE_ITERATIONS iterations; one row, over all of
+    them, for a run too short to have two such spans that do not overlap (they would repeat each other)."""
     header = ["run", "iterations"] + [label for _, label, _ in DASHBOARD]
     rows = []
     for name, history in histories.items():
         edges = [("first", history[:EDGE_ITERATIONS]), ("last", history[-EDGE_ITERATIONS:])]
+        if len(history) < 2 * EDGE_ITERATIONS:
+            edges = [("all", history)]
         for which, part in edges:
             cells = [name, f"{which} {len(part)}"]
             for key, _, spec in DASHBOARD:
@@ -230,7 +251,7 @@ def evaluation_table(summary: list[dict]) -> tuple[list[str], list[list[str]]]:
     rows = [
         [s["model"], interval(s["proxy_change"]), interval(s["gold_change"]), _fmt(s["proxy_eos"], "+.3f"),
          _fmt(s["finished"], ".2f"), _fmt(s["tokens"], ".1f"), _fmt(s["kl"], ".2f"), _fmt(s["distinct_2"], ".3f"),
-         _fmt(s["entropy"], ".3f"), _fmt(s["length_corr"], "+.2f")]
+         _fmt(s["entropy"], ".3f"), length_correlation(s)]
         for s in summary
     ]
     return header, rows
@@ -238,7 +259,7 @@ def evaluation_table(summary: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 def example_table(example: dict) -> tuple[list[str], list[list[str]]]:
     header = ["model", "proxy", "gold", "tokens", "reply"]
-    rows = [[r["model"], _fmt(r["proxy"], "+.2f"), _fmt(r["gold"], "+.2f"), str(r["tokens"]), r["reply"]]
+    rows = [[r["model"], _fmt(r["proxy"], "+.2f"), _fmt(r["gold"], "+.2f"), str(r["tokens"]), shown_reply(r["reply"])]
             for r in example["replies"]]
     return header, rows
 
@@ -311,16 +332,27 @@ def render_html(title: str, blocks: list[Block], image_dir: Path) -> str:
 # ---------------------------------------------------------------- the report
 
 
+def shown_spec(spec: Any, out_dir: Path) -> str:
+    """A judge or model as the page names it: an absolute local path (the evaluation saves them so) relative to the
+    report's folder, so that the page reads the same wherever the study's folder is."""
+    text = str(spec)
+    prefix = next((p for p in ("rm:", "rm-init-head:") if text.startswith(p)), "")
+    path = text.removeprefix(prefix)
+    return prefix + (os.path.relpath(path, out_dir.resolve()) if Path(path).is_absolute() else path)
+
+
 def _evaluation_blocks(evaluation: dict[str, Any], out_dir: Path) -> list[Block]:
     summary = evaluation["summary"]
     settings = evaluation.get("settings", {})
     blocks: list[Block] = [("h2", "Scores on held-out prompts, against the start model")]
     if settings:
+        kl = f" KL: the {settings['kl']}." if "kl" in settings else ""  # (evaluations before issue 29 do not say)
+        proxy, gold = (shown_spec(settings.get(judge), out_dir) for judge in ("proxy", "gold"))
         blocks.append(("p", f"{settings.get('n_prompts')} held-out prompts x {settings.get('replies_per_prompt')} "
-                            f"replies per model, sampling seed {settings.get('seed')}; proxy {settings.get('proxy')}, "
-                            f"gold {settings.get('gold')}. Scores in start-model standard deviations; changes are "
-                            "paired with the start model's reply to the same prompt; their 95% intervals resample "
-                            "prompts (all replies of a drawn prompt together)."))
+                            f"replies per model, sampling seed {settings.get('seed')}; proxy {proxy}, gold {gold}"
+                            ". Scores in start-model standard deviations; changes are paired with the start model's "
+                            "reply to the same prompt; their 95% intervals resample prompts (all replies of a drawn "
+                            f"prompt together).{kl}"))
     blocks.append(("table", *evaluation_table(summary)))
     if any(s["run"] is not None for s in summary):
         overoptimisation_figure(summary).savefig(out_dir / "overoptimisation.png", dpi=100)
@@ -389,6 +421,8 @@ def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_di
                                      "history.jsonl and the table below"),
             ("table", *history_table(histories)),
         ]
+        machines = machine_sentence(list(map(Path, run_dirs)))
+        blocks += [("p", machines)] if machines else []
     if evaluation is not None:
         blocks += _evaluation_blocks(evaluation, out_dir)
     for run_dir in map(Path, run_dirs):

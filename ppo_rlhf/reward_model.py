@@ -23,28 +23,21 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked, FieldType
 from ppo_rlhf.errors import require
 from ppo_rlhf.files import atomic_directory
-from ppo_rlhf.models import (
-    LoraSettings,
-    add_value_lora,
-    count_parameters,
-    load_sequence_classifier,
-    load_tokenizer,
-    resolve_model_path,
-)
 from ppo_rlhf.pairs import pair_from_record, read_pairs
-from ppo_rlhf.precision import dtype_name, resolve_dtype
+from ppo_rlhf.paths import check_model_name
 from ppo_rlhf.prompts import load_hf_dataset
-from ppo_rlhf.scores import reward_inputs, reward_scores
 from ppo_rlhf.stats import pearson
 from ppo_rlhf.train_config import DTYPE_NAMES, resolve_device
+
+if TYPE_CHECKING:  # torch, transformers and the models are imported where used: `reward-model train` checks its
+    import torch  # files before they load
 
 
 def load_pair_source(source: str) -> list[dict]:
@@ -65,6 +58,10 @@ def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torc
     make up to K(K-1)/2 pairs from K forward passes instead of K(K-1) (InstructGPT trains on all comparisons of
     a prompt as one batch element for this reason).
     """
+    import torch
+
+    from ppo_rlhf.scores import reward_inputs, reward_scores
+
     conversations = [(p["prompt"], p["chosen"]) for p in pairs] + [(p["prompt"], p["rejected"]) for p in pairs]
     distinct = list(dict.fromkeys(conversations))
     row = {conversation: k for k, conversation in enumerate(distinct)}
@@ -81,6 +78,8 @@ def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torc
 def prompt_order(pairs: list[dict], generator: torch.Generator) -> list[int]:
     """Pair indices in a random order of prompts, the pairs of one prompt together (in random order too), so that
     a batch holds several pairs of a prompt and pair_scores scores each of their replies once."""
+    import torch
+
     groups: dict[str, list[int]] = {}
     for k, pair in enumerate(pairs):
         groups.setdefault(pair["prompt"], []).append(k)
@@ -93,6 +92,8 @@ def prompt_order(pairs: list[dict], generator: torch.Generator) -> list[int]:
 
 def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int]:
     """The longer of each pair's two conversations, in tokens."""
+    from ppo_rlhf.scores import reward_inputs
+
     longest = []
     for start in tqdm(range(0, len(pairs), chunk), desc="tokenizing pairs", leave=False):
         part = pairs[start : start + chunk]
@@ -104,13 +105,15 @@ def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int
     return longest
 
 
-@torch.no_grad()
 def evaluate_pairs(model, tokenizer, pairs: list[dict], batch_size: int) -> dict:
     """Pair accuracy, mean margin, and the length bias: corr(len(chosen) - len(rejected), r_chosen - r_rejected)."""
+    import torch
+
     model.eval()
     margins, length_gaps = [], []
     for start in range(0, len(pairs), batch_size):
-        chosen, rejected, gap = pair_scores(model, tokenizer, pairs[start : start + batch_size])
+        with torch.no_grad():
+            chosen, rejected, gap = pair_scores(model, tokenizer, pairs[start : start + batch_size])
         margins += (chosen - rejected).tolist()
         length_gaps += gap.tolist()
     corr = pearson(length_gaps, margins)
@@ -168,6 +171,22 @@ def train_reward_model(
     require(0 < heldout_fraction < 1, f"--heldout-fraction must be in (0, 1), got {heldout_fraction}")
     started = time.time()
     pairs = load_pair_source(str(pairs_source))
+    given = None if heldout_source is None else load_pair_source(str(heldout_source))
+    check_model_name(base)
+    # lazy: the files and the model name are checked above, before torch and transformers load
+    import torch
+    import torch.nn.functional as F
+
+    from ppo_rlhf.models import (
+        LoraSettings,
+        add_value_lora,
+        count_parameters,
+        load_sequence_classifier,
+        load_tokenizer,
+        resolve_model_path,
+    )
+    from ppo_rlhf.precision import dtype_name, resolve_dtype
+
     tokenizer = load_tokenizer(base)
 
     def fitting(pairs: list[dict]) -> list[dict]:
@@ -176,14 +195,13 @@ def train_reward_model(
 
     usable = fitting(pairs)
     random.Random(seed).shuffle(usable)
-    if heldout_source is None:
+    if given is None:
         require(len(usable) >= 2, f"{len(usable)} of {len(pairs)} pairs fit in --max-length {max_length}; need 2")
         n_heldout = max(1, round(heldout_fraction * len(usable)))
         require(len(usable) - n_heldout >= 1, f"no training pairs left after holding out {n_heldout} of {len(usable)}")
         heldout, train = usable[:n_heldout], usable[n_heldout:]
         dropped = len(pairs) - len(usable)
     else:
-        given = load_pair_source(str(heldout_source))
         heldout, train = fitting(given), usable
         require(len(train) >= 1, f"none of {len(pairs)} pairs fits in --max-length {max_length}")
         require(len(heldout) >= 1, f"none of {len(given)} held-out pairs fits in --max-length {max_length}")
@@ -193,7 +211,7 @@ def train_reward_model(
     device = resolve_device(device or "auto")
     # a half dtype stores the frozen backbone in it; LoRA and the score head (what is saved) train in fp32
     frozen_dtype = resolve_dtype(dtype, device)
-    model = add_value_lora(load_sequence_classifier(base, frozen_dtype),
+    model = add_value_lora(load_sequence_classifier(base, frozen_dtype, init_score_head=True),  # trained below
                            LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank, top_layers=lora_layers))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]

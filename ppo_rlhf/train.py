@@ -4,8 +4,10 @@ the per-token table, samples, atomic checkpoints and `--resume`."""
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
+import shlex
 import shutil
 import sys
 from collections.abc import Callable
@@ -16,8 +18,9 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
 from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
-from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.errors import Interrupted, UsageError, require
 from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.lock import hold
 from ppo_rlhf.paths import require_run_dir
 from ppo_rlhf.train_config import TrainConfig
 
@@ -125,8 +128,31 @@ def saved_config(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, **files, **models)
 
 
+def record_machine(trainer: PPOTrainer, run_dir: Path, log: Callable[[str], None]) -> None:
+    """What this machine made of the settings, as one line at the start and in run_info.json (config.yaml keeps the
+    settings as given, e.g. `dtype: auto`; a resumed run records the machine it continues on)."""
+    import torch  # lazy (see train())
+
+    from ppo_rlhf.precision import describe_dtype, dtype_name
+
+    cfg = trainer.cfg
+    info = {"dtype": cfg.dtype, "resolved_dtype": dtype_name(trainer.dtype),
+            "dtype_note": describe_dtype(cfg.dtype, trainer.device), "threads": torch.get_num_threads(),
+            "device": str(trainer.device)}
+    log(f"dtype {info['dtype_note']}, {info['threads']} threads, device {info['device']}")
+    if trainer.dist.is_main:
+        atomic_write_text(run_dir / "run_info.json", json.dumps(info, indent=1))
+
+
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
-    """Run (or continue) PPO; returns the run directory."""
+    """Run (or continue) PPO; returns the run directory. The run directory is locked meanwhile (lock.py): a second
+    `train` of it is refused. Ctrl-C raises `Interrupted`, which names the latest checkpoint and the command that
+    continues."""
+    with hold(cfg.out):
+        return train_locked(cfg, resume)
+
+
+def train_locked(cfg: TrainConfig, resume: bool) -> Path:
     # lazy: `ppo-rlhf train` checks its config and files before torch, transformers and peft load
     from ppo_rlhf.trainer import PPOTrainer
 
@@ -137,9 +163,24 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     run_dir = Path(cfg.out) if resume or not main else prepare_run_dir(cfg)
     trainer.dist.barrier()
     log = (lambda message: None) if cfg.quiet or not main else tqdm.write
-    start, history = start_or_resume(trainer, run_dir, resume, log)
-    run_iterations(trainer, run_dir, start, history, log)
+    record_machine(trainer, run_dir, log)
+    try:
+        start, history = start_or_resume(trainer, run_dir, resume, log)
+        run_iterations(trainer, run_dir, start, history, log)
+    except KeyboardInterrupt:
+        raise Interrupted(how_to_continue(run_dir, tuple(trainer.models))) from None
     return run_dir
+
+
+def how_to_continue(run_dir: Path, models: tuple[str, ...]) -> str:
+    """What an interrupted run says: its latest checkpoint and the command that continues it."""
+    from ppo_rlhf.checkpoint import latest_checkpoint  # lazy: torch (see train())
+
+    if not (run_dir / "config.yaml").is_file():
+        return "nothing was written yet: run the same command again"
+    last = latest_checkpoint(run_dir, models)
+    where = f"the latest checkpoint is {last.name}" if last else "no checkpoint yet (it starts again from iteration 0)"
+    return f"{where}; continue with: ppo-rlhf train --resume {shlex.quote(str(run_dir))}"
 
 
 def start_or_resume(trainer: PPOTrainer, run_dir: Path, resume: bool, log: Callable[[str], None]
@@ -154,6 +195,7 @@ def start_or_resume(trainer: PPOTrainer, run_dir: Path, resume: bool, log: Calla
         clean_partial_writes(run_dir)  # half-written checkpoints and files of a killed run
         if checkpoint is None:  # killed before its first checkpoint: nothing to continue from, and say so
             print(f"no checkpoint yet in {run_dir}: starting from iteration 0", file=sys.stderr)
+            shutil.rmtree(run_dir / "tb", ignore_errors=True)  # else TensorBoard shows both starts' step 0
     norm_file = run_dir / "reward_norm.json"
     if checkpoint is not None:
         start, state, history = load_checkpoint(checkpoint, models)
@@ -182,32 +224,57 @@ def start_or_resume(trainer: PPOTrainer, run_dir: Path, resume: bool, log: Calla
 
 def run_iterations(trainer: PPOTrainer, run_dir: Path, start: int, history: list[str],
                    log: Callable[[str], None]) -> None:
-    """Iterations `start` .. cfg.iterations - 1, each logged (rank 0) and checkpointed every checkpoint_every."""
-    from ppo_rlhf.checkpoint import latest_checkpoint, save_checkpoint  # lazy: torch (see train())
+    """Iterations `start` .. cfg.iterations - 1, each logged (rank 0) and checkpointed every checkpoint_every (older
+    checkpoints beyond keep_last_checkpoints deleted). Ctrl-C writes the last finished iteration's checkpoint first
+    (one process), from a copy of the trainer's state taken when that iteration finished: the interrupted iteration
+    may have moved the weights, the optimisers, the prompt order and the RNGs, and none of that is kept."""
+    from ppo_rlhf.checkpoint import latest_checkpoint, list_checkpoints, rng_state  # lazy: torch (see train())
     from ppo_rlhf.trainer import TrainingStopped  # lazy: torch (see train())
 
-    cfg, main = trainer.cfg, trainer.dist.is_main
+    cfg, main, models = trainer.cfg, trainer.dist.is_main, tuple(trainer.models)
     board = TensorBoard(run_dir / "tb" if cfg.tensorboard and main else None, first_iteration=start)
     progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)
+    # (iterations done, trainer state, RNG states, history) after the last finished iteration no checkpoint holds.
+    # One process only: with several, state_dict is a collective that interrupted processes would not all reach.
+    unsaved: tuple[int, dict[str, Any], dict[str, Any], list[str]] | None = None
     try:
         for index in progress:
             stats, experience = trainer.iteration(index)
             history.append(history_line(stats))
+            done = index + 1
+            due = done % cfg.checkpoint_every == 0 or done == cfg.iterations
+            if not due and trainer.dist.world_size == 1:  # a copy: the state's tensors are the live ones
+                unsaved = (done, copy.deepcopy(trainer.state_dict()), rng_state(), list(history))
             if main:
                 record_iteration(run_dir, index, stats, history[-1], experience, trainer, board, log)
                 progress.set_postfix(score=f"{stats['score']:+.2f}", kl=f"{stats['kl']:.2f}", fin=f"{stats['fin']:.2f}")
-            done = index + 1
-            if done % cfg.checkpoint_every == 0 or done == cfg.iterations:
+            if due:
                 state = trainer.state_dict()  # every process (FSDP gathers shards, DeepSpeed partitions)
                 if main:
-                    save_checkpoint(run_dir, done, trainer.models, state, history)
+                    write_checkpoint(run_dir, done, trainer, state, history)
+                unsaved = None
                 trainer.dist.barrier()  # nobody runs ahead of a checkpoint being written
+    except KeyboardInterrupt:
+        saved = [iteration for iteration, _ in list_checkpoints(run_dir, models)]
+        if main and unsaved is not None and unsaved[0] > max(saved, default=0):
+            done, state, rng, lines = unsaved
+            write_checkpoint(run_dir, done, trainer, state, lines, rng)
+        raise
     except TrainingStopped as error:  # history.jsonl holds every finished iteration; name the checkpoint to resume
         last = latest_checkpoint(run_dir, tuple(trainer.models))
         where = f"latest checkpoint {last.name}" if last else "no checkpoint was written yet"
         raise TrainingStopped(f"{error}; {where}") from None
     finally:
         board.close()
+
+
+def write_checkpoint(run_dir: Path, done: int, trainer: PPOTrainer, state: dict[str, Any], history: list[str],
+                     rng: dict[str, Any] | None = None) -> None:
+    """Write checkpoint `done` (rank 0), then delete the checkpoints keep_last_checkpoints does not keep."""
+    from ppo_rlhf.checkpoint import prune_checkpoints, save_checkpoint  # lazy: torch (see train())
+
+    save_checkpoint(run_dir, done, trainer.models, state, history, rng)
+    prune_checkpoints(run_dir, trainer.cfg.keep_last_checkpoints, done, tuple(trainer.models))
 
 
 def record_iteration(run_dir: Path, index: int, stats: dict[str, Any], line: str, experience: Experience,
@@ -239,14 +306,16 @@ def run(args: argparse.Namespace) -> int:
         run_dir = require_run_dir(args.resume)
         saved = read_yaml(run_dir / "config.yaml")
         flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
-        cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir)})
+        cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir)},
+                           origin={key: str(run_dir / "config.yaml") for key in saved if key not in flags})
         cfg.check_files()
         train(cfg, resume=True)
         return 0
     cfg = config_from_args(TrainConfig, args)
     cfg.check_files()  # before the config is printed and before anything heavy is imported
-    check_run_dir(cfg)
-    if not cfg.quiet:
-        print(to_yaml(cfg), end="")
-    train(cfg)
+    with hold(cfg.out):  # (train() holds it again: the same hold) a run in progress is named before "not empty"
+        check_run_dir(cfg)
+        if not cfg.quiet:
+            print(to_yaml(cfg), end="")
+        train(cfg)
     return 0

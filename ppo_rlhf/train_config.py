@@ -35,6 +35,10 @@ class TrainConfig:
     reward_model: str = ""
     """Reward model (frozen) and initialisation of the value model: a folder written by `ppo-rlhf reward-model train` or
     any sequence-classification model with one output."""
+    init_score_head: bool = False
+    """Accept a reward_model without a trained score head (e.g. a plain causal LM such as the policy's own folder) and
+    give it a randomly initialised one-output head: every reward is then noise (for speed tests only; the value
+    model's copy of the head trains, the reward's stays random). Off: such a model is refused."""
     prompts: str = ""
     """Training prompts: a JSONL file with one {"prompt": ...} per line (see `ppo-rlhf prompts`)."""
     out: str = "runs/ppo"
@@ -110,7 +114,9 @@ class TrainConfig:
     KL_t of the current policy added to the policy loss, GRPO's); null = "loss" for grpo, "reward" otherwise."""
     kl_estimator: Literal["k1", "k2", "k3"] | None = None
     """Per-token KL estimate: k1 = log pi - log pi_ref, k2 = 0.5 (log pi - log pi_ref)^2, k3 = pi_ref/pi - 1 -
-    log(pi_ref/pi); null = k3 with kl_in loss, k1 in the reward (unbiased: the principled choice there)."""
+    log(pi_ref/pi); null = k3 with kl_in loss, k1 in the reward (unbiased: the principled choice there). In the loss
+    (in expectation on the policy's own samples) k1's gradient is zero, so it is refused there; k2's is the gradient of
+    KL(pi || pi_ref) and k3's the gradient of KL(pi_ref || pi)."""
     whiten_rewards: bool = False
     """Whiten the per-token rewards before GAE (detail 7; optional, off)."""
     # --- advantages and losses
@@ -150,10 +156,13 @@ class TrainConfig:
     """Added to the group std in GRPO's normalisation."""
     critic_warmup_iterations: NonNegativeInt = 0
     """Iterations at the start that train only the value model on fresh rollouts (the policy does not move), so the
-    policy's first advantages come from a critic that has learnt something (GAE only)."""
+    policy's first advantages come from a critic that has learnt something (GAE only). The policy's learning-rate
+    schedule (its warm-up included) runs over the iterations after these; the value model's over all of them."""
     policy_start_ev: Annotated[float, Bounds(high=1)] | None = None
     """After critic_warmup_iterations, keep training only the value model until a batch's explained variance reaches
-    this; the policy trains from then on (null: no gate; GAE only)."""
+    this; the policy trains from then on (null: no gate; GAE only). How long the gate holds is not known in advance:
+    the policy's learning-rate schedule counts on iterations - critic_warmup_iterations policy iterations, so each
+    iteration the gate adds leaves a linear or cosine schedule one iteration short of its end (its last LR above 0)."""
     # --- optimisers
     policy_lr: PositiveFloat = 2e-5
     """AdamW learning rate of the policy's LoRA adapter."""
@@ -184,6 +193,10 @@ class TrainConfig:
     ptx_max_tokens: Annotated[int, Bounds(low=2)] = 256
     """Each ptx text is cut to this many tokens."""
     # --- speed and memory
+    threads: NonNegativeInt = 0
+    """CPU threads of torch's operations (torch.set_num_threads, at the start of the run); 0 = torch's default (one per
+    core, or OMP_NUM_THREADS). Lower it when other jobs share the cores: threads that wait for each other on a loaded
+    machine cost far more than they gain (a loaded 2-core machine: 145 s with the default, 29 s with 1)."""
     logprob_chunk: NonNegativeInt = 64
     """Positions per chunk of the LM head when computing log-probs (never the full-vocabulary log-softmax at once); 0 =
     one pass."""
@@ -193,6 +206,9 @@ class TrainConfig:
     # --- observability and checkpoints
     checkpoint_every: PositiveInt = 10
     """Save a checkpoint every N iterations (and always at the end)."""
+    keep_last_checkpoints: NonNegativeInt = 0
+    """Keep only the newest N checkpoints, deleting older ones as each new one is written (0 = keep all). A SmolLM2
+    checkpoint takes about 113 MB; `evaluate` scores the checkpoints that are kept."""
     sample_every: PositiveInt = 5
     """Write sample replies every N iterations to samples.jsonl (and show one)."""
     tensorboard: bool = True
@@ -220,6 +236,9 @@ class TrainConfig:
                 f"batch_size ({self.batch_size} replies) must be a multiple of group_size ({self.group_size})")
         require(self.warmup_iterations <= self.iterations,
                 f"warmup_iterations ({self.warmup_iterations}) must not exceed iterations ({self.iterations})")
+        require(self.warmup_iterations <= self.iterations - self.critic_warmup_iterations,
+                f"warmup_iterations ({self.warmup_iterations}) must not exceed the policy's iterations, those after "
+                f"the critic warm-up ({self.iterations} - {self.critic_warmup_iterations})")
         require(self.ptx_coef == 0 or bool(self.ptx_data), "ptx_coef > 0 needs ptx_data (a file of texts)")
         require(self.tis_cap == 0 or (self.old_logprobs == "recompute" and self.generation_backend == "hf"),
                 "tis_cap needs old_logprobs: recompute and generation_backend: hf (the rollout's own log-probs)")
@@ -227,6 +246,9 @@ class TrainConfig:
                 "critic_warmup_iterations and policy_start_ev need a value model (advantage_estimator gae)")
         require(self.has_value_model or (self.critic_lam is None and self.lam_length_alpha is None),
                 "critic_lam and lam_length_alpha are GAE's lambdas (advantage_estimator gae)")
+        require(not (self.kl_placement == "loss" and self.kl_kind == "k1"),
+                "kl_in: loss with kl_estimator: k1 would do nothing: k1's gradient is zero in expectation on the "
+                "policy's own samples; use k2 or k3 in the loss (k1 belongs in the reward)")
         require(self.old_logprobs == "recompute" or self.generation_backend == "hf",
                 "old_logprobs: generation needs generation_backend hf (vLLM's log-probs are never trusted)")
         if self.device not in ("auto", "cpu"):  # the others need torch: an unknown device or missing CUDA fails here
@@ -235,14 +257,18 @@ class TrainConfig:
     def check_files(self) -> None:
         """Every file and folder the config names exists and is of its kind. Called before the config is printed
         and before torch or a model is loaded; the files' contents are checked as they are read."""
-        from ppo_rlhf.paths import check_model_name, require_file
+        from ppo_rlhf.paths import check_model_name, demo_output_hint, require_file
 
         for field in ("policy_model", "reward_model"):
             try:
                 check_model_name(getattr(self, field))
             except UsageError as error:
-                raise UsageError(f"{field}: {error}") from None
-        require_file("prompts", self.prompts)
+                hint = demo_output_hint("--" + field.replace("_", "-"), getattr(self, field))
+                raise UsageError(f"{field}: {error}{hint}") from None
+        try:
+            require_file("prompts", self.prompts)
+        except UsageError as error:
+            raise UsageError(f"{error}{demo_output_hint('--prompts', self.prompts)}") from None
         if self.ptx_data is not None:
             require_file("ptx_data", self.ptx_data)
 

@@ -34,7 +34,14 @@ from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.experience import Experience
 from ppo_rlhf.generation import make_generator
 from ppo_rlhf.logprobs import first_reply_position
-from ppo_rlhf.models import LoraSettings, load_policy, load_reward_model, load_tokenizer, load_value_model
+from ppo_rlhf.models import (
+    LoraSettings,
+    NoScoreHead,
+    load_policy,
+    load_reward_model,
+    load_tokenizer,
+    load_value_model,
+)
 from ppo_rlhf.objectives import (
     AdaptiveKLController,
     clipped_policy_loss,
@@ -134,17 +141,20 @@ def per_token_in_chunks(fn, rollout, size: int) -> tuple[torch.Tensor, ...]:
                  for k in range(len(pieces[0])))
 
 
-def check_prompt_lengths(cfg: TrainConfig, tokenizer, models: list[torch.nn.Module]) -> None:
-    """Every chat-templated prompt within `max_prompt_tokens`, and prompt + reply cap within every model's context:
-    a UsageError naming the first line that is not."""
+def check_prompt_lengths(prompts: str, tokenizer, models: list, max_new_tokens: int,
+                         max_prompt_tokens: int | None = None) -> None:
+    """Every chat-templated prompt of the file `prompts` within `max_prompt_tokens` (training's cap; None: no cap),
+    and prompt + reply cap within every model's context: a UsageError naming the first line that is not. (Also
+    `ppo-rlhf evaluate`'s check; models without a config, like a word-count judge, have no context.)"""
     contexts = [getattr(getattr(m, "config", None), "max_position_embeddings", None) for m in models]
     context = min((c for c in contexts if isinstance(c, int) and c > 0), default=None)
-    for number, prompt in read_numbered_prompts(cfg.prompts):
+    for number, prompt in read_numbered_prompts(prompts):
         n = len(chat_prompt_ids(tokenizer, prompt))
-        require(n <= cfg.max_prompt_tokens, f"{cfg.prompts}:{number}: the prompt has {n} tokens (chat-templated), "
-                                            f"more than max_prompt_tokens={cfg.max_prompt_tokens}")
-        require(context is None or n + cfg.max_new_tokens <= context,
-                f"{cfg.prompts}:{number}: the prompt ({n} tokens) + max_new_tokens={cfg.max_new_tokens} exceed the "
+        require(max_prompt_tokens is None or n <= max_prompt_tokens,
+                f"{prompts}:{number}: the prompt has {n} tokens (chat-templated), more than "
+                f"max_prompt_tokens={max_prompt_tokens}")
+        require(context is None or n + max_new_tokens <= context,
+                f"{prompts}:{number}: the prompt ({n} tokens) + max_new_tokens={max_new_tokens} exceed the "
                 f"models' context of {context} tokens")
 
 
@@ -159,6 +169,8 @@ class PPOTrainer:
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        if cfg.threads:  # before the models load; 0 keeps torch's default
+            torch.set_num_threads(cfg.threads)
         self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
         self.device = self.dist.device(cfg.device)
         self.prompts = read_prompts(cfg.prompts)
@@ -193,8 +205,14 @@ class PPOTrainer:
         self.policy = load_policy(cfg.policy_model, lora, dtype=dtype, trust_remote_code=remote).to(self.device)
         load = load_value_model if self.advantages.needs_critic else load_reward_model
         args = (cfg.reward_model, lora) if self.advantages.needs_critic else (cfg.reward_model,)
-        scorer = load(*args, dtype=dtype, trust_remote_code=remote).to(self.device)
-        check_prompt_lengths(cfg, self.tokenizer, [self.policy, scorer])
+        try:
+            scorer = load(*args, dtype=dtype, trust_remote_code=remote, init_score_head=cfg.init_score_head)
+        except NoScoreHead as error:
+            raise NoScoreHead(f"reward_model: {error} (init_score_head: true starts from a random head on purpose)"
+                              ) from None
+        scorer = scorer.to(self.device)
+        check_prompt_lengths(cfg.prompts, self.tokenizer, [self.policy, scorer], cfg.max_new_tokens,
+                             cfg.max_prompt_tokens)
         require(not (self.dist.fsdp and cfg.generation_backend != "hf"),
                 "FSDP shards the policy's layers: use generation_backend: hf (vLLM needs the whole policy per process)")
         for model in (self.policy, scorer):  # FSDP: each process keeps a shard of every layer
@@ -237,12 +255,15 @@ class PPOTrainer:
         return self.critic.step.optimizer if self.critic else None
 
     def _make_schedulers(self) -> dict[str, Any]:
-        """LambdaLR per optimiser, stepped per optimiser step; none for the constant schedule without warm-up."""
+        """LambdaLR per optimiser, stepped per optimiser step; none for the constant schedule without warm-up. Each is
+        sized over its own optimiser's steps: the policy takes none during the critic warm-up, so its schedule (warm-up
+        included) starts after critic_warmup_iterations and still reaches its end at the last iteration."""
         cfg = self.cfg
         if cfg.lr_schedule == "constant" and cfg.warmup_iterations == 0:
             return {}
         steps = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)  # optimiser steps per iteration
-        return {name: make_scheduler(opt, cfg.lr_schedule, cfg.warmup_iterations * steps, cfg.iterations * steps)
+        iterations = {"policy": cfg.iterations - cfg.critic_warmup_iterations, "value": cfg.iterations}
+        return {name: make_scheduler(opt, cfg.lr_schedule, cfg.warmup_iterations * steps, iterations[name] * steps)
                 for name, opt in self.optimizers.items()}
 
     # ------------------------------------------------------------------------------------------ checkpoints
@@ -423,7 +444,7 @@ class PPOTrainer:
                                  token_weights=part.tis_weights)
         loss = pg.loss
         if cfg.kl_placement == "loss":  # beta * KL(pi || pi_ref) of the current policy, a loss term (GRPO's default)
-            kl = kl_estimate(new_logprobs, part.ref_logprobs, cfg.kl_kind)
+            kl = kl_estimate(new_logprobs, part.ref_logprobs, cfg.kl_kind, act)
             loss = loss + self.beta * normalise_loss(kl, act, cfg.loss_aggregation, count)
         if entropy is not None:
             loss = loss - cfg.entropy_coef * normalise_loss(entropy, act, cfg.loss_aggregation, count)
@@ -483,13 +504,20 @@ class PPOTrainer:
         return [self.prompts[i] for i in drawn for _ in range(cfg.group_size)]
 
     # ------------------------------------------------------------------------------------- one iteration
+    def clock(self) -> float:
+        """time.perf_counter() once this process's queued GPU work is done: CUDA kernels run asynchronously, so
+        without the wait a phase's time would include the previous phase's tail (the time_* statistics)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
     def iteration(self, index: int) -> tuple[dict[str, Any], Experience]:
         cfg = self.cfg
-        start = time.perf_counter()
+        start = self.clock()
         rollout = self.rollout(self.next_prompts())  # 1. rollout
-        generated = time.perf_counter()
+        generated = self.clock()
         experience = self.score(rollout)  # 2-4. score, rewards, advantages
-        scored = time.perf_counter()
+        scored = self.clock()
         batch = self.batch_stats(experience)
         phase = self.phase(index, batch["ev"])
         scored_numbers = (experience.scores, experience.advantages, experience.returns)
@@ -500,7 +528,7 @@ class PPOTrainer:
             self.count_skip("consecutive iterations with non-finite rewards")
             update = {k: float("nan") for k in UPDATE_STATS}
             update["skipped_steps"] = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)
-        updated = time.perf_counter()
+        updated = self.clock()
         stats = {"iteration": index, "phase": phase, **batch, "kl_used": f"{cfg.kl_kind} in {cfg.kl_placement}",
                  **update, **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
                  "beta": self.beta, "time_gen": generated - start, "time_score": scored - generated,

@@ -107,3 +107,55 @@ def test_every_dtype_flag_offers_the_same_names():
         assert tuple(dtype_flag.choices) == DTYPE_NAMES, module.__name__
     for name in DTYPE_NAMES:  # and precision.py turns every one of them into a torch dtype
         assert isinstance(resolve_dtype(name, torch.device("cpu")), torch.dtype), name
+
+
+def test_a_key_given_twice_in_a_yaml_file_is_refused_with_both_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("# a comment\nbeta: 0.05\nreward_model: rm\nbeta: 0.5\n")
+    with pytest.raises(UsageError, match=re.escape(f"{path}: key 'beta' is given twice (lines 2 and 4); keep one")):
+        read_yaml(path)
+    path.write_text("beta: 0.05\nreward_model: rm\n")  # each key once: read as before
+    assert read_yaml(path) == {"beta": 0.05, "reward_model": "rm"}
+
+
+def test_a_failed_relation_check_says_which_values_came_from_the_file(tmp_path):
+    import argparse
+
+    from ppo_rlhf.config import config_from_args
+
+    path = tmp_path / "x.yaml"
+    path.write_text("reward_model: rm\nprompts: p.jsonl\nminibatch_size: 8\nbatch_size: 4\n")
+
+    def refusal(**flags) -> str:
+        with pytest.raises(UsageError) as caught:
+            config_from_args(TrainConfig, argparse.Namespace(config=str(path), **flags))
+        return str(caught.value)
+
+    assert refusal() == f"minibatch_size (8, from {path}) must not exceed batch_size (4, from {path})"
+    assert refusal(batch_size=4) == f"minibatch_size (8, from {path}) must not exceed batch_size (4)"  # a flag's own
+    assert refusal(minibatch_size=3, batch_size=7) == "batch_size (7) must be a multiple of minibatch_size (3)"
+
+
+def test_a_missing_demo_output_says_what_writes_it(tmp_path, monkeypatch, capsys):
+    """configs/smollm2_offline.yaml reads runs/demo/reward_model: after `make demo-quick` only runs/demo-quick has
+    one."""
+    from ppo_rlhf.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    shipped = str(Path(__file__).parent.parent / "configs" / "smollm2_offline.yaml")
+    assert main(["train", "--config", shipped]) == 2
+    assert capsys.readouterr().err == (
+        "ppo-rlhf train: error: reward_model: model folder runs/demo/reward_model not found; `make demo` writes it, "
+        "or use --reward-model runs/demo-quick/reward_model (written by `make demo-quick`)\n")
+    (tmp_path / "runs/demo-quick/reward_model").mkdir(parents=True)
+    (tmp_path / "runs/demo-quick/reward_model/config.json").write_text("{}")
+    assert main(["train", "--config", shipped, "--reward-model", "runs/demo-quick/reward_model"]) == 2
+    assert capsys.readouterr().err == (
+        "ppo-rlhf train: error: prompts file runs/demo/prompts/ppo.jsonl not found; `make demo` writes it, or use "
+        "--prompts runs/demo-quick/prompts/ppo.jsonl (written by `make demo-quick`)\n")
+    cfg = build_config(TrainConfig, {"reward_model": "runs/demo/reward_model", "prompts": "p.jsonl"})
+    with pytest.raises(UsageError, match=re.escape("or use --reward-model runs/demo-quick/reward_model") + "$"):
+        cfg.check_files()  # the quick demo's copy exists: no "written by"
+    cfg = build_config(TrainConfig, {"reward_model": "./models/rm", "prompts": "p.jsonl"})
+    with pytest.raises(UsageError, match=r"model folder ./models/rm not found$"):  # not a demo's folder: no hint
+        cfg.check_files()

@@ -6,8 +6,12 @@ import re
 import shutil
 import warnings
 
+import pytest
+
 import ppo_rlhf.prompts as prompts_module
 from ppo_rlhf.cli import main
+from ppo_rlhf.demo import Stages
+from ppo_rlhf.errors import Interrupted
 from ppo_rlhf.trainer import PPOTrainer
 
 import tiny
@@ -47,7 +51,7 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     captured = capsys.readouterr()
     printed = captured.out + captured.err
     # each stage's result is one line in words: no dict reprs, no per-model load bars, no library FutureWarnings
-    pairs_lines = re.findall(r"^pairs: \d+ from \d+ prompts x 4 replies \(\d+ with a gold margin <= 0.01 and \d+ with "
+    pairs_lines = re.findall(r"^pairs: \d+ from \d+ prompts? x 4 replies \(\d+ with a gold margin <= 0.01 and \d+ with "
                              r"a cut-off reply skipped\); gold judge scores chosen [+-]\d\.\d{3}, rejected "
                              r"[+-]\d\.\d{3}; chosen reply longer in \d+%$", printed, re.M)
     assert len(pairs_lines) == 2  # training pairs and held-out pairs
@@ -56,6 +60,9 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     assert "{'" not in printed and '{\n' not in printed and '"base"' not in printed
     assert "Loading weights" not in printed
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+    assert captured.err.splitlines()[-1] == ("ppo-rlhf demo: interrupted; stage ppo nokl stopped; running the same "
+                                             "command again continues from the finished stages (a PPO run from its "
+                                             "latest checkpoint)")
 
     # the next demo continues: finished stages are skipped, the killed run resumes from its checkpoint
     assert main(args) == 0
@@ -100,6 +107,20 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     assert "[prompts] done already" in printed and "[ppo nokl] done already" in printed
     assert "[evaluation] done already" in printed and "[report] ..." in printed
     assert (out / "report/report.html").is_file()
+    # issue 29 item 18: the total counts the stages that ran, and names the skipped ones
+    assert re.search(r"^total \d+s over the stages that ran: report \d+s; skipped \(done already, outputs reused\): "
+                     r"prompts, pairs, reward model, ppo beta005, ppo nokl, evaluation$", printed, re.M), printed
+
+    # the same runs in another order: the evaluation runs again (its inputs' order changed), but no model is sampled
+    # again (their keys did not change), and every model's numbers are the ones it had
+    before = {s["model"]: s for s in json.loads((out / "eval/evaluation.json").read_text())["summary"]}
+    assert main(demo_args(betas="0,0.05")) == 0
+    printed = capsys.readouterr().out
+    assert "[evaluation] ... (its inputs changed)" in printed and "[ppo nokl] done already" in printed
+    assert f"reusing the stored records of {len(before)} of {len(before)} models (keys unchanged)" in printed
+    after = json.loads((out / "eval/evaluation.json").read_text())["summary"]
+    assert [s["run"] for s in after[1:]] == ["nokl"] * 5 + ["beta005"] * 5
+    assert json.dumps({s["model"]: s for s in after}, sort_keys=True) == json.dumps(before, sort_keys=True)
 
     # changed settings: the stage that uses them and every stage after it run again; earlier ones are skipped
     assert main(demo_args(rm_epochs=2, betas="0.1,0")) == 0
@@ -115,3 +136,27 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     assert [json.loads(line)["beta"] for line in history_lines] == [0.1] * 5
     assert set(json.loads((out / "timings.json").read_text())) == {
         "prompts", "pairs", "reward model", "ppo beta01", "ppo nokl", "evaluation", "report"}
+
+
+def test_demo_yaml_is_written_when_a_stage_finishes(tmp_path):
+    """An interrupted demo with new settings leaves the old outputs: demo.yaml must go on describing them."""
+    stages = Stages(tmp_path, "seed: 1\n")
+    stages.run("prompts", {"seed": 1}, [], tmp_path / "prompts", lambda _: (tmp_path / "prompts").mkdir())
+    assert (tmp_path / "demo.yaml").read_text() == "seed: 1\n"
+
+    def interrupted(_: bool) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted, match="^stage prompts stopped; running the same command again continues from the "
+                                          "finished stages"):
+        Stages(tmp_path, "seed: 2\n").run("prompts", {"seed": 2}, [], tmp_path / "prompts", interrupted)
+    assert (tmp_path / "demo.yaml").read_text() == "seed: 1\n"
+
+
+def test_one_demo_at_a_time_in_its_folder(tmp_path, capsys):
+    out = tmp_path / "demo"
+    with tiny.locked_by_another_process(out) as other:
+        assert main(["demo", "--quick", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"ppo-rlhf demo: error: demo folder {out} is in use by process {other.pid} "
+                                       f"(lock file {tmp_path / '.demo.lock'}); wait until it ends or stop it\n")
+    assert not out.exists()

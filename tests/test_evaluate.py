@@ -10,6 +10,7 @@ from ppo_rlhf.cli import main
 from ppo_rlhf.evaluate import (
     START,
     before_after,
+    evaluate_runs,
     format_evaluation,
     model_label,
     standardize_records,
@@ -207,7 +208,9 @@ def test_missing_run_dir_is_a_usage_error(tmp_path, capsys):
 
 
 def test_unknown_checkpoint_is_a_usage_error(run_dir, tmp_path, capsys):
-    code = main(["evaluate", str(run_dir), "--prompts", "x.jsonl", "--out", str(tmp_path), "--checkpoints", "7"])
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')  # (a missing prompts file is reported first, before torch loads)
+    code = main(["evaluate", str(run_dir), "--prompts", str(prompts), "--out", str(tmp_path), "--checkpoints", "7"])
     assert code == 2
     assert "no checkpoint for iteration 7" in capsys.readouterr().err
 
@@ -232,3 +235,61 @@ def test_a_file_given_as_a_run_directory_says_so(tmp_path, capsys):
     prompts.write_text('{"prompt": "hi"}\n')
     assert main(["evaluate", str(path), "--prompts", str(prompts), "--out", str(tmp_path / "e")]) == 2
     assert "is a file, not a run directory" in capsys.readouterr().err
+
+
+def test_the_kl_to_the_start_model_is_k3_and_never_negative(evaluation):
+    """Issue 29 item 14: k1 sums per reply can be negative (a mean printed "KL -0.0"); k3 per token cannot."""
+    result = json.loads((evaluation / "evaluation.json").read_text())
+    assert result["settings"]["kl"].startswith("k3 estimate of KL(model || start model)")
+    kls = [r["kl"] for r in result["records"]]
+    assert min(kls) >= 0.0 and max(kls) > 0.0
+    assert all(s["kl"] >= 0.0 for s in result["summary"])
+    text = (evaluation / "evaluation.txt").read_text()
+    assert "KL: the k3 estimate" in text and "KL -" not in text
+
+
+def evaluate_counting_loads(monkeypatch, run_dir, prompts, out, **options):
+    """evaluate_runs on the module's run, and the labels of the models it sampled."""
+    import ppo_rlhf.evaluate as evaluate
+
+    sampled, real = [], evaluate._sample_records
+    monkeypatch.setattr(evaluate, "_sample_records", lambda *a, **k: sampled.append(model_label(k["run"],
+                                                                                                k["iteration"]))
+                        or real(*a, **k))
+    result = evaluate_runs([run_dir], prompts, out, gold="vader", batch_size=4, **options)
+    return result, sampled
+
+
+def test_a_rerun_evaluates_only_models_whose_key_changed(run_dir, evaluation, tmp_path, monkeypatch):
+    """Issue 29 item 18: stored records are reused for unchanged keys, and the result equals a full evaluation's
+    (sampling is seeded per model, so no model's replies depend on which models are evaluated with it)."""
+    prompts, out = evaluation.parent / "heldout.jsonl", tmp_path / "eval"
+    keys = {None: "start key", "beta005": "run key"}  # a run's key covers its checkpoints
+    _, sampled = evaluate_counting_loads(monkeypatch, run_dir, prompts, out, checkpoints="1", model_keys=keys)
+    assert sampled == [START, "beta005 step 1"]
+    result, sampled = evaluate_counting_loads(monkeypatch, run_dir, prompts, out, model_keys=keys)
+    assert sampled == ["beta005 step 2"]  # only the checkpoint without stored records
+    full = json.loads((evaluation / "evaluation.json").read_text())
+    same = lambda a, b: json.dumps(a) == json.dumps(b)  # noqa: E731  (NaN == NaN, unlike in Python)
+    assert same(result["summary"], full["summary"]) and same(result["norms"], full["norms"])
+    keyless = lambda records: [{k: v for k, v in r.items() if k != "key"} for r in records]  # noqa: E731
+    assert same(keyless(result["records"]), keyless(full["records"]))
+    assert [r["key"] for r in result["records"]] == [keys[r["run"]] for r in result["records"]]
+    keys["beta005"] = "run key 2"  # the run trained again: its checkpoints changed
+    _, sampled = evaluate_counting_loads(monkeypatch, run_dir, prompts, out, model_keys=keys)
+    assert sampled == ["beta005 step 1", "beta005 step 2"]
+    _, sampled = evaluate_counting_loads(monkeypatch, run_dir, prompts, out, model_keys=keys, seed=7)  # other settings
+    assert sampled == [START, "beta005 step 1", "beta005 step 2"]
+    _, sampled = evaluate_counting_loads(monkeypatch, run_dir, prompts, out, model_keys=keys, seed=7)
+    assert sampled == []
+
+
+def test_prompts_beyond_the_models_context_are_refused_naming_the_line(run_dir, tmp_path, capsys):
+    """Issue 29 item 18: as train does (trainer.check_prompt_lengths), not exit 0 with cut prompts."""
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Hello!"}) + "\n" + json.dumps({"prompt": "word " * 600}) + "\n")
+    code = main(["evaluate", str(run_dir), "--prompts", str(prompts), "--gold", "vader", "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert f"{prompts}:2: the prompt (" in err and "exceed the models' context of 512 tokens" in err
+    assert not (tmp_path / "e").exists()

@@ -190,3 +190,10 @@ def test_the_curve_sentence_says_why_a_fall_is_not_measured():
     overlapping = row((0.35, 0.20, 0.50), (0.9, 0.7, 1.1), kl=5.0, iteration=4)
     assert curve_sentence("the beta 0 run", [peak, overlapping]).endswith(
         "but the two gold intervals overlap, so the fall is not a measured one.")
+
+
+def test_a_proxy_fall_says_it_is_held_out_and_not_the_training_batch():
+    """Issue 29 item 15: the sentence sits beside a dashboard whose training score rose; it says which is which."""
+    text = run_sentence("PPO (beta 0.05)", row((-0.1, -0.3, 0.1), (-0.5, -0.8, -0.2)))
+    assert "on held-out prompts PPO did not even raise the score it maximised" in text
+    assert "training dashboard's score" in text and "measured on the training batches" in text

@@ -53,3 +53,15 @@ def test_reward_model_judge_rejects_nan(tiny_model_dirs):
     judge.model.score.weight.data.fill_(float("nan"))
     with pytest.raises(UsageError, match=r"rm:.*non-finite.*'The end.'"):
         judge.score(["Tell me a story."], ["The end."])
+
+
+def test_rm_judge_refuses_a_model_without_a_trained_score_head(tiny_model_dirs):
+    """Issue 29: rm:<a causal LM> scored with a random head in silence; rm-init-head: asks for one on purpose."""
+    policy = str(tiny_model_dirs["policy"])
+    for spec in ("rm:" + policy, policy):
+        with pytest.raises(UsageError, match=rf"judge rm:.*causal LM \(LlamaForCausalLM\).*rm-init-head:{policy}"):
+            make_judge(spec)
+    judge = make_judge("rm-init-head:" + policy)
+    assert judge.name == "rm-init-head:" + policy and len(judge.score(["Hi"], ["Hello."])) == 1
+    with pytest.raises(UsageError, match="rm-init-head: needs"):
+        make_judge("rm-init-head:")

@@ -1,4 +1,5 @@
 import importlib.util
+import json
 import os
 
 import pytest
@@ -228,12 +229,49 @@ def test_load_reward_model_round_trip_and_frozen(folders, tokenizer, arch):
 
 
 def test_sequence_classifier_from_causal_lm_and_label_check(tmp_path, folders, tokenizer):
-    rm = load_sequence_classifier(str(folders["llama"]["policy"]))  # a causal LM gets a fresh one-output head
+    # asked for on purpose, a causal LM gets a fresh one-output head
+    rm = load_sequence_classifier(str(folders["llama"]["policy"]), init_score_head=True)
     assert rm.config.num_labels == 1 and rm.score.out_features == 1
     config = tiny._config("llama", len(tokenizer), tokenizer, num_labels=2)
     tiny.save_tiny(AutoModelForSequenceClassification.from_config(config), tokenizer, tmp_path / "two_labels")
     with pytest.raises(UsageError, match="2 output labels"):
         load_sequence_classifier(str(tmp_path / "two_labels"))
+
+
+def test_a_model_without_a_trained_score_head_is_refused(tmp_path, folders, tokenizer):
+    """Issue 29: a causal LM (e.g. the policy's own folder) as reward or value model was given a random score head in
+    silence, and PPO trained against noise. Refused in one line naming what was found, unless init_score_head."""
+    from ppo_rlhf.models import NoScoreHead
+
+    policy = str(folders["llama"]["policy"])
+    for load in (load_sequence_classifier, load_reward_model, lambda name: load_value_model(name, LORA)):
+        with pytest.raises(NoScoreHead, match=r"a causal LM \(LlamaForCausalLM\) without a trained score head") as info:
+            load(policy)
+        assert policy in str(info.value) and "\n" not in str(info.value)
+    # a classifier's config over weights that lack the head (a causal LM's weights saved under a classifier config)
+    headless = tmp_path / "headless"
+    tiny.save_tiny(folders["llama"]["policy_model"], tokenizer, headless)
+    config = json.loads((headless / "config.json").read_text())
+    (headless / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForSequenceClassification"],
+                                                      "num_labels": 1}))
+    with pytest.raises(NoScoreHead, match=r"LlamaForSequenceClassification whose weights lack score.weight"):
+        load_reward_model(str(headless))
+    # a policy adapter (a run's checkpoint) on a causal LM: no head either
+    adapter = load_policy(policy, LORA)
+    adapter.save_pretrained(tmp_path / "adapter")
+    with pytest.raises(NoScoreHead, match=r"adapter on a causal LM \(LlamaForCausalLM"):
+        load_reward_model(str(tmp_path / "adapter"))
+    # what keeps working: a real one-output classifier, a PEFT folder with a trained head on a causal LM (what
+    # `ppo-rlhf reward-model train` writes), and a causal LM whose random head is asked for
+    assert load_reward_model(str(folders["llama"]["reward"])).config.num_labels == 1
+    trained = add_value_lora(load_sequence_classifier(policy, init_score_head=True), LORA)
+    trained.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    ids, mask = sample_inputs(tokenizer)
+    with torch.no_grad():
+        torch.testing.assert_close(reward_scores(load_reward_model(str(tmp_path / "rm")), ids, mask),
+                                   reward_scores(trained, ids, mask), atol=1e-5, rtol=0)
+    assert load_value_model(policy, LORA, init_score_head=True) is not None
 
 
 @pytest.mark.parametrize("arch", ARCHS)

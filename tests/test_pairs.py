@@ -5,7 +5,7 @@ import pytest
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.judges import GoldJudge
-from ppo_rlhf.pairs import make_pairs, read_pairs
+from ppo_rlhf.pairs import make_pairs, read_pairs, summary_line
 
 import tiny
 
@@ -65,6 +65,14 @@ def test_pairs_cli(tmp_path, policy, capsys):
     assert "pairs" in capsys.readouterr().out and out.is_file()
     assert main(args + ["--judge", "nope"]) == 2
     assert "unknown judge" in capsys.readouterr().err
+
+
+def test_summary_line_counts_in_the_singular_and_plural():
+    info = {"pairs": 3, "prompts": 1, "replies_per_prompt": 4, "close": 2, "min_margin": 0.1, "cut_off": 1,
+            "judge": "gold", "mean_score_chosen": 0.5, "mean_score_rejected": 0.1, "chosen_longer_fraction": 0.5}
+    assert summary_line(info).startswith("pairs: 3 from 1 prompt x 4 replies (")
+    two_prompts_one_reply = info | {"prompts": 2, "replies_per_prompt": 1}
+    assert summary_line(two_prompts_one_reply).startswith("pairs: 3 from 2 prompts x 1 reply (")
 
 
 def test_read_pairs_accepts_chat_messages(tmp_path):

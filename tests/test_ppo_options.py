@@ -28,13 +28,50 @@ PROMPTS = ["Tell me a story", "Hello! How are you?", "What is the source of ener
 
 
 def test_kl_estimators_by_hand():
-    p, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    p, ref, mask = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)]), torch.ones(1)
     # k1 = log(p/ref) = log 2; k2 = 0.5 log(2)^2; k3 = ref/p - 1 - log(ref/p) = 0.5 - 1 + log 2
-    assert kl_estimate(p, ref, "k1").item() == pytest.approx(math.log(2))
-    assert kl_estimate(p, ref, "k2").item() == pytest.approx(0.5 * math.log(2) ** 2)
-    assert kl_estimate(p, ref, "k3").item() == pytest.approx(-0.5 + math.log(2))
+    assert kl_estimate(p, ref, "k1", mask).item() == pytest.approx(math.log(2))
+    assert kl_estimate(p, ref, "k2", mask).item() == pytest.approx(0.5 * math.log(2) ** 2)
+    assert kl_estimate(p, ref, "k3", mask).item() == pytest.approx(-0.5 + math.log(2))
     # the same policy: every estimate is 0
-    assert all(kl_estimate(p, p, k).item() == 0 for k in ("k1", "k2", "k3"))
+    assert all(kl_estimate(p, p, k, mask).item() == 0 for k in ("k1", "k2", "k3"))
+
+
+def test_kl_estimate_masks_padding_before_the_exponential():
+    """Issue 29: a padding position whose log-probs differ by > 88 nats overflowed k3's exp; inf times the zero
+    gradient of a masked loss made the policy's gradient nan (the step was skipped)."""
+    from ppo_rlhf.objectives import normalise_loss
+
+    new = torch.tensor([[-200.0, -1.0, -1.5, -150.0]], requires_grad=True)
+    ref, mask = torch.tensor([[0.0, -1.2, -1.3, 0.0]]), torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    kl = kl_estimate(new, ref, "k3", mask)
+    normalise_loss(kl, mask).backward()
+    assert torch.isfinite(new.grad).all() and new.grad[0, [0, 3]].tolist() == [0.0, 0.0]
+    # on the reply: d/d log p of (ref/p - 1 - log(ref/p)) = 1 - ref/p, over 2 tokens; the values untouched
+    expected = (1 - torch.exp(ref - new.detach())) / 2
+    assert torch.equal(new.grad[0, 1:3], expected[0, 1:3])
+    assert kl[0, [0, 3]].tolist() == [0.0, 0.0] and torch.isfinite(kl).all()
+    # the values on the reply are the very floats of the unmasked estimate
+    full = kl_estimate(new.detach(), ref, "k3", torch.ones_like(mask))
+    assert torch.equal(kl[0, 1:3], full[0, 1:3])
+
+
+@pytest.mark.parametrize("estimator, gradient_of", [("k1", "zero"), ("k2", "KL(pi||ref)"), ("k3", "KL(ref||pi)")])
+def test_what_each_estimator_pulls_on_in_the_loss(estimator, gradient_of):
+    """The README's claims, checked exactly on one categorical distribution: the gradient of an estimator as a loss
+    term, averaged over the policy's own samples (the samples held fixed, as in the loss), is 0 for k1, the gradient
+    of KL(pi || ref) for k2 and the gradient of KL(ref || pi) for k3."""
+    logits = torch.tensor([0.3, -1.0, 2.0, 0.1], dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.tensor([0.0, 0.5, 1.0, -0.4], dtype=torch.float64), 0)
+    log_pi = torch.log_softmax(logits, 0)
+    expected_loss = (log_pi.exp().detach() * kl_estimate(log_pi, ref, estimator, torch.ones(4))).sum()
+    forward_kl = (log_pi.exp() * (log_pi - ref)).sum()  # KL(pi || ref)
+    reverse_kl = (ref.exp() * (ref - log_pi)).sum()  # KL(ref || pi)
+    got, forward, reverse = (torch.autograd.grad(x, logits, retain_graph=True)[0]
+                             for x in (expected_loss, forward_kl, reverse_kl))
+    target = {"zero": torch.zeros(4, dtype=torch.float64), "KL(pi||ref)": forward, "KL(ref||pi)": reverse}
+    for name, value in target.items():
+        assert torch.allclose(got, value, atol=1e-12) == (name == gradient_of), name
 
 
 def one_token(ratio: float, advantage: float, **variant) -> tuple[float, float]:
@@ -164,7 +201,7 @@ def test_history_shows_the_phase_and_the_kl_used(setup, tmp_path):
     assert all(row["kl_used"] == "k1 in reward" for row in history)
 
 
-@pytest.mark.parametrize("kl_in, estimator", [("reward", "k2"), ("reward", "k3"), ("loss", "k1"), ("loss", "k3")])
+@pytest.mark.parametrize("kl_in, estimator", [("reward", "k2"), ("reward", "k3"), ("loss", "k2"), ("loss", "k3")])
 def test_where_the_kl_goes(setup, tmp_path, kl_in, estimator):
     from ppo_rlhf.objectives import normalise_loss
 
@@ -175,7 +212,7 @@ def test_where_the_kl_goes(setup, tmp_path, kl_in, estimator):
             p.add_(0.05 * torch.randn_like(p))
     batch = trainer.score(trainer.rollout(PROMPTS))
     act = batch.action_mask.bool()
-    expected_kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, estimator)
+    expected_kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, estimator, batch.action_mask)
     assert torch.allclose(batch.kl[act], expected_kl[act]) and float(batch.kl[act].abs().sum()) > 0
     last = act.shape[1] - 1 - act.int().flip(1).argmax(1)
     score_only = torch.zeros_like(batch.rewards)
@@ -187,7 +224,7 @@ def test_where_the_kl_goes(setup, tmp_path, kl_in, estimator):
         loss, numbers = trainer.policy_loss(batch, float(act.sum()), 1.0)
         with torch.no_grad():
             new = trainer.actor.logprobs(batch.input_ids, batch.attention_mask, 0)
-        term = normalise_loss(kl_estimate(new, batch.ref_logprobs, estimator), batch.action_mask)
+        term = normalise_loss(kl_estimate(new, batch.ref_logprobs, estimator, batch.action_mask), batch.action_mask)
         assert float(loss.detach()) == pytest.approx(numbers["pg_loss"] + 0.5 * float(term), rel=1e-5)
 
 
@@ -197,3 +234,41 @@ def test_options_refused_without_a_critic(setup, tmp_path):
     for option in ({"critic_warmup_iterations": 1}, {"policy_start_ev": 0.2}, {"critic_lam": 1.0}):
         with pytest.raises(UsageError, match="gae"):
             config(setup, tmp_path / "run", advantage_estimator="rloo", group_size=2, **option).validate()
+
+
+def test_k1_in_the_loss_is_refused(setup, tmp_path):
+    """Issue 29: k1 as a loss term has a zero gradient in expectation on-policy: the penalty would do nothing."""
+    from ppo_rlhf.errors import UsageError
+
+    for options in ({"kl_in": "loss", "kl_estimator": "k1"},
+                    {"advantage_estimator": "grpo", "group_size": 2, "kl_estimator": "k1"}):  # grpo: the loss's default
+        with pytest.raises(UsageError, match="k1's gradient is zero in expectation"):
+            config(setup, tmp_path / "run", **options).validate()
+    for options in ({"kl_in": "loss", "kl_estimator": "k2"}, {"kl_in": "loss"}, {"kl_estimator": "k1"}):
+        config(setup, tmp_path / "run", **options).validate()
+
+
+def test_policy_lr_schedule_reaches_zero_after_a_critic_warmup(setup, tmp_path):
+    """Issue 29: the policy takes no step in the critic warm-up, so its schedule is sized over its own steps (2
+    iterations x 2 steps here): linear reaches 0 at the last iteration; the value model's runs over all 3."""
+    trainer = PPOTrainer(config(setup, tmp_path / "run", iterations=3, critic_warmup_iterations=1,
+                                lr_schedule="linear"))
+    lrs = [trainer.iteration(i)[0]["lr"] for i in range(3)]  # the policy's LR after each iteration
+    assert lrs == [pytest.approx(1e-2), pytest.approx(0.5e-2), 0.0]
+    assert trainer.value_optimizer.param_groups[0]["lr"] == 0.0
+    from ppo_rlhf.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"the critic warm-up \(3 - 1\)"):  # a warm-up the policy could never finish
+        config(setup, tmp_path / "run", iterations=3, critic_warmup_iterations=1, warmup_iterations=3).validate()
+
+
+def test_a_causal_lm_as_reward_model_is_refused_unless_asked_for(setup, tmp_path):
+    """Issue 29: the policy's own folder as reward_model trained against a random head, exit 0."""
+    from ppo_rlhf.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^reward_model: .*causal LM \(LlamaForCausalLM\) without a trained score "
+                                         r"head.*init_score_head: true"):
+        PPOTrainer(config(setup, tmp_path / "run", reward_model=setup["policy"]))
+    trainer = PPOTrainer(config(setup, tmp_path / "run", reward_model=setup["policy"], advantage_estimator="rloo",
+                                group_size=2, init_score_head=True))
+    assert trainer.reward_model.model.score.out_features == 1

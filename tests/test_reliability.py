@@ -357,6 +357,46 @@ def test_file_errors_come_before_the_config_dump_and_heavy_imports(env, tmp_path
         assert len(result.stderr.strip().splitlines()) == 1 and "error" in result.stderr, result.stderr
 
 
+def test_every_command_checks_its_named_files_before_importing_torch(tmp_path):
+    """Issue 29 item 9: a missing file or empty value named to any command is one line and exit 2, and neither torch
+    nor transformers (nor matplotlib, for the demo) was imported to say so."""
+    empty, missing = tmp_path / "empty_folder", str(tmp_path / "missing.jsonl")
+    empty.mkdir()
+    pairs, prompts = tmp_path / "pairs.jsonl", tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "p"}\n')
+    pairs.write_text('{"prompt": "p", "chosen": "a", "rejected": "b"}\n')
+    run_dir = tmp_path / "run"  # a run directory whose config evaluate accepts, evaluated on a missing prompts file
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("policy_model: smollm2\ntemperature: 1.0\nmax_new_tokens: 8\n"
+                                         "reward_model: rm\n")
+    cases = [(["memory", "--config", str(empty)], "no config.json"),
+             (["demo", "--out", ""], "out: expected a non-empty string"),
+             (["demo", "--out", str(tmp_path / "demo"), "--model", str(empty)], "no config.json"),
+             (["pairs", "--prompts", missing, "--out", str(tmp_path / "p.jsonl")], "missing.jsonl not found"),
+             (["pairs", "--prompts", missing, "--out", str(tmp_path / "p.jsonl"), "--model", str(empty)],
+              "missing.jsonl not found"),
+             (["prompts", "--out", str(tmp_path / "p"), "--model", str(empty)], "no config.json"),
+             (["prompts", "--source", missing, "--out", str(tmp_path / "p")], "missing.jsonl not found"),
+             (["evaluate", str(run_dir), "--prompts", missing, "--out", str(tmp_path / "e")],
+              "missing.jsonl not found"),
+             (["evaluate", str(run_dir), "--prompts", str(prompts), "--proxy", f"rm:{empty}", "--out",
+               str(tmp_path / "e")], "no config.json"),
+             (["compare", "--eval-prompts", missing], "reward_model is required"),
+             (["reward-model", "train", "--pairs", missing, "--out", str(tmp_path / "rm")], "missing.jsonl not found"),
+             (["reward-model", "train", "--pairs", str(pairs), "--out", str(tmp_path / "rm"), "--base", str(empty)],
+              "no config.json"),
+             (["reward-model", "train", "--pairs", str(pairs), "--out", str(tmp_path / "rm"), "--heldout-pairs",
+               missing], "missing.jsonl not found")]
+    script = ("import sys; from ppo_rlhf.cli import main; code = main(sys.argv[1:]); "
+              "print(code, *(m in sys.modules for m in ('torch', 'transformers', 'matplotlib')))")
+    for argv, message in cases:
+        result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+        assert result.stdout.strip() == "2 False False False", (argv, result.stdout[-300:], result.stderr[-300:])
+        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, (argv, result.stderr)
+    assert not (tmp_path / "demo").exists()
+
+
 BAD_LINE = {
     "bad_json": '{"prompt": "unclosed',
     "not_object": '["a list"]',

@@ -52,11 +52,18 @@ def fake_evaluation(root):
 
 
 def test_history_table_first_and_last_five(tmp_path):
-    run = fake_run(tmp_path, "beta005")
+    run = fake_run(tmp_path, "beta005", iterations=12)
     header, rows = history_table({"beta005": read_history(run)})
     assert header[:3] == ["run", "iterations", "score"]
     assert rows[0][:3] == ["beta005", "first 5", "+0.200"]  # mean of 0.0 .. 0.4
-    assert rows[1][:3] == ["beta005", "last 5", "+0.500"]  # mean of 0.3 .. 0.7
+    assert rows[1][:3] == ["beta005", "last 5", "+0.900"]  # mean of 0.7 .. 1.1
+
+
+def test_a_run_shorter_than_two_spans_gets_one_row(tmp_path):
+    """Issue 29 item 16: with fewer than 10 iterations "first 5" and "last 5" overlap (with 5 or fewer, repeat)."""
+    for iterations, score in ((8, "+0.350"), (2, "+0.050")):
+        _, rows = history_table({"short": read_history(fake_run(tmp_path / str(iterations), "short", iterations))})
+        assert [row[:3] for row in rows] == [["short", f"all {iterations}", score]]
 
 
 def test_report_writes_pngs_and_self_contained_html(tmp_path):
@@ -179,4 +186,52 @@ def test_learning_curve_figure_marks_chance_and_target():
     (axis,) = figure.axes
     labels = [t.get_text() for t in axis.get_legend().get_texts()]
     assert labels == ["first pass", "after 2 epochs", "chance", "target"]
-    assert list(axis.get_lines()[0].get_xdata()) == [0, 10] and axis.get_ylim() == (0, 1)
+    assert list(axis.get_lines()[0].get_xdata()) == [0, 10] and axis.get_ylim() == (-0.04, 1.04)
+
+
+def test_learning_curve_figure_keeps_its_labels_and_lines_inside():
+    """Issue 29 item 16: the y label was cut off at both ends, and an accuracy of 1 hid in the frame."""
+    import io
+
+    figure = learning_curve_figure([{"pairs": 0, "epochs": 0, "accuracy": 0.5},
+                                    {"pairs": 40, "epochs": 1, "accuracy": 1.0},
+                                    {"pairs": 80, "epochs": 1, "accuracy": 0.0}])
+    figure.savefig(io.BytesIO(), dpi=100)  # lays the figure out as the report's PNG is
+    (axis,) = figure.axes
+    renderer = figure._get_renderer()
+    width, height = figure.bbox.width, figure.bbox.height
+    for text in (axis.yaxis.label, axis.xaxis.label, axis.title):
+        box = text.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= width and 0 <= box.y0 and box.y1 <= height, (text.get_text(), box)
+    (low, high), (left, right) = axis.get_ylim(), axis.get_xlim()
+    for line in axis.get_lines():
+        if line.get_label() == "first pass":
+            assert low < min(line.get_ydata()) and max(line.get_ydata()) < high  # 0 and 1 off the frame
+            assert left < min(line.get_xdata()) and max(line.get_xdata()) < right
+
+
+def test_paths_nan_correlations_and_empty_replies_are_explained(tmp_path):
+    """Issue 29 item 16: the proxy's folder relative to the report, a length correlation that cannot be formed says
+    why, an empty reply says it is empty; and the KL says which estimate it is."""
+    from ppo_rlhf.report import evaluation_table, example_table
+
+    folder = fake_evaluation(tmp_path)
+    evaluation = json.loads((folder / "evaluation.json").read_text())
+    evaluation["settings"] = {"n_prompts": 4, "replies_per_prompt": 2, "seed": 1, "gold": "gold",
+                              "proxy": f"rm:{tmp_path / 'demo' / 'reward_model'}", "kl": "k3 estimate of KL"}
+    evaluation["examples"][0]["replies"][0]["reply"] = ""
+    (folder / "evaluation.json").write_text(json.dumps(evaluation))
+    write_report([], folder, tmp_path / "demo" / "report")
+    markdown = (tmp_path / "demo" / "report" / "report.md").read_text()
+    assert "proxy rm:../reward_model, gold gold" in markdown and str(tmp_path) not in markdown
+    assert "KL: the k3 estimate of KL." in markdown
+    assert example_table(evaluation["examples"][0])[1][0][-1] == "(empty reply)"
+
+    one_finished = dict(evaluation["summary"][0], length_corr=math.nan, finished=1 / 8, replies=8)
+    same_length = dict(one_finished, finished=0.5)
+    cells = [row[-1] for row in evaluation_table([one_finished, same_length])[1]]
+    assert cells == ["n/a (only 1 finished reply; it needs 2)",
+                     "n/a (the finished replies all have the same length or the same proxy score)"]
+    text = format_evaluation([one_finished, dict(same_length, run="r", iteration=1)], evaluation["examples"], 8)
+    assert "length correlation n/a (only 1 finished reply; it needs 2)" in text and "nan" not in text
+    assert "(empty reply)" in text

@@ -68,7 +68,10 @@ def test_trains_with_a_bf16_backbone(tmp_path, base, pairs_file):
     info = train_reward_model(pairs_file, base=base, out_dir=out, epochs=2, lr=3e-2, batch_size=8, lora_rank=4,
                               heldout_fraction=0.25, seed=0, max_length=128, dtype="bfloat16")
     assert info["dtype"] == "bfloat16" and info["after"]["accuracy"] >= 0.9
-    assert info["train_loss"][-1] < info["train_loss"][0]
+    # Learning is read on the held-out pairs: their mean margin grows from ~0 to several nats. The training loss's
+    # epoch means are no test at this aggressive lr: on an AMX-BF16 CPU the second epoch's mean rose (0.67 -> 1.89:
+    # a few pairs overshot to large losses) while held-out accuracy went to 1.0 and the margin to 6.3.
+    assert info["after"]["mean_margin"] > info["before"]["mean_margin"] + 1.0
     loaded = load_sequence_classifier(str(out), torch.bfloat16)  # the saved LoRA + head, merged, backbone in bf16
     assert loaded.score.weight.dtype == torch.float32 and torch.bfloat16 in weight_dtypes(loaded)
 
@@ -93,19 +96,19 @@ def test_heldout_pairs_file_and_learning_curve(tmp_path, base, pairs_file):
 def test_each_reply_is_scored_once_and_a_prompt_s_pairs_stay_together(base, monkeypatch):
     import torch
 
-    import ppo_rlhf.reward_model as reward_model_module
+    import ppo_rlhf.scores as scores_module  # (reward_model imports it where used, after its file checks)
 
-    model, tokenizer = load_sequence_classifier(base), load_tokenizer(base)
+    model, tokenizer = load_sequence_classifier(base, init_score_head=True), load_tokenizer(base)
     replies = ["happy dog", "sad cat", "the king", "a queen story"]
     pairs = [{"prompt": "Story 1.", "chosen": a, "rejected": b} for i, a in enumerate(replies) for b in replies[i + 1:]]
     scored_rows = []
-    original = reward_model_module.reward_scores
+    original = scores_module.reward_scores
 
     def counting(model, input_ids, attention_mask, batch_size=None):
         scored_rows.append(len(input_ids))
         return original(model, input_ids, attention_mask, batch_size)
 
-    monkeypatch.setattr(reward_model_module, "reward_scores", counting)
+    monkeypatch.setattr(scores_module, "reward_scores", counting)
     with torch.no_grad():
         chosen, rejected, gap = pair_scores(model, tokenizer, pairs)
         one_by_one = [pair_scores(model, tokenizer, [pair]) for pair in pairs]

@@ -307,7 +307,8 @@ def test_tokenizer_without_chat_template(setup, tmp_path, capsys, tokenizer):
 def test_two_iterations_on_smollm2(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    cfg = build_config(TrainConfig, dict(policy_model="smollm2", reward_model="smollm2", prompts=str(prompts),
+    cfg = build_config(TrainConfig, dict(policy_model="smollm2", reward_model="smollm2", init_score_head=True,
+                                         prompts=str(prompts),
                                          out=str(tmp_path / "run"), iterations=2, batch_size=4, minibatch_size=2,
                                          epochs=1, max_new_tokens=16, reward_norm_samples=4, quiet=True,
                                          tensorboard=False))

