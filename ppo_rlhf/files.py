@@ -6,6 +6,7 @@ kill) and rename it into place.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -51,3 +52,19 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     os.replace(path, old)
     os.replace(tmp, path)
     shutil.rmtree(old)
+
+
+def keep_iterations_before(path: str | Path, iteration: int) -> None:
+    """Drop the JSONL lines of `path` (if it exists) whose "iteration" is `iteration` or later, and the lines cut by a
+    kill: on resume those iterations run again, and a killed run wrote them after its checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            if json.loads(line)["iteration"] < iteration:
+                kept.append(line.rstrip("\n") + "\n")  # the next append starts on a line of its own
+        except (ValueError, KeyError, TypeError):  # a line cut by the kill
+            pass
+    atomic_write_text(path, "".join(kept))

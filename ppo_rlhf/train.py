@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
-from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
+from ppo_rlhf.dashboard import dashboard_line, history_line, token_table_text
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.files import atomic_write_text
 from ppo_rlhf.paths import require_run_dir
@@ -23,6 +23,7 @@ from ppo_rlhf.train_config import TrainConfig
 
 if TYPE_CHECKING:  # torch, transformers and peft are imported by `train`, after the config and its files are checked
     from ppo_rlhf.experience import Experience
+    from ppo_rlhf.trackers import Trackers
     from ppo_rlhf.trainer import PPOTrainer
 
 
@@ -70,7 +71,9 @@ def write_samples(run_dir: Path, index: int, experience: Experience, count: int 
              for i in range(min(count, len(experience.prompts)))]
     with open(run_dir / "samples.jsonl", "a") as handle:
         handle.write("\n".join(lines) + "\n")
-    return (f"sample [{float(experience.scores[0]):+.2f}] {experience.prompts[0][:60]!r} -> "
+    from ppo_rlhf.chat import prompt_text
+
+    return (f"sample [{float(experience.scores[0]):+.2f}] {prompt_text(experience.prompts[0])[:60]!r} -> "
             f"{experience.reply_texts[0][:120]!r}")
 
 
@@ -115,31 +118,60 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
 FILE_FIELDS = ("prompts", "ptx_data", "out")  # model fields are resolved by resolve_model_path
 
 
+def absolute_if_local(name: str) -> str:
+    """A path that exists made absolute; anything else (a hub id) as it is."""
+    return str(Path(name).expanduser().resolve()) if Path(name).expanduser().exists() else name
+
+
+def saved_spec(spec: str) -> str:
+    """A reward function spec as config.yaml keeps it: its file or model folder absolute."""
+    from ppo_rlhf.paths import function_spec
+
+    parts = function_spec(spec)
+    if parts is None:
+        return absolute_if_local(spec)
+    return f"{absolute_if_local(parts[0])}:{parts[1]}" if parts[0].endswith(".py") else spec
+
+
 def saved_config(cfg: TrainConfig) -> TrainConfig:
     """The config as config.yaml keeps it: model names resolved and every path absolute, so that `evaluate RUN` and
-    `train --resume RUN` read the same files from any directory."""
+    `train --resume RUN` read the same files from any directory (`resume` itself is not kept)."""
     from ppo_rlhf.models import resolve_model_path  # lazy: torch (see train())
 
-    files = {name: str(Path(getattr(cfg, name)).resolve()) for name in FILE_FIELDS if getattr(cfg, name)}
-    models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model")}
-    return dataclasses.replace(cfg, **files, **models)
+    files = {name: absolute_if_local(getattr(cfg, name)) for name in FILE_FIELDS if getattr(cfg, name)}
+    models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model", "value_model")
+              if getattr(cfg, name) is not None}
+    return dataclasses.replace(cfg, **files, **models, reward_funcs=[saved_spec(s) for s in cfg.reward_funcs],
+                               resume=False)
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
-    """Run (or continue) PPO; returns the run directory."""
-    # lazy: `ppo-rlhf train` checks its config and files before torch, transformers and peft load
-    from ppo_rlhf.trainer import PPOTrainer
+    """Run (or continue) PPO; returns the run directory. The same as `ppo_rlhf.PPOTrainer(cfg, resume=resume)
+    .train()`, which the `train` command runs too."""
+    from ppo_rlhf.api import PPOTrainer  # lazy: torch, transformers and peft load after the config is checked
 
-    if not resume:
-        check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
-    trainer = PPOTrainer(cfg)
+    return PPOTrainer(cfg, resume=resume).train()
+
+
+def run_training(trainer: PPOTrainer, resume: bool, callbacks: list | tuple = (), owner: Any = None) -> Path:
+    """Run (or continue, `resume`) the loaded `trainer`: run directory, normalisation, iterations, checkpoints; the
+    callbacks are called with `owner` (the public trainer). Returns the run directory."""
+    cfg = trainer.cfg
     main = trainer.dist.is_main  # with several processes only rank 0 writes the run directory and logs
     run_dir = Path(cfg.out) if resume or not main else prepare_run_dir(cfg)
     trainer.dist.barrier()
     log = (lambda message: None) if cfg.quiet or not main else tqdm.write
     start, history = start_or_resume(trainer, run_dir, resume, log)
-    run_iterations(trainer, run_dir, start, history, log)
+    notify(callbacks, "on_train_begin", owner)
+    run_iterations(trainer, run_dir, start, history, log, callbacks, owner)
+    notify(callbacks, "on_train_end", owner)
     return run_dir
+
+
+def notify(callbacks: list | tuple, event: str, *args: Any) -> bool:
+    """Call `event` on every callback that has it, in order; True when any of them returned True."""
+    answers = [getattr(callback, event)(*args) for callback in callbacks if hasattr(callback, event)]
+    return any(answer is True for answer in answers)
 
 
 def start_or_resume(trainer: PPOTrainer, run_dir: Path, resume: bool, log: Callable[[str], None]
@@ -181,47 +213,68 @@ def start_or_resume(trainer: PPOTrainer, run_dir: Path, resume: bool, log: Calla
 
 
 def run_iterations(trainer: PPOTrainer, run_dir: Path, start: int, history: list[str],
-                   log: Callable[[str], None]) -> None:
-    """Iterations `start` .. cfg.iterations - 1, each logged (rank 0) and checkpointed every checkpoint_every."""
+                   log: Callable[[str], None], callbacks: list | tuple = (), owner: Any = None) -> None:
+    """Iterations `start` .. cfg.iterations - 1, each logged (rank 0) and checkpointed every checkpoint_every, and
+    when a callback's on_iteration_end(owner, stats) returns True (then the run stops)."""
     from ppo_rlhf.checkpoint import latest_checkpoint, save_checkpoint  # lazy: torch (see train())
+    from ppo_rlhf.rewards import RewardFunctionError  # lazy: torch (see train())
+    from ppo_rlhf.trackers import make_trackers  # lazy: wandb/trackio when named
     from ppo_rlhf.trainer import TrainingStopped  # lazy: torch (see train())
 
     cfg, main = trainer.cfg, trainer.dist.is_main
-    board = TensorBoard(run_dir / "tb" if cfg.tensorboard and main else None, first_iteration=start)
+    trackers = make_trackers(cfg.trackers if main else [], run_dir, dataclasses.asdict(saved_config(cfg)), start)
     progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)
     try:
         for index in progress:
             stats, experience = trainer.iteration(index)
             history.append(history_line(stats))
             if main:
-                record_iteration(run_dir, index, stats, history[-1], experience, trainer, board, log)
+                record_iteration(run_dir, index, stats, history[-1], experience, trainer, trackers, log)
                 progress.set_postfix(score=f"{stats['score']:+.2f}", kl=f"{stats['kl']:.2f}", fin=f"{stats['fin']:.2f}")
             done = index + 1
-            if done % cfg.checkpoint_every == 0 or done == cfg.iterations:
+            stop = notify(callbacks, "on_iteration_end", owner, stats)
+            if done % cfg.checkpoint_every == 0 or done == cfg.iterations or stop:
                 state = trainer.state_dict()  # every process (FSDP gathers shards, DeepSpeed partitions)
                 if main:
                     save_checkpoint(run_dir, done, trainer.models, state, history)
                 trainer.dist.barrier()  # nobody runs ahead of a checkpoint being written
-    except TrainingStopped as error:  # history.jsonl holds every finished iteration; name the checkpoint to resume
-        last = latest_checkpoint(run_dir, tuple(trainer.models))
+            if stop:
+                log(f"stopped by a callback after iteration {index} (checkpoint iter_{done:06d})")
+                break
+    except (TrainingStopped, RewardFunctionError) as error:  # history.jsonl holds every finished iteration
+        last = latest_checkpoint(run_dir, tuple(trainer.models))  # name the checkpoint to resume from
         where = f"latest checkpoint {last.name}" if last else "no checkpoint was written yet"
-        raise TrainingStopped(f"{error}; {where}") from None
+        raise type(error)(f"{error}; {where}") from None
     finally:
-        board.close()
+        trackers.close()
+
+
+def completion_rows(trainer: PPOTrainer, experience: Experience) -> list[dict[str, Any]]:
+    """The batch as a completions table: prompt (text), completion, normalised score, each reward's value."""
+    from ppo_rlhf.chat import prompt_text
+
+    by_function = trainer.reward_scores.by_function if trainer.reward_scores is not None else {}
+    return [{"prompt": prompt_text(experience.prompts[i]), "completion": experience.reply_texts[i],
+             "score": float(experience.scores[i]),
+             **{f"reward/{name}": values[i] for name, values in by_function.items()}}
+            for i in range(len(experience.prompts))]
 
 
 def record_iteration(run_dir: Path, index: int, stats: dict[str, Any], line: str, experience: Experience,
-                     trainer: PPOTrainer, board: TensorBoard, log: Callable[[str], None]) -> None:
-    """Rank 0's record of one iteration: the token table (first iteration), its history `line`, TensorBoard, the
-    dashboard line and, every sample_every iterations, the samples."""
+                     trainer: PPOTrainer, trackers: Trackers, log: Callable[[str], None]) -> None:
+    """Rank 0's record of one iteration: the token table (first iteration), its history `line`, the trackers, the
+    dashboard line, every sample_every iterations the samples, every log_completions_every the completions."""
     if index == 0:
         write_token_table(run_dir, trainer, experience)
     with open(run_dir / "history.jsonl", "a") as handle:
         handle.write(line)
-    board.log(stats)
+    trackers.log(stats, index)
     log(dashboard_line(stats))
     if index % trainer.cfg.sample_every == 0:
         log(write_samples(run_dir, index, experience))
+    every = trainer.cfg.log_completions_every
+    if every and index % every == 0:
+        trackers.log_completions(completion_rows(trainer, experience), index)
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -231,22 +284,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file with any of the fields below; flags override it")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue a run from its latest checkpoint (its saved config; flags override)")
-    add_config_arguments(parser, TrainConfig)
+    add_config_arguments(parser, TrainConfig, skip=("resume",))  # (--resume names the run: the field is set from it)
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command is a thin layer over the public API: the config from YAML and flags, its files checked before
+    anything heavy is imported, then `ppo_rlhf.PPOTrainer(cfg).train()`."""
     if args.resume:
         run_dir = require_run_dir(args.resume)
         saved = read_yaml(run_dir / "config.yaml")
-        flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
-        cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir)})
+        flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and k != "resume"}
+        cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir), "resume": True})
+        cfg.require_inputs()
         cfg.check_files()
-        train(cfg, resume=True)
-        return 0
-    cfg = config_from_args(TrainConfig, args)
-    cfg.check_files()  # before the config is printed and before anything heavy is imported
-    check_run_dir(cfg)
-    if not cfg.quiet:
-        print(to_yaml(cfg), end="")
-    train(cfg)
+    else:
+        cfg = config_from_args(TrainConfig, args, extra=("resume",))  # (args.resume is --resume RUN_DIR)
+        cfg.require_inputs()
+        cfg.check_files()  # before the config is printed and before anything heavy is imported
+        if not cfg.resume:
+            check_run_dir(cfg)
+        if not cfg.quiet:
+            print(to_yaml(cfg), end="")
+    from ppo_rlhf.api import PPOTrainer  # lazy: torch, transformers and peft
+
+    PPOTrainer(cfg).train()
     return 0
