@@ -1,8 +1,29 @@
-"""Chat formatting: the token ids of a prompt (for generation) and of a prompt-reply conversation (for scoring)."""
+"""Chat formatting: the token ids of a prompt (for generation) and of a prompt-reply conversation (for scoring), and
+a prompt's text for logs. A prompt is a string (one user turn) or a list of chat messages (`data.Prompt`), both
+applied with the tokenizer's chat template."""
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (for the annotations only: prompt_text serves code that runs before transformers loads)
+    from transformers import PreTrainedTokenizerBase
+
+    from ppo_rlhf.data import Prompt
+
+
+def prompt_messages(prompt: Prompt) -> list[dict]:
+    """The chat messages of a prompt: a string is one user turn."""
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """A readable form of a prompt for logs, samples and reward functions that want text: a string as is; a single
+    user message its content; other messages "role: content" joined on one line by " | "."""
+    messages = prompt_messages(prompt)
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        return messages[0]["content"]
+    return " | ".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
 def _template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool) -> list[int]:
@@ -13,14 +34,14 @@ def _template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_
     return list(encoded["input_ids"])
 
 
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """Token ids of a one-turn user prompt followed by the assistant header."""
-    return _template_ids(tokenizer, [{"role": "user", "content": prompt}], add_generation_prompt=True)
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt's messages followed by the assistant header."""
+    return _template_ids(tokenizer, prompt_messages(prompt), add_generation_prompt=True)
 
 
-def conversation_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, reply: str) -> list[int]:
+def conversation_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, reply: str) -> list[int]:
     """Token ids of a (prompt, reply) conversation, ending at the assistant's closing EOS."""
-    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
+    messages = prompt_messages(prompt) + [{"role": "assistant", "content": reply}]
     ids = _template_ids(tokenizer, messages, add_generation_prompt=False)
     # ChatML adds "\n" after <|im_end|>; the score must be read at <|im_end|> itself.
     while len(ids) > 1 and tokenizer.decode(ids[-1:]).strip() == "":

@@ -87,13 +87,21 @@ Seed = Annotated[int, Bounds(low=0, high=2**32 - 1)]  # numpy's and every seedin
 class FieldType:
     """What a field's type hint allows: its base type, whether null means "none", its interval, its choices."""
 
-    kind: type  # bool, int, float or str
+    kind: type  # bool, int, float or str (a list field: its items')
     optional: bool = False  # `X | None`: null is a value ("none"); otherwise null is refused
     bounds: Bounds = Bounds()
     choices: tuple[str, ...] = ()  # `Literal[...]`
+    many: bool = False  # `list[X]`: a list of X (YAML: a list, or one X; a flag: one or more X); [] is "none"
+
+    @property
+    def item(self) -> FieldType:
+        """The type of one item of a list field (null never is one)."""
+        return dataclasses.replace(self, many=False, optional=False)
 
     @property
     def noun(self) -> str:
+        if self.many:
+            return f"a list of items, each {self.item.noun}"
         if self.choices:
             return "one of " + ", ".join(self.choices)
         nouns = {bool: "true or false", int: "an integer", float: "a number", str: "a non-empty string"}
@@ -112,6 +120,9 @@ def field_types(cls: type) -> dict[str, FieldType]:
             args = typing.get_args(hint)
             optional = type(None) in args
             hint = next(arg for arg in args if arg is not type(None))
+        many = typing.get_origin(hint) is list
+        if many:
+            (hint,) = typing.get_args(hint)
         bounds = Bounds()
         if typing.get_origin(hint) is Annotated:
             hint, *extras = typing.get_args(hint)
@@ -119,7 +130,7 @@ def field_types(cls: type) -> dict[str, FieldType]:
         choices: tuple[str, ...] = ()
         if typing.get_origin(hint) is Literal:
             choices, hint = typing.get_args(hint), str
-        found[name] = FieldType(hint, optional, bounds, choices)
+        found[name] = FieldType(hint, optional, bounds, choices, many)
     return found
 
 
@@ -128,7 +139,8 @@ def check_value(name: str, value: Any, field_type: FieldType) -> Any:
 
     Refused: null (unless the type is optional), empty or blank strings, lists and maps, booleans for numbers or
     strings, numbers for strings, non-numeric strings for numbers, NaN/inf, values outside the field's bounds or
-    choices. A number may come as a string (flags always do; YAML reads 1e-5 as a string).
+    choices. A number may come as a string (flags always do; YAML reads 1e-5 as a string). A list field takes a list
+    (or a tuple, or one item alone) whose every item is checked as above; [] means none.
     """
     kind = field_type.kind
 
@@ -140,6 +152,14 @@ def check_value(name: str, value: Any, field_type: FieldType) -> Any:
         if field_type.optional:
             return None
         raise refuse()
+    if field_type.many:
+        if isinstance(value, dict):
+            raise refuse()
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        try:
+            return [check_value(name, item, field_type.item) for item in items]
+        except UsageError:
+            raise refuse() from None
     if isinstance(value, (list, dict)) or (isinstance(value, bool) and kind is not bool):
         raise refuse()
     if kind is bool:
@@ -204,19 +224,25 @@ POSITIVE_FLOAT = Checked(float, POSITIVE)
 SEED = Checked(int, typing.get_args(Seed)[1])
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One flag per field. Defaults are suppressed so that only the flags actually given override the YAML."""
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """One flag per field (but those in `skip`). Defaults are suppressed so that only the flags actually given override
+    the YAML. A list field's flag takes one or more values (`--reward-funcs a.py:f runs/rm`)."""
     docs = field_docs(cls)
     kinds = field_types(cls)
     for field in dataclasses.fields(cls):
-        kind = kinds[field.name].kind
+        if field.name in skip:
+            continue
+        field_type = kinds[field.name]
         flag = "--" + field.name.replace("_", "-")
-        help_text = f"{docs.get(field.name, '')} (default: {field.default!r})"
-        if kind is bool:
+        default = field.default_factory() if field.default is dataclasses.MISSING else field.default  # type: ignore
+        help_text = f"{docs.get(field.name, '')} (default: {default!r})"
+        if field_type.kind is bool and not field_type.many:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         else:
-            parser.add_argument(flag, type=Checked(kinds[field.name], field=field.name), default=argparse.SUPPRESS,
-                                metavar=kind.__name__.upper(), help=help_text)
+            item = field_type.item if field_type.many else field_type
+            parser.add_argument(flag, type=Checked(item, field=field.name), default=argparse.SUPPRESS,
+                                nargs="+" if field_type.many else None, metavar=field_type.kind.__name__.upper(),
+                                help=help_text)
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -277,13 +303,13 @@ def build_config(cls: type[T], *sources: dict[str, Any], origin: dict[str, str] 
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise UsageError(f"unknown config key {key!r}{hint}")
             values[name] = check_value(name, value, kinds[name])
-    config = cls(**values)
-    validate = getattr(config, "validate", None)
-    if validate is not None:
-        try:
+    try:
+        config = cls(**values)  # (a config class may validate itself as it is made: TrainConfig does)
+        validate = getattr(config, "validate", None)
+        if validate is not None:
             validate()
-        except UsageError as error:
-            raise UsageError(name_origins(str(error), origin or {})) from None
+    except UsageError as error:
+        raise UsageError(name_origins(str(error), origin or {})) from None
     return config
 
 

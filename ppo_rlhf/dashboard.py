@@ -46,6 +46,13 @@ def history_line(stats: dict[str, Any]) -> str:
     return json.dumps(stats, allow_nan=True) + "\n"
 
 
+def scalar_tags(stats: dict[str, Any]) -> dict[str, float]:
+    """The numbers of one iteration's stats under the names every tracker shows them by: `ppo/score`,
+    `time/time_gen`, ... (strings such as `phase` and the step itself are left out)."""
+    return {f"{'time' if key.startswith('time_') else 'ppo'}/{key}": value for key, value in stats.items()
+            if isinstance(value, (int, float)) and key != "iteration"}
+
+
 class TensorBoard:
     """Scalars under RUN_DIR/tb; a no-op when disabled."""
 
@@ -60,10 +67,8 @@ class TensorBoard:
     def log(self, stats: dict[str, Any]) -> None:
         if self.writer is None:
             return
-        for key, value in stats.items():
-            if isinstance(value, (int, float)) and key != "iteration":
-                group = "time" if key.startswith("time_") else "ppo"
-                self.writer.add_scalar(f"{group}/{key}", value, stats["iteration"])
+        for tag, value in scalar_tags(stats).items():
+            self.writer.add_scalar(tag, value, stats["iteration"])
         self.writer.flush()
 
     def close(self) -> None:

@@ -423,6 +423,7 @@ def evaluate_runs(
     # lazy: every argument and file is checked above before torch, transformers and the models load
     import torch
 
+    from ppo_rlhf.data import load_prompt_rows
     from ppo_rlhf.judges import make_judge
     from ppo_rlhf.models import load_causal_lm, load_policy_adapter, load_tokenizer
     from ppo_rlhf.precision import resolve_dtype
@@ -459,7 +460,8 @@ def evaluate_runs(
         model = load(pending[0][2])
         # as train does: a prompt beyond a model's context would be cut, and its replies would mean nothing
         judge_models = [getattr(judge, "model", None) for judge in judges.values()]
-        check_prompt_lengths(str(prompts_path), tokenizer, [model, *judge_models], settings["max_new_tokens"])
+        check_prompt_lengths(load_prompt_rows(str(prompts_path)), tokenizer, [model, *judge_models],
+                             settings["max_new_tokens"])
         for k, (run, iteration, folder) in enumerate(tqdm(pending, desc="models", unit="model")):
             model = model if k == 0 else load(folder)
             new = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration, **sample)

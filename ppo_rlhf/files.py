@@ -7,6 +7,7 @@ kill) and rename it into place.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -64,3 +65,19 @@ def disk_full(error: BaseException | None) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+def keep_iterations_before(path: str | Path, iteration: int) -> None:
+    """Drop the JSONL lines of `path` (if it exists) whose "iteration" is `iteration` or later, and the lines cut by a
+    kill: on resume those iterations run again, and a killed run wrote them after its checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            if json.loads(line)["iteration"] < iteration:
+                kept.append(line.rstrip("\n") + "\n")  # the next append starts on a line of its own
+        except (ValueError, KeyError, TypeError):  # a line cut by the kill
+            pass
+    atomic_write_text(path, "".join(kept))

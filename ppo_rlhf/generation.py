@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ppo_rlhf.data import Prompt
 from ppo_rlhf.errors import UsageError, require
 
 BACKENDS = ("hf", "vllm")
@@ -42,11 +43,11 @@ class Generator(Protocol):
     def sync(self, policy: nn.Module) -> None:
         """Make the backend sample from the policy's current weights (called before every rollout)."""
 
-    def generate(self, prompts: list[str]):
+    def generate(self, prompts: list[Prompt]):
         """One reply per prompt, as a `rollout.Rollout` (CPU tensors, right-padded)."""
 
 
-def rollout_from_tokens(tokenizer, prompts: list[str], prompt_ids: list[list[int]], outputs: list[list[int]],
+def rollout_from_tokens(tokenizer, prompts: list[Prompt], prompt_ids: list[list[int]], outputs: list[list[int]],
                         eos: list[int]):
     """A Rollout from sampled token ids: each reply cut after its first EOS (kept); no EOS = unfinished."""
     from ppo_rlhf.rollout import Rollout, build_batch
@@ -78,7 +79,7 @@ class HFGenerator:
     def sync(self, policy: nn.Module) -> None:
         self.policy = policy
 
-    def generate(self, prompts: list[str]):
+    def generate(self, prompts: list[Prompt]):
         from ppo_rlhf.rollout import generate_rollout
 
         return generate_rollout(self.policy, self.tokenizer, prompts, self.max_new_tokens, self.temperature,
@@ -230,7 +231,7 @@ class VLLMGenerator:
         self.engine.load_weights(merged_state_dict(policy))
         self.synced += 1
 
-    def generate(self, prompts: list[str]):
+    def generate(self, prompts: list[Prompt]):
         from ppo_rlhf.chat import chat_prompt_ids
 
         require(len(prompts) > 0, "no prompts to generate from")

@@ -126,7 +126,13 @@ def load_tokenizer(name: str, trust_remote_code: bool = False) -> PreTrainedToke
     base = _adapter_base(path)
     if base is not None and not (Path(path) / "tokenizer_config.json").is_file():
         path = resolve_model_path(base)  # an adapter folder saved without its tokenizer
-    tokenizer = _from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code)
+    return check_chat_tokenizer(_from_pretrained(AutoTokenizer, path, trust_remote_code=trust_remote_code), name)
+
+
+def check_chat_tokenizer(tokenizer: PreTrainedTokenizerBase, name: str) -> PreTrainedTokenizerBase:
+    """`tokenizer` if it can format chats and pad (a pad == eos tokenizer is kept as is: masks never come from pad)."""
+    require(isinstance(tokenizer, PreTrainedTokenizerBase),
+            f"the tokenizer of {name} is a {type(tokenizer).__name__}, not a transformers tokenizer")
     require(tokenizer.chat_template is not None, f"the tokenizer of {name} has no chat template")
     require(tokenizer.pad_token_id is not None, f"the tokenizer of {name} has no pad token")
     return tokenizer
@@ -176,7 +182,7 @@ def _no_score_head(name: str, found: str) -> NoScoreHead:
                        "from `ppo-rlhf reward-model train` or a sequence-classification model with one output")
 
 
-def _classifier_config(path: str, name: str, trust_remote_code: bool) -> tuple[bool, str]:
+def _classifier_config(path: str, name: str, trust_remote_code: bool = False) -> tuple[bool, str]:
     """(is it a sequence classifier, its architecture's name) from a model's config.json; a classifier must have one
     label."""
     config = _from_pretrained(AutoConfig, path, trust_remote_code=trust_remote_code)
@@ -184,6 +190,36 @@ def _classifier_config(path: str, name: str, trust_remote_code: bool) -> tuple[b
     is_classifier = any(arch.endswith("ForSequenceClassification") for arch in config.architectures or [])
     require(not is_classifier or config.num_labels == 1, f"{name} has {config.num_labels} output labels, need 1")
     return is_classifier, architecture
+def loaded_causal_lm(model: nn.Module, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A causal LM the caller loaded, prepared as `load_causal_lm` prepares one (fp32, then the frozen weights in
+    `dtype`; eval mode, dropout off). It is changed in place: LoRA is added to it next."""
+    name = type(model).__name__
+    require(not isinstance(model, PeftModel), f"the policy {name} already has a PEFT adapter: merge it first "
+            "(merge_and_unload()) or pass its base model")
+    require(isinstance(model, PreTrainedModel) and hasattr(model, "get_output_embeddings")
+            and model.get_output_embeddings() is not None,
+            f"the policy must be a transformers causal LM (AutoModelForCausalLM), got {name}")
+    return _finish(model.to(torch.float32), dtype)
+
+
+def zero_head_classifier(causal_lm: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                         dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A copy of a causal LM's transformer body under a new one-output score head whose weights are zero (the value
+    model without a reward model: every value starts at 0, no random head's noise in the first advantages)."""
+    config = causal_lm.config.__class__.from_dict(causal_lm.config.to_dict())
+    config.num_labels, config.architectures = 1, None
+    if config.pad_token_id is None:
+        config.pad_token_id = tokenizer.pad_token_id
+    quiet_libraries()
+    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    missing, _unexpected = model.load_state_dict(causal_lm.state_dict(), strict=False)  # (the LM head is unexpected)
+    require(all(key.startswith("score.") for key in missing), f"cannot build a value model on "
+            f"{type(causal_lm).__name__}: its body's weights do not fit a sequence classifier ({missing[0]} missing)")
+    _body, head = backbone_and_head(model)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            parameter.zero_()
+    return _finish(model, dtype)
 
 
 def load_sequence_classifier(

@@ -66,3 +66,25 @@ def demo_output_hint(flag: str, name: str) -> str:
     instead = other / path.relative_to(demo)
     written = "" if instead.exists() else f" (written by {writer(other, not quick)})"
     return f"; {writer(demo, quick)} writes it, or use {flag} {instead}{written}"
+
+
+def function_spec(spec: str) -> tuple[str, str] | None:
+    """(file or module, function) of a "path/to/file.py:function" or "package.module:function" reward spec; None for
+    any other name (a reward-model folder or hub id)."""
+    source, colon, function = spec.rpartition(":")
+    is_module = all(part.isidentifier() for part in source.split("."))
+    if not colon or not (source.endswith(".py") or is_module):
+        return None
+    require(function.isidentifier(), f"reward function {spec}: {function!r} after the colon is not a function name")
+    return source, function
+
+
+def check_reward_spec(spec: str) -> None:
+    """A reward function named in a config: a "file.py:function" whose file exists, a "module:function" (imported
+    when the run loads), or a reward model's name (`check_model_name`)."""
+    parts = function_spec(spec)
+    require(parts is not None or not spec.endswith(".py"), f"reward function {spec} needs its function: {spec}:NAME")
+    if parts is None:
+        check_model_name(spec)
+    elif parts[0].endswith(".py"):
+        require_file("reward function", parts[0])

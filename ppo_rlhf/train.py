@@ -17,15 +17,16 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
-from ppo_rlhf.dashboard import TensorBoard, dashboard_line, history_line, token_table_text
+from ppo_rlhf.dashboard import dashboard_line, history_line, token_table_text
 from ppo_rlhf.errors import Interrupted, UsageError, require
-from ppo_rlhf.files import atomic_write_text
+from ppo_rlhf.files import atomic_write_text, keep_iterations_before
 from ppo_rlhf.lock import hold
 from ppo_rlhf.paths import require_run_dir
 from ppo_rlhf.train_config import TrainConfig
 
 if TYPE_CHECKING:  # torch, transformers and peft are imported by `train`, after the config and its files are checked
     from ppo_rlhf.experience import Experience
+    from ppo_rlhf.trackers import Trackers
     from ppo_rlhf.trainer import PPOTrainer
 
 
@@ -73,7 +74,9 @@ def write_samples(run_dir: Path, index: int, experience: Experience, count: int 
              for i in range(min(count, len(experience.prompts)))]
     with open(run_dir / "samples.jsonl", "a") as handle:
         handle.write("\n".join(lines) + "\n")
-    return (f"sample [{float(experience.scores[0]):+.2f}] {experience.prompts[0][:60]!r} -> "
+    from ppo_rlhf.chat import prompt_text
+
+    return (f"sample [{float(experience.scores[0]):+.2f}] {prompt_text(experience.prompts[0])[:60]!r} -> "
             f"{experience.reply_texts[0][:120]!r}")
 
 
@@ -85,22 +88,6 @@ def check_run_dir(cfg: TrainConfig) -> None:
         require(cfg.overwrite,
                 f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to "
                 "replace it")
-
-
-def keep_samples_before(run_dir: Path, iteration: int) -> None:
-    """On resume, drop the sample lines of iterations that will run again (a killed run wrote them after its
-    checkpoint)."""
-    path = run_dir / "samples.jsonl"
-    if path.is_file():
-        lines = path.read_text().splitlines(keepends=True)
-        kept = []
-        for line in lines:
-            try:
-                if json.loads(line)["iteration"] < iteration:
-                    kept.append(line)
-            except (ValueError, KeyError, TypeError):  # a line cut by the kill
-                pass
-        atomic_write_text(path, "".join(kept))
 
 
 def prepare_run_dir(cfg: TrainConfig) -> Path:
@@ -118,14 +105,31 @@ def prepare_run_dir(cfg: TrainConfig) -> Path:
 FILE_FIELDS = ("prompts", "ptx_data", "out")  # model fields are resolved by resolve_model_path
 
 
+def absolute_if_local(name: str) -> str:
+    """A path that exists made absolute; anything else (a hub id) as it is."""
+    return str(Path(name).expanduser().resolve()) if Path(name).expanduser().exists() else name
+
+
+def saved_spec(spec: str) -> str:
+    """A reward function spec as config.yaml keeps it: its file or model folder absolute."""
+    from ppo_rlhf.paths import function_spec
+
+    parts = function_spec(spec)
+    if parts is None:
+        return absolute_if_local(spec)
+    return f"{absolute_if_local(parts[0])}:{parts[1]}" if parts[0].endswith(".py") else spec
+
+
 def saved_config(cfg: TrainConfig) -> TrainConfig:
     """The config as config.yaml keeps it: model names resolved and every path absolute, so that `evaluate RUN` and
-    `train --resume RUN` read the same files from any directory."""
+    `train --resume RUN` read the same files from any directory (`resume` itself is not kept)."""
     from ppo_rlhf.models import resolve_model_path  # lazy: torch (see train())
 
-    files = {name: str(Path(getattr(cfg, name)).resolve()) for name in FILE_FIELDS if getattr(cfg, name)}
-    models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model")}
-    return dataclasses.replace(cfg, **files, **models)
+    files = {name: absolute_if_local(getattr(cfg, name)) for name in FILE_FIELDS if getattr(cfg, name)}
+    models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model", "value_model")
+              if getattr(cfg, name) is not None}
+    return dataclasses.replace(cfg, **files, **models, reward_funcs=[saved_spec(s) for s in cfg.reward_funcs],
+                               resume=False)
 
 
 def record_machine(trainer: PPOTrainer, run_dir: Path, log: Callable[[str], None]) -> None:
@@ -145,30 +149,34 @@ def record_machine(trainer: PPOTrainer, run_dir: Path, log: Callable[[str], None
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
-    """Run (or continue) PPO; returns the run directory. The run directory is locked meanwhile (lock.py): a second
-    `train` of it is refused. Ctrl-C raises `Interrupted`, which names the latest checkpoint and the command that
-    continues."""
+    """Run (or continue) PPO; returns the run directory. The same as `ppo_rlhf.PPOTrainer(cfg, resume=resume)
+    .train()`, which the `train` command runs too. The run directory is locked from before the models load (lock.py):
+    a second `train` of it is refused."""
+    from ppo_rlhf.api import PPOTrainer  # lazy: torch, transformers and peft load after the config is checked
+
     with hold(cfg.out):
-        return train_locked(cfg, resume)
+        return PPOTrainer(cfg, resume=resume).train()
 
 
-def train_locked(cfg: TrainConfig, resume: bool) -> Path:
-    # lazy: `ppo-rlhf train` checks its config and files before torch, transformers and peft load
-    from ppo_rlhf.trainer import PPOTrainer
-
-    if not resume:
-        check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
-    trainer = PPOTrainer(cfg)
-    main = trainer.dist.is_main  # with several processes only rank 0 writes the run directory and logs
-    run_dir = Path(cfg.out) if resume or not main else prepare_run_dir(cfg)
-    trainer.dist.barrier()
-    log = (lambda message: None) if cfg.quiet or not main else tqdm.write
-    record_machine(trainer, run_dir, log)
-    try:
-        start, history = start_or_resume(trainer, run_dir, resume, log)
-        run_iterations(trainer, run_dir, start, history, log)
-    except KeyboardInterrupt:
-        raise Interrupted(how_to_continue(run_dir, tuple(trainer.models))) from None
+def run_training(trainer: PPOTrainer, resume: bool, callbacks: list | tuple = (), owner: Any = None) -> Path:
+    """Run (or continue, `resume`) the loaded `trainer`: run directory, normalisation, iterations, checkpoints; the
+    callbacks are called with `owner` (the public trainer). Returns the run directory. The run directory is locked
+    meanwhile (lock.py); Ctrl-C raises `Interrupted`, which names the latest checkpoint and the command that
+    continues."""
+    cfg = trainer.cfg
+    with hold(cfg.out):
+        main = trainer.dist.is_main  # with several processes only rank 0 writes the run directory and logs
+        run_dir = Path(cfg.out) if resume or not main else prepare_run_dir(cfg)
+        trainer.dist.barrier()
+        log = (lambda message: None) if cfg.quiet or not main else tqdm.write
+        record_machine(trainer, run_dir, log)
+        try:
+            start, history = start_or_resume(trainer, run_dir, resume, log)
+            notify(callbacks, "on_train_begin", owner)
+            run_iterations(trainer, run_dir, start, history, log, callbacks, owner)
+        except KeyboardInterrupt:
+            raise Interrupted(how_to_continue(run_dir, tuple(trainer.models))) from None
+        notify(callbacks, "on_train_end", owner)
     return run_dir
 
 
@@ -181,6 +189,12 @@ def how_to_continue(run_dir: Path, models: tuple[str, ...]) -> str:
     last = latest_checkpoint(run_dir, models)
     where = f"the latest checkpoint is {last.name}" if last else "no checkpoint yet (it starts again from iteration 0)"
     return f"{where}; continue with: ppo-rlhf train --resume {shlex.quote(str(run_dir))}"
+
+
+def notify(callbacks: list | tuple, event: str, *args: Any) -> bool:
+    """Call `event` on every callback that has it, in order; True when any of them returned True."""
+    answers = [getattr(callback, event)(*args) for callback in callbacks if hasattr(callback, event)]
+    return any(answer is True for answer in answers)
 
 
 def start_or_resume(trainer: PPOTrainer, run_dir: Path, resume: bool, log: Callable[[str], None]
@@ -218,21 +232,24 @@ def start_or_resume(trainer: PPOTrainer, run_dir: Path, resume: bool, log: Calla
     if main:
         atomic_write_text(run_dir / "history.jsonl", "".join(history))
     if resume and main:
-        keep_samples_before(run_dir, start)
+        keep_iterations_before(run_dir / "samples.jsonl", start)  # a killed run wrote them after its checkpoint
     return start, history
 
 
 def run_iterations(trainer: PPOTrainer, run_dir: Path, start: int, history: list[str],
-                   log: Callable[[str], None]) -> None:
+                   log: Callable[[str], None], callbacks: list | tuple = (), owner: Any = None) -> None:
     """Iterations `start` .. cfg.iterations - 1, each logged (rank 0) and checkpointed every checkpoint_every (older
-    checkpoints beyond keep_last_checkpoints deleted). Ctrl-C writes the last finished iteration's checkpoint first
-    (one process), from a copy of the trainer's state taken when that iteration finished: the interrupted iteration
-    may have moved the weights, the optimisers, the prompt order and the RNGs, and none of that is kept."""
+    checkpoints beyond keep_last_checkpoints deleted), and when a callback's on_iteration_end(owner, stats) returns
+    True (then the run stops). Ctrl-C writes the last finished iteration's checkpoint first (one process), from a copy
+    of the trainer's state taken when that iteration finished: the interrupted iteration may have moved the weights,
+    the optimisers, the prompt order and the RNGs, and none of that is kept."""
     from ppo_rlhf.checkpoint import latest_checkpoint, list_checkpoints, rng_state  # lazy: torch (see train())
+    from ppo_rlhf.rewards import RewardFunctionError  # lazy: torch (see train())
+    from ppo_rlhf.trackers import make_trackers  # lazy: wandb/trackio when named
     from ppo_rlhf.trainer import TrainingStopped  # lazy: torch (see train())
 
     cfg, main, models = trainer.cfg, trainer.dist.is_main, tuple(trainer.models)
-    board = TensorBoard(run_dir / "tb" if cfg.tensorboard and main else None, first_iteration=start)
+    trackers = make_trackers(cfg.trackers if main else [], run_dir, dataclasses.asdict(saved_config(cfg)), start)
     progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)
     # (iterations done, trainer state, RNG states, history) after the last finished iteration no checkpoint holds.
     # One process only: with several, state_dict is a collective that interrupted processes would not all reach.
@@ -246,26 +263,41 @@ def run_iterations(trainer: PPOTrainer, run_dir: Path, start: int, history: list
             if not due and trainer.dist.world_size == 1:  # a copy: the state's tensors are the live ones
                 unsaved = (done, copy.deepcopy(trainer.state_dict()), rng_state(), list(history))
             if main:
-                record_iteration(run_dir, index, stats, history[-1], experience, trainer, board, log)
+                record_iteration(run_dir, index, stats, history[-1], experience, trainer, trackers, log)
                 progress.set_postfix(score=f"{stats['score']:+.2f}", kl=f"{stats['kl']:.2f}", fin=f"{stats['fin']:.2f}")
-            if due:
+            stop = notify(callbacks, "on_iteration_end", owner, stats)
+            if due or stop:
                 state = trainer.state_dict()  # every process (FSDP gathers shards, DeepSpeed partitions)
                 if main:
                     write_checkpoint(run_dir, done, trainer, state, history)
                 unsaved = None
                 trainer.dist.barrier()  # nobody runs ahead of a checkpoint being written
+            if stop:
+                log(f"stopped by a callback after iteration {index} (checkpoint iter_{done:06d})")
+                break
     except KeyboardInterrupt:
         saved = [iteration for iteration, _ in list_checkpoints(run_dir, models)]
         if main and unsaved is not None and unsaved[0] > max(saved, default=0):
             done, state, rng, lines = unsaved
             write_checkpoint(run_dir, done, trainer, state, lines, rng)
         raise
-    except TrainingStopped as error:  # history.jsonl holds every finished iteration; name the checkpoint to resume
-        last = latest_checkpoint(run_dir, tuple(trainer.models))
+    except (TrainingStopped, RewardFunctionError) as error:  # history.jsonl holds every finished iteration
+        last = latest_checkpoint(run_dir, models)  # name the checkpoint to resume from
         where = f"latest checkpoint {last.name}" if last else "no checkpoint was written yet"
-        raise TrainingStopped(f"{error}; {where}") from None
+        raise type(error)(f"{error}; {where}") from None
     finally:
-        board.close()
+        trackers.close()
+
+
+def completion_rows(trainer: PPOTrainer, experience: Experience) -> list[dict[str, Any]]:
+    """The batch as a completions table: prompt (text), completion, normalised score, each reward's value."""
+    from ppo_rlhf.chat import prompt_text
+
+    by_function = trainer.reward_scores.by_function if trainer.reward_scores is not None else {}
+    return [{"prompt": prompt_text(experience.prompts[i]), "completion": experience.reply_texts[i],
+             "score": float(experience.scores[i]),
+             **{f"reward/{name}": values[i] for name, values in by_function.items()}}
+            for i in range(len(experience.prompts))]
 
 
 def write_checkpoint(run_dir: Path, done: int, trainer: PPOTrainer, state: dict[str, Any], history: list[str],
@@ -278,17 +310,20 @@ def write_checkpoint(run_dir: Path, done: int, trainer: PPOTrainer, state: dict[
 
 
 def record_iteration(run_dir: Path, index: int, stats: dict[str, Any], line: str, experience: Experience,
-                     trainer: PPOTrainer, board: TensorBoard, log: Callable[[str], None]) -> None:
-    """Rank 0's record of one iteration: the token table (first iteration), its history `line`, TensorBoard, the
-    dashboard line and, every sample_every iterations, the samples."""
+                     trainer: PPOTrainer, trackers: Trackers, log: Callable[[str], None]) -> None:
+    """Rank 0's record of one iteration: the token table (first iteration), its history `line`, the trackers, the
+    dashboard line, every sample_every iterations the samples, every log_completions_every the completions."""
     if index == 0:
         write_token_table(run_dir, trainer, experience)
     with open(run_dir / "history.jsonl", "a") as handle:
         handle.write(line)
-    board.log(stats)
+    trackers.log(stats, index)
     log(dashboard_line(stats))
     if index % trainer.cfg.sample_every == 0:
         log(write_samples(run_dir, index, experience))
+    every = trainer.cfg.log_completions_every
+    if every and index % every == 0:
+        trackers.log_completions(completion_rows(trainer, experience), index)
 
 
 # ------------------------------------------------------------------------------------------------- CLI
@@ -298,24 +333,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML file with any of the fields below; flags override it")
     parser.add_argument("--resume", metavar="RUN_DIR",
                         help="continue a run from its latest checkpoint (its saved config; flags override)")
-    add_config_arguments(parser, TrainConfig)
+    add_config_arguments(parser, TrainConfig, skip=("resume",))  # (--resume names the run: the field is set from it)
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command is a thin layer over the public API: the config from YAML and flags, its files checked before
+    anything heavy is imported, then `ppo_rlhf.PPOTrainer(cfg).train()`."""
     if args.resume:
         run_dir = require_run_dir(args.resume)
         saved = read_yaml(run_dir / "config.yaml")
-        flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__}
-        cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir)},
+        flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and k != "resume"}
+        cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir), "resume": True},
                            origin={key: str(run_dir / "config.yaml") for key in saved if key not in flags})
+        cfg.require_inputs()
         cfg.check_files()
-        train(cfg, resume=True)
-        return 0
-    cfg = config_from_args(TrainConfig, args)
-    cfg.check_files()  # before the config is printed and before anything heavy is imported
-    with hold(cfg.out):  # (train() holds it again: the same hold) a run in progress is named before "not empty"
-        check_run_dir(cfg)
-        if not cfg.quiet:
-            print(to_yaml(cfg), end="")
-        train(cfg)
+    else:
+        cfg = config_from_args(TrainConfig, args, extra=("resume",))  # (args.resume is --resume RUN_DIR)
+        cfg.require_inputs()
+        cfg.check_files()  # before the config is printed and before anything heavy is imported
+    from ppo_rlhf.api import PPOTrainer  # lazy: torch, transformers and peft
+
+    with hold(cfg.out):  # a run in progress is named before "not empty"; PPOTrainer.train holds it again (reentrant)
+        if not cfg.resume:
+            check_run_dir(cfg)
+            if not cfg.quiet:
+                print(to_yaml(cfg), end="")
+        PPOTrainer(cfg).train()
     return 0

@@ -4,7 +4,8 @@ hint says what it accepts (`PositiveInt`, `Literal[...]`), and `validate` checks
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Literal, get_args
 
 from ppo_rlhf.config import (
@@ -15,6 +16,8 @@ from ppo_rlhf.config import (
     PositiveFloat,
     PositiveInt,
     Seed,
+    check_value,
+    field_types,
 )
 from ppo_rlhf.errors import UsageError, require
 
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
 # loads.
 DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPE_NAMES: tuple[str, ...] = get_args(DtypeName)
+TrackerName = Literal["tensorboard", "wandb", "trackio", "all", "none"]
 
 
 @dataclass
@@ -32,15 +36,31 @@ class TrainConfig:
     # --- models and data
     policy_model: str = "smollm2"
     """Policy to train: a Hugging Face id, a local folder, a .gguf file, or "smollm2" (offline default)."""
-    reward_model: str = ""
-    """Reward model (frozen) and initialisation of the value model: a folder written by `ppo-rlhf reward-model train` or
-    any sequence-classification model with one output."""
+    reward_model: str | None = None
+    """Reward model (frozen): a folder written by `ppo-rlhf reward-model train` or any sequence-classification model
+    with one output; the first of the run's rewards (reward_funcs add more; null: reward_funcs alone). When it is the
+    run's only reward model and uses the policy's tokenizer, it also initialises the value model (value_model null)."""
     init_score_head: bool = False
-    """Accept a reward_model without a trained score head (e.g. a plain causal LM such as the policy's own folder) and
-    give it a randomly initialised one-output head: every reward is then noise (for speed tests only; the value
-    model's copy of the head trains, the reward's stays random). Off: such a model is refused."""
-    prompts: str = ""
-    """Training prompts: a JSONL file with one {"prompt": ...} per line (see `ppo-rlhf prompts`)."""
+    """Accept a reward or value model without a trained score head (e.g. a plain causal LM such as the policy's own
+    folder) and give it a randomly initialised one-output head: every reward is then noise (for speed tests only; the
+    value model's copy of the head trains, the reward's stays random). Off: such a model is refused."""
+    reward_funcs: list[str] = field(default_factory=list)
+    """More rewards, summed with the reward model's (weights: reward_weights): "path.py:function" or
+    "module:function" (a Python function f(prompts, completions, completion_ids, **columns) -> list[float | None]), or a
+    reward-model folder or hub id (it may use another tokenizer than the policy: it scores texts). The API also takes
+    callables and loaded models (`PPOTrainer(config, reward_funcs=[...])`); config.yaml records their names."""
+    reward_weights: list[float] | None = None
+    """Weight of each reward, in order: reward_model (if set), then reward_funcs; a sample's reward is the weighted
+    sum of those that are not None for it. null: every weight 1."""
+    value_model: str | None = None
+    """Initialisation of the value model (GAE): a sequence-classification folder or hub id using the policy's tokenizer.
+    null: the reward model when the run has exactly one and it uses the policy's tokenizer (the chapter's), else the
+    policy's base model with a new zero-initialised score head (a cold critic: see critic_warmup_iterations)."""
+    prompts: str | None = None
+    """Training prompts: a JSONL/JSON/CSV/Parquet file, a `datasets` save_to_disk folder or a hub dataset id (see
+    `ppo-rlhf prompts`); the API also takes `train_dataset=`. Other columns reach the reward functions."""
+    prompt_column: str = "prompt"
+    """The prompts' column: a string, or a list of chat messages ({"role": ..., "content": ...})."""
     out: str = "runs/ppo"
     """Run directory: config, history, token table, TensorBoard and checkpoints go here."""
     overwrite: bool = False
@@ -212,18 +232,44 @@ class TrainConfig:
     sample_every: PositiveInt = 5
     """Write sample replies every N iterations to samples.jsonl (and show one)."""
     tensorboard: bool = True
-    """Write TensorBoard scalars under RUN_DIR/tb."""
+    """Write TensorBoard scalars under RUN_DIR/tb (false drops "tensorboard" from report_to; kept for older configs)."""
+    report_to: list[TrackerName] = field(default_factory=lambda: ["tensorboard"])
+    """Trackers that receive every iteration's numbers: tensorboard (RUN_DIR/tb), wandb (`pip install
+    'ppo-rlhf[wandb]'`), trackio (`'ppo-rlhf[trackio]'`); "all" the installed ones; "none" or [] none."""
+    log_completions_every: NonNegativeInt = 10
+    """Every N iterations, the batch's prompts, completions and each reward go to RUN_DIR/completions.jsonl and the
+    trackers; 0 = never."""
+    push_to_hub: str | None = None
+    """After training, upload the policy (a PEFT adapter folder with a model card) to this hub repository id."""
+    resume: bool = False
+    """Continue the run in `out` from its latest checkpoint (the CLI: `--resume RUN_DIR`); a run without one starts
+    from iteration 0."""
     max_skipped_steps: PositiveInt = 3
     """Stop after this many consecutive skipped (non-finite) optimiser steps; the last good checkpoint stays."""
     quiet: bool = False
     """No progress bar and no dashboard lines on stdout (history.jsonl is still written)."""
 
+    def __post_init__(self) -> None:
+        """Built in Python (`PPOConfig(...)`), a config is checked as YAML keys and flags are: the same one-line
+        UsageError for the same bad value."""
+        for name in field_types(type(self)):  # paths as text (what YAML and flags give)
+            value = getattr(self, name)
+            if isinstance(value, list | tuple):
+                setattr(self, name, [os.fspath(item) if isinstance(item, os.PathLike) else item for item in value])
+            elif isinstance(value, os.PathLike):
+                setattr(self, name, os.fspath(value))
+        require(isinstance(self.policy_model, str), "policy_model: a loaded model goes to the trainer: "
+                "PPOTrainer(config, policy_model=model, processing_class=tokenizer)")
+        funcs = self.reward_funcs if isinstance(self.reward_funcs, list | tuple) else [self.reward_funcs]
+        require(all(isinstance(func, str) for func in funcs), "reward_funcs: functions and loaded models go to the "
+                "trainer: PPOTrainer(config, reward_funcs=[...]) (the config holds names: 'file.py:function', ...)")
+        for name, field_type in field_types(type(self)).items():
+            setattr(self, name, check_value(name, getattr(self, name), field_type))
+        self.validate()
+
     def validate(self) -> None:
-        """What the field types cannot say: required fields and relations between fields. (Each field's own type,
-        interval and choices are checked by `ppo_rlhf.config.check_value` as it is read.)"""
-        require(bool(self.reward_model),
-                "reward_model is required (a folder from `ppo-rlhf reward-model train` or a model id)")
-        require(bool(self.prompts), "prompts is required (a JSONL file, see `ppo-rlhf prompts`)")
+        """What the field types cannot say: relations between fields. (Each field's own type, interval and choices are
+        checked by `ppo_rlhf.config.check_value` as it is read; `require_inputs` says what a run needs besides.)"""
         require(self.minibatch_size <= self.batch_size,
                 f"minibatch_size ({self.minibatch_size}) must not exceed batch_size ({self.batch_size})")
         require(self.batch_size % self.minibatch_size == 0,
@@ -254,21 +300,41 @@ class TrainConfig:
         if self.device not in ("auto", "cpu"):  # the others need torch: an unknown device or missing CUDA fails here
             resolve_device(self.device)
 
+    def require_inputs(self, dataset: bool = False) -> None:
+        """What a run cannot start without: a reward (reward_model or reward_funcs), one weight per reward, and prompts
+        (`prompts`, or the trainer's `train_dataset`). (The trainer's `reward_funcs` are in reward_funcs by then.)"""
+        require(self.reward_count > 0,
+                "reward_model or reward_funcs is required (a reward-model folder or id, or a reward function)")
+        require(self.reward_weights is None or len(self.reward_weights) == self.reward_count,
+                f"reward_weights has {len(self.reward_weights or [])} weights for {self.reward_count} rewards "
+                "(reward_model, if set, then each of reward_funcs)")
+        require(bool(self.prompts) or dataset, "prompts is required (a JSONL file, see `ppo-rlhf prompts`)")
+
     def check_files(self) -> None:
         """Every file and folder the config names exists and is of its kind. Called before the config is printed
         and before torch or a model is loaded; the files' contents are checked as they are read."""
-        from ppo_rlhf.paths import check_model_name, demo_output_hint, require_file
+        from ppo_rlhf.data import check_prompt_source
+        from ppo_rlhf.paths import check_model_name, check_reward_spec, demo_output_hint, require_file
+        from ppo_rlhf.trackers import check_report_to
 
-        for field in ("policy_model", "reward_model"):
+        for name in ("policy_model", "reward_model", "value_model"):
+            if getattr(self, name) is not None:
+                try:
+                    check_model_name(getattr(self, name))
+                except UsageError as error:
+                    hint = demo_output_hint("--" + name.replace("_", "-"), getattr(self, name))
+                    raise UsageError(f"{name}: {error}{hint}") from None
+        for spec in self.reward_funcs:
             try:
-                check_model_name(getattr(self, field))
+                check_reward_spec(spec)
             except UsageError as error:
-                hint = demo_output_hint("--" + field.replace("_", "-"), getattr(self, field))
-                raise UsageError(f"{field}: {error}{hint}") from None
-        try:
-            require_file("prompts", self.prompts)
-        except UsageError as error:
-            raise UsageError(f"{error}{demo_output_hint('--prompts', self.prompts)}") from None
+                raise UsageError(f"reward_funcs: {error}") from None
+        check_report_to(self.trackers)  # a tracker's missing package: one line now, not after the models load
+        if self.prompts is not None:
+            try:
+                check_prompt_source(self.prompts, self.prompt_column)
+            except UsageError as error:
+                raise UsageError(f"{error}{demo_output_hint('--prompts', self.prompts)}") from None
         if self.ptx_data is not None:
             require_file("ptx_data", self.ptx_data)
 
@@ -281,6 +347,16 @@ class TrainConfig:
     def kl_kind(self) -> str:
         """The per-token KL estimator: kl_estimator, or its default (k3 in the loss, k1 in the reward)."""
         return self.kl_estimator or ("k3" if self.kl_placement == "loss" else "k1")
+
+    @property
+    def reward_count(self) -> int:
+        """How many rewards the config names: reward_model (if set) and each of reward_funcs."""
+        return int(bool(self.reward_model)) + len(self.reward_funcs)
+
+    @property
+    def trackers(self) -> list[str]:
+        """report_to, less "tensorboard" when the older `tensorboard: false` says so."""
+        return [name for name in self.report_to if self.tensorboard or name != "tensorboard"]
 
     @property
     def has_value_model(self) -> bool:

@@ -20,6 +20,7 @@ import math
 import random
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.advantages import make_advantages
 from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.checkpoint import load_adapter, trained_weights
+from ppo_rlhf.data import PromptRow, load_prompt_rows
 from ppo_rlhf.distributed import current, is_sharded
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.experience import Experience
@@ -37,10 +39,14 @@ from ppo_rlhf.logprobs import first_reply_position
 from ppo_rlhf.models import (
     LoraSettings,
     NoScoreHead,
-    load_policy,
-    load_reward_model,
+    add_policy_lora,
+    add_value_lora,
+    check_chat_tokenizer,
+    load_causal_lm,
     load_tokenizer,
     load_value_model,
+    loaded_causal_lm,
+    zero_head_classifier,
 )
 from ppo_rlhf.objectives import (
     AdaptiveKLController,
@@ -55,9 +61,9 @@ from ppo_rlhf.objectives import (
     policy_token_weights,
 )
 from ppo_rlhf.precision import resolve_dtype
-from ppo_rlhf.prompts import read_numbered_prompts, read_prompts
 from ppo_rlhf.ptx import PtxData, ptx_nll, ptx_targets, read_texts
-from ppo_rlhf.roles import Actor, Critic, RewardModel
+from ppo_rlhf.rewards import CombinedReward, ModelReward, RewardScores, is_reward_model_spec, resolve_reward_funcs
+from ppo_rlhf.roles import Actor, Critic
 from ppo_rlhf.rollout import Rollout
 from ppo_rlhf.schedules import make_scheduler
 from ppo_rlhf.train_config import TrainConfig
@@ -141,21 +147,30 @@ def per_token_in_chunks(fn, rollout, size: int) -> tuple[torch.Tensor, ...]:
                  for k in range(len(pieces[0])))
 
 
-def check_prompt_lengths(prompts: str, tokenizer, models: list, max_new_tokens: int,
+def check_prompt_lengths(rows: list[PromptRow], tokenizer, models: list, max_new_tokens: int,
                          max_prompt_tokens: int | None = None) -> None:
-    """Every chat-templated prompt of the file `prompts` within `max_prompt_tokens` (training's cap; None: no cap),
-    and prompt + reply cap within every model's context: a UsageError naming the first line that is not. (Also
-    `ppo-rlhf evaluate`'s check; models without a config, like a word-count judge, have no context.)"""
+    """Every chat-templated prompt of `rows` within `max_prompt_tokens` (training's cap; None: no cap), and prompt +
+    reply cap within every model's context: a UsageError naming the first row that is not. (Also `ppo-rlhf
+    evaluate`'s check; models without a config, like a word-count judge, have no context.)"""
     contexts = [getattr(getattr(m, "config", None), "max_position_embeddings", None) for m in models]
     context = min((c for c in contexts if isinstance(c, int) and c > 0), default=None)
-    for number, prompt in read_numbered_prompts(prompts):
-        n = len(chat_prompt_ids(tokenizer, prompt))
+    for row in rows:
+        n = len(chat_prompt_ids(tokenizer, row.prompt))
         require(max_prompt_tokens is None or n <= max_prompt_tokens,
-                f"{prompts}:{number}: the prompt has {n} tokens (chat-templated), more than "
+                f"{row.where}: the prompt has {n} tokens (chat-templated), more than "
                 f"max_prompt_tokens={max_prompt_tokens}")
         require(context is None or n + max_new_tokens <= context,
-                f"{prompts}:{number}: the prompt ({n} tokens) + max_new_tokens={max_new_tokens} exceed the "
+                f"{row.where}: the prompt ({n} tokens) + max_new_tokens={max_new_tokens} exceed the "
                 f"models' context of {context} tokens")
+
+
+def reward_model_name(spec: str) -> str:
+    """A reward model's dashboard name (`reward/<name>`), as `rewards.resolve_reward_funcs` names one it loads."""
+    path = Path(spec).expanduser()
+    return path.resolve().name if path.is_dir() else spec.rstrip("/").split("/")[-1]
+
+
+INIT_HEAD_HINT = " (init_score_head: true starts from a random head on purpose)"
 
 
 class TrainingStopped(UsageError):
@@ -163,20 +178,28 @@ class TrainingStopped(UsageError):
 
 
 class PPOTrainer:
-    """The roles (an Actor, a Critic for GAE, else a frozen RewardModel), their optimisers and one iteration.
-    Two backbones hold the four models: the reference is the policy with its adapter off, the reward model the value
-    model with its adapter off."""
+    """The roles (an Actor, a Critic for GAE), the rewards, their optimisers and one iteration. In the chapter's
+    set-up two backbones hold the four models: the reference is the policy with its adapter off, the reward model
+    the value model with its adapter off.
 
-    def __init__(self, cfg: TrainConfig):
+    `reward_funcs` (None: cfg.reward_funcs) are added after cfg.reward_model; `prompt_rows` (None: read from
+    cfg.prompts); `policy` a loaded causal LM to train instead of loading cfg.policy_model, `tokenizer` its tokenizer
+    (None: cfg.policy_model's). The public, documented entry point is `ppo_rlhf.PPOTrainer` (api.py)."""
+
+    def __init__(self, cfg: TrainConfig, reward_funcs: list | None = None, prompt_rows: list[PromptRow] | None = None,
+                 policy: torch.nn.Module | None = None, tokenizer=None):
         self.cfg = cfg
         if cfg.threads:  # before the models load; 0 keeps torch's default
             torch.set_num_threads(cfg.threads)
         self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
         self.device = self.dist.device(cfg.device)
-        self.prompts = read_prompts(cfg.prompts)
+        self.prompt_rows = prompt_rows if prompt_rows is not None else load_prompt_rows(cfg.prompts, cfg.prompt_column)
+        self.prompts = [row.prompt for row in self.prompt_rows]
+        self.batch: tuple[list, list[dict]] = ([], [])  # the prompts being scored and their rows' other columns
+        self.reward_scores: RewardScores | None = None  # the last batch's rewards, by function
         seed_everything(cfg.seed)
         self.advantages = make_advantages(cfg, self.dist)
-        self._load_roles()
+        self._load_roles(list(cfg.reward_funcs) if reward_funcs is None else list(reward_funcs), policy, tokenizer)
         self.schedulers = self._make_schedulers()
         self.ptx = None
         if cfg.ptx_coef > 0:
@@ -192,38 +215,80 @@ class PPOTrainer:
         self.consecutive_skips = 0
         self.policy_started = False  # set once past the critic warm-up (`phase`), checkpointed
 
-    def _load_roles(self) -> None:
-        """The policy (Actor) and either the value model (Critic, whose adapter off is the reward model) or, for the
-        critic-free estimators, the frozen reward model alone."""
+    def _load_roles(self, reward_funcs: list, policy: torch.nn.Module | None, tokenizer) -> None:
+        """The policy (Actor), the value model (Critic, GAE only; see `_critic_source`) and the rewards: reward_model
+        then `reward_funcs`, combined. The critic-free estimators with reward functions alone load only the policy."""
         cfg, remote = self.cfg, self.cfg.trust_remote_code
         dtype = self.dtype = resolve_dtype(cfg.dtype, self.device)  # the frozen weights'; trained ones stay fp32
         lora = LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
-        self.tokenizer = load_tokenizer(cfg.policy_model, trust_remote_code=remote)
-        reward_tokenizer = load_tokenizer(cfg.reward_model, trust_remote_code=remote)
-        require(reward_tokenizer.get_vocab() == self.tokenizer.get_vocab(), "the value model reads every position of "
-                "the policy's sequences, so the reward model must use the policy's tokenizer")
-        self.policy = load_policy(cfg.policy_model, lora, dtype=dtype, trust_remote_code=remote).to(self.device)
-        load = load_value_model if self.advantages.needs_critic else load_reward_model
-        args = (cfg.reward_model, lora) if self.advantages.needs_critic else (cfg.reward_model,)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(cfg.policy_model, trust_remote_code=remote)
+        self.tokenizer = check_chat_tokenizer(tokenizer, cfg.policy_model)
+        specs = [*([cfg.reward_model] if cfg.reward_model else []), *reward_funcs]
+        source = self._critic_source(specs)  # (its tokenizer is read before any weights load)
+        base = load_causal_lm(cfg.policy_model, dtype, remote) if policy is None else loaded_causal_lm(policy, dtype)
+        # a cold critic copies the policy's base before LoRA wraps it
+        cold = None
+        if self.advantages.needs_critic and not source:
+            cold = zero_head_classifier(base, self.tokenizer, dtype)
+        self.policy = add_policy_lora(base, lora).to(self.device)
+        self.critic = None
+        if self.advantages.needs_critic:
+            try:
+                value = load_value_model(source, lora, dtype=dtype, trust_remote_code=remote,
+                                         init_score_head=cfg.init_score_head) if source else add_value_lora(cold, lora)
+            except NoScoreHead as error:
+                field = "value_model" if source == cfg.value_model else "reward_model"
+                raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
+            value_tokenizer = load_tokenizer(source, trust_remote_code=remote) if source else self.tokenizer
+            self.critic = Critic(value.to(self.device), value_tokenizer, None)
+        # the reward model the critic was initialised from scores through it, adapter off (one copy of its weights)
+        shared = source if source in specs and source != cfg.value_model else None
+        specs = [ModelReward.from_scorer(self.critic, reward_model_name(spec), self.score_size) if spec == shared
+                 else spec for spec in specs]
         try:
-            scorer = load(*args, dtype=dtype, trust_remote_code=remote, init_score_head=cfg.init_score_head)
+            funcs = resolve_reward_funcs(specs, dtype=dtype, device=self.device, trust_remote_code=remote,
+                                         batch_size=self.score_size, init_score_head=cfg.init_score_head)
         except NoScoreHead as error:
-            raise NoScoreHead(f"reward_model: {error} (init_score_head: true starts from a random head on purpose)"
-                              ) from None
-        scorer = scorer.to(self.device)
-        check_prompt_lengths(cfg.prompts, self.tokenizer, [self.policy, scorer], cfg.max_new_tokens,
-                             cfg.max_prompt_tokens)
+            field = "reward_model" if cfg.reward_model and cfg.reward_model in str(error) else "reward_funcs"
+            raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
+        self.rewards = CombinedReward(funcs, cfg.reward_weights)
+        frozen = [f.model for f in funcs if isinstance(f, ModelReward) and f.scorer is not self.critic]
+        critic_model = [self.critic.model] if self.critic else []
+        check_prompt_lengths(self.prompt_rows, self.tokenizer, [self.policy, *critic_model, *frozen],
+                             cfg.max_new_tokens, cfg.max_prompt_tokens)
         require(not (self.dist.fsdp and cfg.generation_backend != "hf"),
                 "FSDP shards the policy's layers: use generation_backend: hf (vLLM needs the whole policy per process)")
-        for model in (self.policy, scorer):  # FSDP: each process keeps a shard of every layer
+        for model in (self.policy, *critic_model, *frozen):  # FSDP: each process keeps a shard of every layer
             self.dist.shard_model(model)
         self.actor = Actor(self.policy, self.gradient_step(self.policy, cfg.policy_lr), cfg)
-        self.critic = Critic(scorer, reward_tokenizer, self.gradient_step(scorer, cfg.value_lr)) \
-            if self.advantages.needs_critic else None
-        self.reward_model = self.critic or RewardModel(scorer, reward_tokenizer)
+        if self.critic is not None:
+            self.critic.step = self.gradient_step(self.critic.model, cfg.value_lr)
+        # the one reward model's scorer (the critic when it is both), or None
+        scorers = [f.scorer for f in funcs if isinstance(f, ModelReward)]
+        self.reward_model = scorers[0] if len(scorers) == 1 else None
         self.value_model = self.critic.model if self.critic else None
         # the trained roles by checkpoint folder name: each backward, step and optimiser state goes through them
         self.roles = {"policy": self.actor, **({"value": self.critic} if self.critic else {})}
+
+    def _critic_source(self, specs: list) -> str | None:
+        """What the value model starts from (GAE only): value_model; else the run's one reward model when it is
+        named (not a loaded object) and uses the policy's tokenizer (the chapter's: its adapter off is the reward
+        model); else None, the policy's base with a new zero-initialised head."""
+        cfg, remote = self.cfg, self.cfg.trust_remote_code
+        if not self.advantages.needs_critic:
+            return None
+        if cfg.value_model is not None:
+            vocab = load_tokenizer(cfg.value_model, trust_remote_code=remote).get_vocab()
+            require(vocab == self.tokenizer.get_vocab(), f"value_model {cfg.value_model} reads every position of "
+                    "the policy's sequences, so it must use the policy's tokenizer")
+            return cfg.value_model
+        models = [spec for spec in specs if is_reward_model_spec(spec)]
+        if len(models) == 1 and isinstance(models[0], str):
+            vocab = load_tokenizer(models[0], trust_remote_code=remote).get_vocab()
+            if vocab == self.tokenizer.get_vocab():
+                return models[0]
+        return None
 
     def gradient_step(self, model: torch.nn.Module, lr: float):
         """loss -> summed over processes -> clipped -> optimiser step (through DeepSpeed when launched so)."""
@@ -309,7 +374,27 @@ class PPOTrainer:
         return self.generator.generate(prompts)
 
     def raw_scores(self, rollout: Rollout) -> torch.Tensor:
-        return self.reward_model.reward_scores(rollout.prompts, rollout.reply_texts, self.score_size)
+        """The combined reward of each reply [B] (float32, CPU); each function's values are kept in `reward_scores`.
+        The reward functions see the other columns of each prompt's row when the rollout is of `batch_prompts`."""
+        prompts, columns = self.batch
+        if prompts != rollout.prompts:  # a rollout of other prompts (tests, `check`): no columns
+            columns = [{} for _ in rollout.prompts]
+        self.reward_scores = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.reply_ids, columns)
+        return self.reward_scores.total
+
+    def reward_means(self) -> dict[str, float]:
+        """Each reward's mean over the last batch's replies it scored ("reward/<name>"; nan where it scored none),
+        averaged over processes."""
+        values = self.reward_scores.by_function if self.reward_scores is not None else {}
+        means = {f"reward/{name}": float(np.mean([v for v in scored if v is not None] or [np.nan]))
+                 for name, scored in values.items()}
+        return {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
+
+    def batch_prompts(self, rows: list[int]) -> list:
+        """The prompts of dataset rows `rows`, remembered with their other columns for the reward functions."""
+        prompts = [self.prompts[i] for i in rows]
+        self.batch = (prompts, [self.prompt_rows[i].columns for i in rows])
+        return prompts
 
     def measure_reward_norm(self) -> dict[str, float]:
         """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
@@ -320,13 +405,17 @@ class PPOTrainer:
         scores, finished = [], []
         for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation",
                          disable=self.cfg.quiet, leave=False):
-            rollout = self.rollout([self.prompts[picks[i]] for i in rows])
+            rollout = self.rollout(self.batch_prompts([picks[i] for i in rows]))
             scores.append(self.raw_scores(rollout))
             finished.append(rollout.finished)
         scores, finished = self.dist.gather_1d(torch.cat(scores)), self.dist.gather_1d(torch.cat(finished))
         require(bool(torch.isfinite(scores).all()), "the reward model gave non-finite scores to start-policy replies")
         std = float(scores.std()) if n > 1 else 1.0
-        require(std > 0, "the reward model gave every start-policy reply the same score: it cannot be normalised")
+        only_models = all(isinstance(func, ModelReward) for func in self.rewards.funcs)
+        require(std > 0 or not only_models,
+                "the reward model gave every start-policy reply the same score: it cannot be normalised")
+        if std == 0:  # e.g. an exact-match reward no start-policy reply earns: shift the scores, do not scale them
+            std = 1.0
         return {"mean": float(scores.mean()), "std": std, "n": n, "finished": float(finished.float().mean())}
 
     # ------------------------------------------------------------------------------ 2-4. score, rewards, advantages
@@ -501,7 +590,7 @@ class PPOTrainer:
         cfg = self.cfg
         drawn = self.sampler.next(cfg.batch_size // cfg.group_size)
         drawn = self.dist.shard(drawn)
-        return [self.prompts[i] for i in drawn for _ in range(cfg.group_size)]
+        return self.batch_prompts([i for i in drawn for _ in range(cfg.group_size)])
 
     # ------------------------------------------------------------------------------------- one iteration
     def clock(self) -> float:
@@ -539,7 +628,8 @@ class PPOTrainer:
         # a skipped batch must not move beta, nor a warm-up batch (the policy, hence its KL, did not move)
         if self.kl_controller is not None and math.isfinite(stats["kl"]) and phase == "policy":
             self.beta = self.kl_controller.update(stats["kl"], cfg.batch_size)
-        return {key: stats[key] for key in HISTORY_ORDER if key in stats}, experience
+        # then each reward's mean (reward/<name>)
+        return {**{key: stats[key] for key in HISTORY_ORDER if key in stats}, **self.reward_means()}, experience
 
     def phase(self, index: int, ev: float) -> str:
         """"critic-warmup" (value model only) for the first critic_warmup_iterations, then until a batch's explained

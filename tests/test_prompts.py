@@ -126,7 +126,7 @@ def test_jsonl_and_hf_sources(tmp_path, policy, monkeypatch):
     [
         ('{"prompt": "ok"}\n{"prompt": "fine"}\n{"prompt": \n', ":3: not valid JSON"),
         ('{"prompt": "ok"}\n["a list"]\n', ":2: expected a JSON object"),
-        ('{"prompt": "ok"}\n\n{"text": "no prompt"}\n', ':3: needs a non-empty "prompt"'),
+        ('{"prompt": "ok"}\n\n{"text": "no prompt"}\n', ':3: no "prompt" column (columns found: text)'),
         ('{"prompt": "   "}\n', ':1: needs a non-empty "prompt"'),
         ("\n", "is empty"),
         ('{"prompt": "ok"}\n{"prompt": "\udcff"}\n', ":2: not valid UTF-8"),

@@ -210,8 +210,13 @@ def bad_text(field_type: FieldType) -> st.SearchStrategy[str]:
 
 
 def bad_yaml_value(field_type: FieldType) -> st.SearchStrategy:
-    """What a YAML value can be that `field_type` refuses: text as above, plus null, lists, maps and wrong types."""
+    """What a YAML value can be that `field_type` refuses: text as above, plus null, lists, maps and wrong types (a
+    list field: a list holding a bad item, or a bad item alone; [] is a list field's "none")."""
     kind = field_type.kind
+    if field_type.many:
+        cases = [st.lists(bad_yaml_value(field_type.item), min_size=1, max_size=2), bad_text(field_type.item),
+                 st.dictionaries(letters, st.integers(), max_size=2)]
+        return st.one_of(cases if field_type.optional else [*cases, st.none()])
     cases = [bad_text(field_type), st.lists(st.integers(), max_size=2), st.dictionaries(letters, st.integers(),
                                                                                         max_size=2)]
     if not field_type.optional:
