@@ -21,7 +21,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "toy": ("ppo_rlhf.toy", "the six-token bandit experiments of section 8.3/8.4"),
     "memory": ("ppo_rlhf.memory", "memory of the four RLHF models (section 8.7)"),
     "prompts": ("ppo_rlhf.prompts", "build train and held-out prompt files"),
-    "task": ("ppo_rlhf.tasks", "verifiable arithmetic problems (train and held-out JSONL) with an exact checker"),
     "pairs": ("ppo_rlhf.pairs", "sample reply pairs and label them with a gold judge"),
     "reward-model": ("ppo_rlhf.reward_model", "train a Bradley-Terry reward model"),
     "train": ("ppo_rlhf.train", "run PPO"),
