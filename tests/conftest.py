@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,28 @@ torch.set_num_threads(1)
 sys.path.insert(0, str(Path(__file__).parent))
 
 import tiny  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="where the tiny-model tests run: cpu (the default; CUDA is hidden, so a config's device "
+                          "auto is the CPU too) or cuda (configs with device auto, i.e. the model tests that "
+                          "bench/gpu_check.py lists, run on the GPU; tests that name the CPU stay there)")
+
+
+def pytest_configure(config):
+    """--device: set before any test imports a model or touches CUDA (torch initialises CUDA lazily)."""
+    device = config.getoption("--device")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: CUDA is not available here")
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # subprocesses (the distributed tests' workers) inherit it too
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig) -> torch.device:
+    """The device of this run (--device): for tests that place tiny models themselves."""
+    return torch.device(pytestconfig.getoption("--device"))
 
 
 @pytest.fixture(scope="session")

@@ -54,14 +54,25 @@ LAUNCH = {"ddp": {}, "fsdp": {"ACCELERATE_USE_FSDP": "true"},
 def test_two_processes_equal_one(tmp_path, tokenizer, sharding):
     """Whole models on every process (DDP's layout), every decoder layer sharded over the two (FSDP2), or the
     optimiser state and gradients partitioned by DeepSpeed ZeRO-2."""
+    inputs = worker_inputs(tmp_path, tokenizer)
+    single, double = tmp_path / "single", tmp_path / "double"
+    single.mkdir(), double.mkdir()
+    launch(1, [*inputs, str(single)])
+    launch(2, [*inputs, str(double)], **LAUNCH[sharding])
+    assert_same_steps_as_one(single, double, sharding)
+
+
+def worker_inputs(tmp_path: Path, tokenizer) -> list[str]:
+    """dist_worker.py's model and prompt arguments: a tiny policy, reward model and four prompts."""
     policy = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer, initializer_range=0.3), tokenizer, tmp_path / "policy")
     reward = tiny.save_tiny(tiny.tiny_reward_model(tokenizer), tokenizer, tmp_path / "reward")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["a", "b", "c", "d"]))
-    single, double = tmp_path / "single", tmp_path / "double"
-    single.mkdir(), double.mkdir()
-    launch(1, [str(policy), str(reward), str(prompts), str(single)])
-    launch(2, [str(policy), str(reward), str(prompts), str(double)], **LAUNCH[sharding])
+    return [str(policy), str(reward), str(prompts)]
+
+
+def assert_same_steps_as_one(single: Path, double: Path, sharding: str = "ddp") -> None:
+    """The two processes' results (rank0.pt, rank1.pt in `double`) against the single process's (`single`)."""
     one = torch.load(single / "rank0.pt", weights_only=True)
     ranks = [torch.load(double / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
