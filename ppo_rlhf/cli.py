@@ -3,7 +3,9 @@
 Each subcommand lives in its own module, imported only when it runs, so `ppo-rlhf memory` never pays for
 importing transformers.
 
-A command module provides `add_arguments(parser)` and `run(args) -> int`.
+A command module provides `add_arguments(parser)` and `run(args) -> int`. Importing it loads no torch, transformers,
+peft, datasets, matplotlib, scipy or wandb (they load inside `run`), so `--help` and a bad flag answer at once
+(tests/test_cli_help.py).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from ppo_rlhf.errors import RunError, UsageError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "toy": ("ppo_rlhf.toy", "the six-token bandit experiments of section 8.3/8.4"),
+    "toy": ("ppo_rlhf.toy_command", "the six-token bandit experiments of section 8.3/8.4"),
     "memory": ("ppo_rlhf.memory", "memory of the four RLHF models (section 8.7)"),
     "prompts": ("ppo_rlhf.prompts", "build train and held-out prompt files"),
     "pairs": ("ppo_rlhf.pairs", "sample reply pairs and label them with a gold judge"),
     "reward-model": ("ppo_rlhf.reward_model", "train a Bradley-Terry reward model"),
     "train": ("ppo_rlhf.train", "run PPO"),
+    "task": ("ppo_rlhf.tasks", "verifiable arithmetic problems (train and held-out JSONL) with an exact checker"),
     "check": ("ppo_rlhf.check", "the invariants of a correct PPO, measured on a config's models before training"),
     "evaluate": ("ppo_rlhf.evaluate", "evaluate checkpoints on held-out prompts"),
     "export": ("ppo_rlhf.export", "a run's policy as a PEFT adapter or a merged transformers model, with a model card"),

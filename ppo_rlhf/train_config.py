@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from ppo_rlhf.config import (
     UNIT_INTERVAL,
@@ -299,6 +299,15 @@ class TrainConfig:
                 "old_logprobs: generation needs generation_backend hf (vLLM's log-probs are never trusted)")
         if self.device not in ("auto", "cpu"):  # the others need torch: an unknown device or missing CUDA fails here
             resolve_device(self.device)
+
+    @classmethod
+    def from_trl(cls, trl_config: Any, num_processes: int = 1, **ours: Any) -> TrainConfig:
+        """The settings of TRL 1.12's `PPOConfig` (the object or a dict of its fields) as a `PPOConfig`; `ours` sets
+        ppo-rlhf fields directly (policy_model, prompts, out, ...). A TRL field with no equivalent here is refused in
+        one line saying why (`ppo_rlhf.from_trl`, docs/from-trl.md)."""
+        from ppo_rlhf.from_trl import ppo_config_from_trl
+
+        return ppo_config_from_trl(trl_config, num_processes, **ours)
 
     def require_inputs(self, dataset: bool = False) -> None:
         """What a run cannot start without: a reward (reward_model or reward_funcs), one weight per reward, and prompts
