@@ -16,14 +16,14 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
-
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from typing import TYPE_CHECKING, Any
 
 from ppo_rlhf.dashboard import DASHBOARD
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.evaluate import length_correlation, shown_reply
+
+if TYPE_CHECKING:  # matplotlib is imported by the functions that draw: `ppo-rlhf report --help` answers without it
+    from matplotlib.figure import Figure
 
 EDGE_ITERATIONS = 5  # "first five and last five iterations"
 
@@ -115,6 +115,9 @@ def run_style(k: int) -> dict[str, Any]:
 
 def dashboard_figure(histories: dict[str, list[dict]]) -> Figure:
     """One panel per dashboard number, iterations on x, one line per run; the legend in the spare panel."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     columns = 3  # panels wide enough to read at the page's width
     panels = math.ceil((len(DASHBOARD) + 1) / columns) * columns  # one more for the legend
     figure = Figure(figsize=(4.2 * columns, 3.2 * panels // columns), layout="constrained")
@@ -160,6 +163,8 @@ def overoptimisation_figure(summary: list[dict]) -> Figure:
     falling while the proxy keeps rising. The two panels share both axes, so that the gap between what the proxy
     claimed and what the gold judge saw reads off at any KL.
     """
+    from matplotlib.figure import Figure
+
     start = next(s for s in summary if s["run"] is None)
     runs: dict[str, list[dict]] = {}
     for s in summary:
@@ -192,6 +197,7 @@ def learning_curve_figure(curve: list[dict]) -> Figure:
     """The reward model's held-out accuracy against the training pairs it had seen (first pass; a later epoch is
     a separate point), with chance and the study's 75% target drawn in."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     from ppo_rlhf.findings import TARGET_RM_ACCURACY
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.special import ndtr, stdtrit
 
 
 def bootstrap_mean(
@@ -58,6 +57,9 @@ def expanded_level(level: float, n: int) -> float:
     of freedom; `level` itself for n < 2 (one group: every resample is the sample, the interval has no width)."""
     if n < 2:
         return level
+    # lazy: scipy is slow to import, and the commands that import stats answer --help before it is needed
+    from scipy.special import ndtr, stdtrit
+
     z = np.sqrt(n / (n - 1)) * stdtrit(n - 1, (1.0 + level) / 2.0)
     return float(2.0 * ndtr(z) - 1.0)
 

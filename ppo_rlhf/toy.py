@@ -1,4 +1,4 @@
-"""`ppo-rlhf toy`: the six-token bandit of sections 8.3 and 8.4.
+"""`ppo-rlhf toy`: the six-token bandit of sections 8.3 and 8.4 (the command's flags are in toy_command.py).
 
 One state, six tokens with true mean rewards 0.3 ... -0.2, each reward observed with Gaussian noise (std 1.0).
 The starting policy has logits (0, 0, 0.5, 0.5, 0, 0): a bump on the two middling tokens (means 0.1 and 0.0),
@@ -11,14 +11,12 @@ its own row, and Adam is elementwise, so summing the per-seed losses trains 500 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked
 from ppo_rlhf.objectives import clipped_policy_loss, cpi_objective, probability_ratio
 
 TRUE_MEANS = torch.tensor([0.3, 0.2, 0.1, 0.0, -0.1, -0.2], dtype=torch.float64)
@@ -26,8 +24,6 @@ START_LOGITS = torch.tensor([0.0, 0.0, 0.5, 0.5, 0.0, 0.0], dtype=torch.float64)
 REWARD_NOISE = 1.0
 CLIP_RANGE = 0.2
 ONE_BATCH_STEPS = 60
-# The chapter gives no learning rate; with this one the shape of its results holds (see tests/test_toy.py).
-DEFAULT_LR = 0.1
 # "Stuck": at the end, some token other than the best one holds more than this probability. Such a policy samples
 # almost only that token, so every advantage is ~0 and no later batch can move it.
 STUCK_PROBABILITY = 0.9
@@ -236,32 +232,8 @@ def format_loop(results: dict[str, dict], seeds: int, batch: int) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--experiment", choices=["all", "cases", "one-batch", "loop"], default="all")
-    parser.add_argument("--seeds", type=POSITIVE_INT, default=500, help="independent runs (default 500)")
-    parser.add_argument("--iterations", type=POSITIVE_INT, default=40,
-                        help="iterations of the loop experiment (default 40)")
-    parser.add_argument("--batch", type=Checked(int, Bounds(low=2)), default=32,
-                        help="tokens sampled per batch, at least 2: advantage = reward - batch mean (default 32)")
-    parser.add_argument("--lr", type=POSITIVE_FLOAT, default=DEFAULT_LR,
-                        help=f"Adam learning rate (default {DEFAULT_LR})")
-    parser.add_argument("--seed", type=SEED, default=0, help="random seed (default 0)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-
-
-def run(args: argparse.Namespace) -> int:
-    # [seeds, 6] tensors are too small to gain from threads; on a busy machine extra threads only cost time.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        report, texts = run_experiments(args)
-    finally:
-        torch.set_num_threads(threads)
-    print(json.dumps(report) if args.json else "\n\n".join(texts))
-    return 0
-
-
 def run_experiments(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    """The experiments `args` (toy_command's flags) ask for: (the JSON report, the tables)."""
     report: dict = {"config": {k: getattr(args, k) for k in ("seeds", "iterations", "batch", "lr", "seed")}}
     texts = []
     if args.experiment in ("all", "cases"):
