@@ -25,6 +25,9 @@ DTensor parameters, the collectives over a one-rank group; what sharding saves o
 --dry-run runs the same parts on this CPU in under 2 minutes (tests/test_gpu_check.py): a tiny random Qwen2 with a
 tiny tokenizer (tests/tiny.py), gloo instead of nccl, one small test, and TRL's part skipped (with the reason) when
 TRL 1.12.0 is neither importable nor in bench/.venv-trl.
+
+Not run on a GPU yet (no GPU has been lent to a session since it was written), so it has printed nothing there;
+the dry run passes in the test suite.
 """
 
 from __future__ import annotations

@@ -16,6 +16,14 @@
                         recompute)
    Generation: tokens per second against the bound that reading every weight once per decoding step sets
    (batch x bandwidth / weight bytes), and the compute bound.
+
+Last run (bench/README.md, ninth session), 2026-12-04 10:08-10:15 UTC, quiet machine:
+
+    MALLOC_MMAP_THRESHOLD_=131072 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python bench/limit.py \
+        --model qwen-shape --batch 32 --minibatch 16 --max-new-tokens 48 --dtype bfloat16
+
+    bf16 GEMM peak 385.5 GFLOP/s (fp32 168.8); one iteration 171.86 s: generation 19.65 s, MFU 36.7% (78 reply
+    tokens/s); scoring 39.39 s, 59.3%; update 112.82 s, 62.1% (6N), 43.6% in work done (4N + head)
 """
 
 from __future__ import annotations

@@ -21,6 +21,14 @@ Allocator (`--malloc`, the same for both sides): glibc's default, `hugetlb` (tra
 or `tuned` (and large freed blocks returned to the OS: lower peaks, slower SmolLM2 fwd+bwd). `--micro-batch` splits
 each minibatch's forward+backward into smaller passes on both sides (TRL's per_device_train_batch_size), which trades
 speed for activation memory; `--logprob-chunk-mb` is ours only (TRL forms the whole [B, L, V] logits).
+
+Last run (bench/README.md, ninth session), 2026-12-04 09:24-09:39 UTC, quiet machine:
+
+    .venv/bin/python bench/peer_trl.py --models qwen-shape --batch 32 --minibatch 16 --micro-batch 8 \
+        --max-new-tokens 48 --warmup 0 --iterations 1 --rounds 2 --trl bf16-weights --tuned-malloc
+
+    ours 160.18 s/iteration (159.64, 160.72), TRL 256.16 (247.61, 264.70): ours/TRL 0.63 in time (generation 0.34,
+    scoring 0.75, update 0.70), peak RSS 4.22 / 11.47 GB = 0.37
 """
 
 from __future__ import annotations

@@ -6,6 +6,13 @@ Each side runs in its own process (peak RSS is a process's), from the same seed:
 builds its bf16 kernels on first use), then `--iterations` timed ones. `--rounds` repeats the pair, alternating the
 order. The replies differ after the first sampled token whose probabilities rounded differently, so the sides
 do not run the same token counts; the table shows them.
+
+Last run (bench/README.md, fifth session), 2026-12-03 17:00-17:05 UTC, SmolLM2, quiet machine:
+
+    .venv/bin/python bench/precision_ab.py --batch 8 --minibatch 4 --max-new-tokens 24 --rounds 2
+
+    fp32 / bf16: generation 7.32 / 6.14 s, scoring 7.74 / 4.72 s, update 17.91 / 15.01 s, iteration 32.98 / 25.87 s
+    (bf16/fp32 0.78), peak RSS 2.50 / 1.79 GB (0.72); mismatch_kl 1.32e-11 / 1.85e-3, ratio_spread 0 in both
 """
 
 from __future__ import annotations

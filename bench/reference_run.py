@@ -7,6 +7,9 @@ weights after it, saved to a folder, or compared bitwise with a folder saved bef
 fp32 (pinned: `dtype: auto` is bf16 on a CPU with AVX512-BF16), one process, CPU: a behaviour-preserving refactor
 gives identical histories and weights, bit for bit. History keys the reference lacks (numbers added since) are
 listed, not counted as differences; every key it has must be equal.
+
+It prints one line per configuration ("NAME: identical (N iterations, ...)" or what differs) and last "IDENTICAL" or
+"K DIFFERENCES". Run it around every change that could touch the chapter's fp32 run.
 """
 
 from __future__ import annotations

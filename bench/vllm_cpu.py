@@ -8,6 +8,13 @@ stop at EOS, the reply cap) through the trainer's own code paths: `rollout.gener
 `VLLMGenerator.generate` for vLLM. tokens/s = reply tokens produced / wall seconds of the call. Each (model, dtype)
 starts one engine (its start time is printed); each (side, batch) has one untimed warm-up call first (vLLM's first
 call of a shape is slow). Replies end at different lengths on the two sides, so tokens/s, not seconds, is compared.
+
+Last run (bench/README.md, "Results, vLLM on this CPU"), 2026-12-03 14:09-14:24 UTC, quiet machine:
+
+    .venv/bin/python bench/vllm_cpu.py --models smollm2,qwen-shape --batches 8,32 --dtypes float32,bfloat16
+
+    vLLM/HF tokens/s: SmolLM2 fp32 1.58 (batch 8), 1.19 (32), bf16 1.43, 1.14; Qwen2.5-0.5B shape fp32 1.69, 1.15,
+    bf16 0.94, 1.18; engine start 37 s (SmolLM2), 39-58 s (Qwen shape)
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def store_frozen_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     if head is not None:
         # generate's first step slices the last position (hidden[:, -1:]) before the LM head; on a CPU a strided
         # half input makes torch copy the [V, D] head once per row (3.8 s instead of 0.013 s for 64 rows of SmolLM2,
-        # bench/strided_head.py)
+        # bench/README.md, "A strided slice before the LM head")
         head.register_forward_pre_hook(_contiguous_input)
     return model
 

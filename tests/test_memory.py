@@ -96,7 +96,7 @@ def test_qwen25_shapes_count_what_transformers_builds(family):
 
 
 def test_params_alone_prints_lora_logits_and_kv_lines_of_the_nearest_shape(capsys):
-    """The README's `memory --params 7B`: the four-model rows at 7e9, and the LoRA/activation lines of Qwen2.5-7B."""
+    """docs/usage.md's `memory --params 7B`: the four-model rows at 7e9, and the LoRA/activation lines of Qwen2.5-7B."""
     assert cli.main(["memory", "--params", "7B", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     seven = memory.QWEN25[3].shape()

@@ -58,7 +58,7 @@ def test_kl_estimate_masks_padding_before_the_exponential():
 
 @pytest.mark.parametrize("estimator, gradient_of", [("k1", "zero"), ("k2", "KL(pi||ref)"), ("k3", "KL(ref||pi)")])
 def test_what_each_estimator_pulls_on_in_the_loss(estimator, gradient_of):
-    """The README's claims, checked exactly on one categorical distribution: the gradient of an estimator as a loss
+    """docs/options.md's claims, checked exactly on one categorical distribution: the gradient of an estimator as a loss
     term, averaged over the policy's own samples (the samples held fixed, as in the loss), is 0 for k1, the gradient
     of KL(pi || ref) for k2 and the gradient of KL(ref || pi) for k3."""
     logits = torch.tensor([0.3, -1.0, 2.0, 0.1], dtype=torch.float64, requires_grad=True)
