@@ -30,9 +30,13 @@ def compare_configs(base: dict[str, Any], out: str | Path, estimators: list[str]
         require(name in ESTIMATORS, f"unknown estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
     require(len(set(estimators)) == len(estimators), "each estimator once")
     group = max(int(base.get("group_size", 1)), 2)
-    return {name: build_config(TrainConfig, base, {"advantage_estimator": name, "group_size": group,
-                                                   "out": str(Path(out) / name)})
-            for name in estimators}
+    configs = {name: build_config(TrainConfig, base, {"advantage_estimator": name, "group_size": group,
+                                                      "out": str(Path(out) / name)})
+               for name in estimators}
+    for config in configs.values():  # before hours of training: what a run needs, and its files
+        config.require_inputs()
+        config.check_files()
+    return configs
 
 
 def side_by_side(summary: list[dict[str, Any]]) -> str:
