@@ -200,9 +200,9 @@ class PPOTrainer:
         for model in (self.policy, scorer):  # FSDP: each process keeps a shard of every layer
             self.dist.shard_model(model)
         self.actor = Actor(self.policy, self.gradient_step(self.policy, cfg.policy_lr), cfg)
-        self.critic = Critic(scorer, reward_tokenizer, self.gradient_step(scorer, cfg.value_lr)) \
+        self.critic = Critic(scorer, reward_tokenizer, self.gradient_step(scorer, cfg.value_lr), cfg.padding_free) \
             if self.advantages.needs_critic else None
-        self.reward_model = self.critic or RewardModel(scorer, reward_tokenizer)
+        self.reward_model = self.critic or RewardModel(scorer, reward_tokenizer, cfg.padding_free)
         self.value_model = self.critic.model if self.critic else None
         # the trained roles by checkpoint folder name: each backward, step and optimiser state goes through them
         self.roles = {"policy": self.actor, **({"value": self.critic} if self.critic else {})}
