@@ -8,6 +8,7 @@ Changes (before -> after):
   old-logprobs  old_logprobs: recompute (one more policy forward) -> generation (recorded by generate)
   score-batch   scoring passes of micro_batch_size rows -> of the whole batch (score_batch_size = batch_size)
   half-lora     LoRA products in fp32 (PEFT casts bf16 activations) -> in bf16 from fp32 factors (bfloat16 only)
+  padding-free  scoring and update passes over right-padded rows -> over the real tokens packed (padding_free)
 
 Last run (bench/README.md, eighth session), 2026-12-04 ~02:35 UTC, SmolLM2, quiet machine:
 
@@ -48,6 +49,8 @@ def switch(trainer, change: str, after: bool, originals: dict) -> None:
     elif change == "half-lora":
         for model in (trainer.policy, trainer.value_model):
             half_lora_products(model, enabled=after)
+    elif change == "padding-free":  # the actor reads its config at every call; the critic keeps its own flag
+        trainer.cfg.padding_free = trainer.reward_model.padding_free = after
     elif change == "score-batch":
         trainer.cfg.score_batch_size = trainer.cfg.batch_size if after else 0
     else:
@@ -58,7 +61,7 @@ def switch(trainer, change: str, after: bool, originals: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--change", required=True,
-                        choices=["first", "frozen-head", "old-logprobs", "score-batch", "half-lora"])
+                        choices=["first", "frozen-head", "old-logprobs", "score-batch", "half-lora", "padding-free"])
     parser.add_argument("--model", default="smollm2", help="smollm2 or qwen-shape (bench/peer_trl.py)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--minibatch", type=int, default=4)

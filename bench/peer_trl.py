@@ -124,7 +124,7 @@ def ours_settings(args, work: Path) -> dict:
         score_batch_size=args.batch,  # scoring passes over the whole batch, as TRL's local_rollout_forward_batch_size
         temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
         old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device=args.device,
-        dtype=args.dtype, logprob_chunk_mb=args.logprob_chunk_mb)
+        dtype=args.dtype, logprob_chunk_mb=args.logprob_chunk_mb, padding_free=args.padding_free)
 
 
 def ours_trainer(args):
@@ -283,6 +283,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--logprob-chunk-mb", type=float, default=128.0,
                         help="ours: MB of fp32 logits per log-prob chunk (TRL forms the whole [B, L, V] logits)")
+    parser.add_argument("--padding-free", action="store_true",
+                        help="ours: scoring and update passes over packed real tokens (padding_free: true)")
     parser.add_argument("--micro-batch", type=int, default=0,
                         help="rows per forward+backward in the update, both sides (0 = the minibatch)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -359,7 +361,8 @@ def main() -> None:
                 python = TRL_PY if is_trl else OURS_PY
                 flags = (["--side", "trl", "--trl-mode", side[len("trl-"):]] if is_trl
                          else ["--side", "ours", "--old-logprobs", side[len("ours-"):], "--dtype", args.dtype,
-                               "--logprob-chunk-mb", str(args.logprob_chunk_mb)])
+                               "--logprob-chunk-mb", str(args.logprob_chunk_mb),
+                               *(["--padding-free"] if args.padding_free else [])])
                 started = time.perf_counter()
                 proc = subprocess.run([str(python), __file__, *flags, *common], capture_output=True, text=True,
                                       env=env, cwd=ROOT)

@@ -13,6 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ppo_rlhf.errors import require
 from ppo_rlhf.objectives import entropy_from_logits
+from ppo_rlhf.packing import Packing
 
 
 def body_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -66,38 +67,12 @@ def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor
     return logprobs, entropy_from_logits(logits, logz)  # logz shared with the log-probs
 
 
-def token_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    temperature: float,
-    with_entropy: bool = False,
-    chunk_size: int | None = 64,
-    first: int = 0,
-    chunk_mb: float = 128.0,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """log pi(input_ids[:, t+1] | tokens 0..t) from logits / temperature, [B, L-1] (and the entropy, [B, L-1]).
-
-    The body runs once; the LM head and the softmax run over chunks of positions, so the full [B, L, V]
-    logits never exist at once. With gradients on, a frozen plain head gives its gradient in forward
-    (`FrozenHeadLogprobs`); otherwise (a trained head, or the entropy asked for) each chunk is checkpointed: only
-    hidden states are kept and the chunk's logits are recomputed in backward. Positions before `first` (e.g.
-    `first_reply_position`: prompt positions, where no row has a reply token) skip the LM head and are returned as 0.
-    A chunk also holds at most `chunk_mb` MB of fp32 logits (0: no limit): many rows over a wide vocabulary get
-    fewer positions per chunk (16 rows x 64 positions x Qwen's 151,936 ids would be 622 MB, and the softmax keeps
-    about three such tensors at once).
-    """
-    require(temperature > 0, f"temperature must be > 0, got {temperature}")
-    require(chunk_size is None or chunk_size >= 1, f"chunk_size must be >= 1 or None, got {chunk_size}")
-    body, head = body_and_lm_head(model)
-    hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
-    targets = input_ids[:, 1:]
-    first = max(0, min(first, hidden.shape[1] - 1))
-    step = chunk_size or hidden.shape[1] - first
-    if chunk_size is not None and chunk_mb > 0:
-        step = max(1, min(step, int(chunk_mb * 2**20 / (4 * hidden.shape[0] * head.weight.shape[0]))))
+def _head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   with_entropy: bool, chunk_size: int | None, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log-probs (and entropies) of `targets` [B, N] from `hidden` [B, N, D], the head run over `step` positions at
+    a time: [B, N] each."""
     logprobs, entropies = [], []  # entropies holds Nones unless with_entropy
-    for start in range(first, hidden.shape[1], step):
+    for start in range(0, hidden.shape[1], step):
         # contiguous: torch's CPU matmul of a strided [B, C, D] slice by the [V, D] head copies the head once per row
         # in bf16 (6x slower on SmolLM2: bench/README.md, "A strided slice before the LM head")
         h, tgt = hidden[:, start : start + step].contiguous(), targets[:, start : start + step]
@@ -110,10 +85,69 @@ def token_logprobs(
             lp, ent = _chunk_logprobs(head, h, tgt, temperature, with_entropy)
         logprobs.append(lp)
         entropies.append(ent)
-    logprobs = nn.functional.pad(torch.cat(logprobs, dim=1), (first, 0))
-    if not with_entropy:
-        return logprobs
-    return logprobs, nn.functional.pad(torch.cat(entropies, dim=1), (first, 0))
+    return torch.cat(logprobs, dim=1), torch.cat(entropies, dim=1) if with_entropy else None
+
+
+def _chunk_positions(chunk_size: int | None, positions: int, rows: int, vocabulary: int, chunk_mb: float) -> int:
+    """Positions per LM-head chunk: `chunk_size` (None: all of them), and at most `chunk_mb` MB of fp32 logits."""
+    step = chunk_size or positions
+    if chunk_size is not None and chunk_mb > 0:
+        step = min(step, int(chunk_mb * 2**20 / (4 * rows * vocabulary)))
+    return max(1, step)
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    with_entropy: bool = False,
+    chunk_size: int | None = 64,
+    first: int = 0,
+    chunk_mb: float = 128.0,
+    padding_free: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log pi(input_ids[:, t+1] | tokens 0..t) from logits / temperature, [B, L-1] (and the entropy, [B, L-1]).
+
+    The body runs once; the LM head and the softmax run over chunks of positions, so the full [B, L, V]
+    logits never exist at once. With gradients on, a frozen plain head gives its gradient in forward
+    (`FrozenHeadLogprobs`); otherwise (a trained head, or the entropy asked for) each chunk is checkpointed: only
+    hidden states are kept and the chunk's logits are recomputed in backward. Positions before `first` (e.g.
+    `first_reply_position`: prompt positions, where no row has a reply token) skip the LM head and are returned as 0.
+    A chunk also holds at most `chunk_mb` MB of fp32 logits (0: no limit): many rows over a wide vocabulary get
+    fewer positions per chunk (16 rows x 64 positions x Qwen's 151,936 ids would be 622 MB, and the softmax keeps
+    about three such tensors at once).
+
+    `padding_free`: the body runs over the real tokens packed into one row (`packing.Packing`) and the head over
+    the positions from `first` whose next token is real, B x `chunk_size` of them per chunk; the same numbers at
+    those positions, 0 at padding (the padded path leaves there whatever the model computed).
+    """
+    require(temperature > 0, f"temperature must be > 0, got {temperature}")
+    require(chunk_size is None or chunk_size >= 1, f"chunk_size must be >= 1 or None, got {chunk_size}")
+    body, head = body_and_lm_head(model)
+    vocabulary = head.weight.shape[0]
+    if padding_free:
+        packing = Packing.of(attention_mask)
+        hidden = packing.hidden_states(body, input_ids)  # [T, D]
+        # packed token p's target is packed token p + 1, except at a sequence's last token (no target)
+        keep = (packing.cols >= first) & (packing.cols < packing.lengths[packing.rows] - 1)
+        index = keep.nonzero().squeeze(1)
+        targets = input_ids[packing.rows[index], packing.cols[index] + 1]
+        step = _chunk_positions(chunk_size and chunk_size * len(input_ids), len(index), 1, vocabulary, chunk_mb)
+        logprobs, entropies = _head_logprobs(head, hidden[index][None], targets[None], temperature, with_entropy,
+                                             chunk_size, step)
+        at = (packing.rows[index], packing.cols[index])  # where each lands in the [B, L-1] layout
+        shape = (len(input_ids), input_ids.shape[1] - 1)
+        logprobs, entropies = (None if x is None else x.new_zeros(shape).index_put(at, x[0])
+                               for x in (logprobs, entropies))
+    else:
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+        first = max(0, min(first, hidden.shape[1] - 1))
+        step = _chunk_positions(chunk_size, hidden.shape[1] - first, hidden.shape[0], vocabulary, chunk_mb)
+        logprobs, entropies = _head_logprobs(head, hidden[:, first:], input_ids[:, 1 + first :], temperature,
+                                             with_entropy, chunk_size, step)
+        logprobs, entropies = (None if x is None else nn.functional.pad(x, (first, 0)) for x in (logprobs, entropies))
+    return (logprobs, entropies) if with_entropy else logprobs
 
 
 def first_reply_position(prompt_ids: list[list[int]]) -> int:

@@ -33,7 +33,7 @@ class Actor:
         cfg, device = self.cfg, model_device(self.model)
         return token_logprobs(self.model, input_ids.to(device), attention_mask.to(device), cfg.temperature,
                               with_entropy=with_entropy, chunk_size=cfg.logprob_chunk or None, first=first,
-                              chunk_mb=cfg.logprob_chunk_mb)
+                              chunk_mb=cfg.logprob_chunk_mb, padding_free=cfg.padding_free)
 
     def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, first: int) -> torch.Tensor:
         with self.model.disable_adapter():  # the reference: the same weights with the adapter off
@@ -41,27 +41,28 @@ class Actor:
 
 
 class RewardModel:
-    """A frozen reward model: one score per (prompt, reply)."""
+    """A frozen reward model: one score per (prompt, reply); `padding_free`: its passes packed (`packing.py`)."""
 
-    def __init__(self, model: nn.Module, tokenizer):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model: nn.Module, tokenizer, padding_free: bool = False):
+        self.model, self.tokenizer, self.padding_free = model, tokenizer, padding_free
 
     def reward_scores(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
         """[B] raw scores (on the reward model's own scale), on the CPU."""
-        return score_texts(self.model, self.tokenizer, prompts, replies, batch_size=batch_size)
+        return score_texts(self.model, self.tokenizer, prompts, replies, batch_size=batch_size,
+                           padding_free=self.padding_free)
 
 
 class Critic(RewardModel):
     """The value model and its gradient step; with its adapter (and trained head copy) off, the reward model."""
 
-    def __init__(self, model: nn.Module, tokenizer, step):
-        super().__init__(model, tokenizer)
+    def __init__(self, model: nn.Module, tokenizer, step, padding_free: bool = False):
+        super().__init__(model, tokenizer, padding_free)
         self.step = step
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """V at every position [b, l-1] on the reward model's raw scale (gradients as the caller sets them)."""
         device = model_device(self.model)
-        return sequence_values(self.model, input_ids.to(device), attention_mask.to(device))
+        return sequence_values(self.model, input_ids.to(device), attention_mask.to(device), self.padding_free)
 
     def reward_scores(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
         with self.model.disable_adapter():

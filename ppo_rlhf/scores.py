@@ -9,12 +9,18 @@ from transformers import PreTrainedTokenizerBase
 from ppo_rlhf.chat import conversation_ids
 from ppo_rlhf.errors import require
 from ppo_rlhf.models import backbone_and_head
+from ppo_rlhf.packing import Packing
 from ppo_rlhf.padding import right_pad
 
 
-def sequence_values(value_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The score head at every position, [B, L-1]: entry t is V of the state before choosing token t+1."""
+def sequence_values(value_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    padding_free: bool = False) -> torch.Tensor:
+    """The score head at every position, [B, L-1]: entry t is V of the state before choosing token t+1.
+    `padding_free`: the real tokens packed into one row (`packing.Packing`); 0 at padding."""
     body, head = backbone_and_head(value_model)
+    if padding_free:
+        packing = Packing.of(attention_mask)
+        return packing.unpack(head(packing.hidden_states(body, input_ids))[:, 0].float())[:, :-1]
     hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     return head(hidden)[..., 0].float()[:, :-1]
 
@@ -29,24 +35,32 @@ def reward_inputs(
 
 
 def reward_scores(
-    reward_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, batch_size: int | None = None
+    reward_model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    batch_size: int | None = None,
+    padding_free: bool = False,
 ) -> torch.Tensor:
     """[B] float scores read at each row's last attention_mask == 1 position (gradients as the caller sets them).
 
     We find that position from the mask: HF's own lookup searches for the pad token, which finds the
-    closing EOS when pad == eos.
+    closing EOS when pad == eos. `padding_free`: each sub-batch's real tokens packed into one row.
     """
     body, head = backbone_and_head(reward_model)
     batch_size = batch_size or len(input_ids)
     scores = []
     for start in range(0, len(input_ids), batch_size):
-        mask = attention_mask[start : start + batch_size]
-        positions = torch.arange(mask.shape[1], device=mask.device)
-        last = (mask * positions).argmax(dim=1)
-        width = int(last.max()) + 1  # drop columns that are padding in every row of this sub-batch
-        hidden = body(input_ids=input_ids[start : start + batch_size, :width], attention_mask=mask[:, :width])
-        rows = torch.arange(len(mask), device=mask.device)
-        scores.append(head(hidden.last_hidden_state[rows, last])[:, 0].float())
+        mask, ids = attention_mask[start : start + batch_size], input_ids[start : start + batch_size]
+        if padding_free:
+            # packed, each sequence's last token sits at the running total of the lengths - 1
+            last_hidden = Packing.of(mask).hidden_states(body, ids)[mask.sum(dim=1).cumsum(0) - 1]
+        else:
+            positions = torch.arange(mask.shape[1], device=mask.device)
+            last = (mask * positions).argmax(dim=1)
+            width = int(last.max()) + 1  # drop columns that are padding in every row of this sub-batch
+            hidden = body(input_ids=ids[:, :width], attention_mask=mask[:, :width]).last_hidden_state
+            last_hidden = hidden[torch.arange(len(mask), device=mask.device), last]
+        scores.append(head(last_hidden)[:, 0].float())
     return torch.cat(scores)
 
 
@@ -57,8 +71,10 @@ def score_texts(
     prompts: list[str],
     replies: list[str],
     batch_size: int = 16,
+    padding_free: bool = False,
 ) -> torch.Tensor:
     """Reward-model scores [B] of (prompt, reply) texts."""
     device = next(reward_model.parameters()).device
     input_ids, attention_mask = reward_inputs(tokenizer, prompts, replies)
-    return reward_scores(reward_model, input_ids.to(device), attention_mask.to(device), batch_size).cpu()
+    return reward_scores(reward_model, input_ids.to(device), attention_mask.to(device), batch_size,
+                         padding_free).cpu()

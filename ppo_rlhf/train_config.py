@@ -223,6 +223,10 @@ class TrainConfig:
     logprob_chunk_mb: NonNegativeFloat = 128.0
     """At most this many MB of fp32 logits per chunk: fewer positions per chunk for many rows x a wide vocabulary; 0 =
     no limit."""
+    padding_free: bool = False
+    """Scoring and update passes (log-probs, reference, values, reward scores) run each micro-batch's real tokens packed
+    into one row, attention block-diagonal causal, instead of right-padded rows: no work on padding, the same numbers
+    to float rounding (llama and qwen2 models)."""
     # --- observability and checkpoints
     checkpoint_every: PositiveInt = 10
     """Save a checkpoint every N iterations (and always at the end)."""

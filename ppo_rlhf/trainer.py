@@ -241,7 +241,7 @@ class PPOTrainer:
                 field = "value_model" if source == cfg.value_model else "reward_model"
                 raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
             value_tokenizer = load_tokenizer(source, trust_remote_code=remote) if source else self.tokenizer
-            self.critic = Critic(value.to(self.device), value_tokenizer, None)
+            self.critic = Critic(value.to(self.device), value_tokenizer, None, cfg.padding_free)
         # the reward model the critic was initialised from scores through it, adapter off (one copy of its weights)
         shared = source if source in specs and source != cfg.value_model else None
         specs = [ModelReward.from_scorer(self.critic, reward_model_name(spec), self.score_size) if spec == shared
