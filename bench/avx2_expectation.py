@@ -5,6 +5,9 @@ what `auto` picks without native bf16), alternating in one process tree, the rat
 An emulation: a real AVX2-only CPU also differs in clock, cache and memory bandwidth.
 
     python bench/avx2_expectation.py --rounds 2
+
+Last run (2026-12-04 17:31-17:35 UTC, Intel Xeon with amx_bf16 avx2 avx512_bf16, quiet): this CPU 9.2 / 9.4 s per
+iteration, the AVX2-only emulation 15.4 / 15.3 s: 1.65x.
 """
 
 import argparse
