@@ -46,6 +46,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="padding_free_"))
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     cfg = build_config(TrainConfig, dict(policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"),
+                                         init_score_head=True,  # the policy as reward model: a speed comparison
                                          out=str(work / "run"), batch_size=16, minibatch_size=8,
                                          max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True,
                                          device="cpu", dtype=args.dtype))
