@@ -176,10 +176,15 @@ def _loaded_model(model: nn.Module, tokenizer: PreTrainedTokenizerBase | None, t
     return ModelReward(model.eval(), tokenizer, name, batch_size)
 
 
+def model_spec_name(spec: str) -> str:
+    """A reward model's name (`reward/<name>` in the history): its folder's name, or a hub id's last part."""
+    path = Path(spec).expanduser()
+    return path.resolve().name if path.is_dir() else spec.rstrip("/").split("/")[-1]
+
+
 def _folder_or_hub_model(spec: str, dtype: torch.dtype, device: torch.device | str, trust_remote_code: bool,
                          batch_size: int, init_score_head: bool) -> ModelReward:
-    path = Path(spec).expanduser()
-    name = path.resolve().name if path.is_dir() else spec.rstrip("/").split("/")[-1]
+    name = model_spec_name(spec)
     tokenizer = load_tokenizer(spec, trust_remote_code=trust_remote_code)
     model = load_reward_model(spec, dtype, trust_remote_code, init_score_head).to(device)
     return ModelReward(model, tokenizer, name, batch_size)

@@ -20,7 +20,6 @@ import math
 import random
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,7 +61,14 @@ from ppo_rlhf.objectives import (
 )
 from ppo_rlhf.precision import resolve_dtype
 from ppo_rlhf.ptx import PtxData, ptx_nll, ptx_targets, read_texts
-from ppo_rlhf.rewards import CombinedReward, ModelReward, RewardScores, is_reward_model_spec, resolve_reward_funcs
+from ppo_rlhf.rewards import (
+    CombinedReward,
+    ModelReward,
+    RewardScores,
+    is_reward_model_spec,
+    model_spec_name,
+    resolve_reward_funcs,
+)
 from ppo_rlhf.roles import Actor, Critic
 from ppo_rlhf.rollout import Rollout
 from ppo_rlhf.schedules import make_scheduler
@@ -164,12 +170,6 @@ def check_prompt_lengths(rows: list[PromptRow], tokenizer, models: list, max_new
                 f"models' context of {context} tokens")
 
 
-def reward_model_name(spec: str) -> str:
-    """A reward model's dashboard name (`reward/<name>`), as `rewards.resolve_reward_funcs` names one it loads."""
-    path = Path(spec).expanduser()
-    return path.resolve().name if path.is_dir() else spec.rstrip("/").split("/")[-1]
-
-
 INIT_HEAD_HINT = " (init_score_head: true starts from a random head on purpose)"
 
 
@@ -244,7 +244,7 @@ class PPOTrainer:
             self.critic = Critic(value.to(self.device), value_tokenizer, None, cfg.padding_free)
         # the reward model the critic was initialised from scores through it, adapter off (one copy of its weights)
         shared = source if source in specs and source != cfg.value_model else None
-        specs = [ModelReward.from_scorer(self.critic, reward_model_name(spec), self.score_size) if spec == shared
+        specs = [ModelReward.from_scorer(self.critic, model_spec_name(spec), self.score_size) if spec == shared
                  else spec for spec in specs]
         try:
             funcs = resolve_reward_funcs(specs, dtype=dtype, device=self.device, trust_remote_code=remote,
