@@ -1,7 +1,8 @@
 """Generation backends behind one interface: `generate(prompts) -> Rollout`.
 
 * `HFGenerator` (default, `generation_backend: hf`): Hugging Face `generate` on the policy itself
-  (`rollout.generate_rollout`).
+  (`rollout.generate_rollout`); with `generation_drop_finished` our own decode loop (ppo_rlhf/decode.py), which
+  drops finished rows from the batch and its KV cache between steps.
 * `VLLMGenerator` (`generation_backend: vllm`): a vLLM engine holding a copy of the policy. vLLM pins its own
   transformers range, so the engine runs in its own environment (.venv-vllm, `make venv-vllm`) and process
   (ppo_rlhf/vllm_server.py, imports only vllm), spoken to by `VLLMServer` with token ids over a pipe. Before each
@@ -70,11 +71,11 @@ class HFGenerator:
     """Hugging Face `generate` on the training policy (nothing to sync: it is the policy)."""
 
     def __init__(self, policy: nn.Module, tokenizer, max_new_tokens: int, temperature: float, top_p: float = 1.0,
-                 batch_size: int | None = None, record_logprobs: bool = False):
+                 batch_size: int | None = None, record_logprobs: bool = False, drop_finished: bool = False):
         self.policy, self.tokenizer = policy, tokenizer
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.batch_size = batch_size
-        self.record_logprobs = record_logprobs
+        self.record_logprobs, self.drop_finished = record_logprobs, drop_finished
 
     def sync(self, policy: nn.Module) -> None:
         self.policy = policy
@@ -83,7 +84,8 @@ class HFGenerator:
         from ppo_rlhf.rollout import generate_rollout
 
         return generate_rollout(self.policy, self.tokenizer, prompts, self.max_new_tokens, self.temperature,
-                                batch_size=self.batch_size, top_p=self.top_p, record_logprobs=self.record_logprobs)
+                                batch_size=self.batch_size, top_p=self.top_p, record_logprobs=self.record_logprobs,
+                                drop_finished=self.drop_finished)
 
 
 # ------------------------------------------------------------------------------------------------ vLLM
@@ -257,7 +259,8 @@ def make_generator(cfg, policy: nn.Module, tokenizer, model_path: str | None = N
         # log-probs always recorded (one fp32 log-softmax per step): they are pi_old with old_logprobs: generation,
         # and otherwise what the trainer's mismatch_kl and truncated importance sampling compare its forward with
         return HFGenerator(policy, tokenizer, cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-                           cfg.generation_batch_size or None, record_logprobs=True)
+                           cfg.generation_batch_size or None, record_logprobs=True,
+                           drop_finished=cfg.generation_drop_finished)
     from ppo_rlhf.models import resolve_model_path
     from ppo_rlhf.precision import dtype_name, resolve_dtype
 

@@ -16,6 +16,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 
 from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.data import Prompt
+from ppo_rlhf.decode import decode_dropping_finished
 from ppo_rlhf.distributed import current
 from ppo_rlhf.errors import require
 from ppo_rlhf.padding import right_pad
@@ -116,13 +117,16 @@ def top_p_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, ranked.masked_fill(mass_before >= top_p, 0.0))
 
 
-def sample_from_(weights: torch.Tensor) -> torch.Tensor:
+def sample_from_(weights: torch.Tensor, uniform: torch.Tensor | None = None) -> torch.Tensor:
     """One index per row, drawn with probability proportional to `weights` [B, V] (>= 0), which it overwrites with
-    their running sum: inverse CDF, one uniform per row from torch's global RNG (torch.multinomial draws V
-    exponentials per row; its exponential_ was 19% of a bf16 SmolLM2 generate here). torch's CPU cumsum adds in
-    float64 and rounds each entry to float32, so a token's share is within ~1e-7 of its probability."""
+    their running sum: inverse CDF, one uniform per row (`uniform` [B, 1] in [0, 1); None draws them from torch's
+    global RNG) (torch.multinomial draws V exponentials per row; its exponential_ was 19% of a bf16 SmolLM2 generate
+    here). torch's CPU cumsum adds in float64 and rounds each entry to float32, so a token's share is within ~1e-7 of
+    its probability."""
     cdf = weights.cumsum_(dim=-1)
-    threshold = torch.rand(weights.shape[0], 1, device=weights.device) * cdf[:, -1:]
+    if uniform is None:
+        uniform = torch.rand(weights.shape[0], 1, device=weights.device)
+    threshold = uniform * cdf[:, -1:]
     return torch.searchsorted(cdf, threshold, right=True).clamp_(max=weights.shape[-1] - 1).squeeze(-1)
 
 
@@ -143,6 +147,18 @@ class TokenSampler(LogitsProcessor):
         self.probs: torch.Tensor | None = None  # the [B, V] buffer every step reuses
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits, tokens = self._draw(scores)
+        return logits.fill_(float("-inf")).scatter_(-1, tokens[:, None], 0.0)
+
+    def draw(self, scores: torch.Tensor, rows: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """The tokens [b] drawn from `scores` [b, V] (overwritten), the logits of rows `rows` of a batch of
+        `batch_size` (decode.decode_dropping_finished, which drops finished rows): the uniforms are drawn for the
+        whole batch and each row takes its own, so the random stream and each row's token are what `generate` with
+        every row present gives; the record keeps the whole batch's layout (0 in the absent rows)."""
+        return self._draw(scores, rows, batch_size)[1]
+
+    def _draw(self, scores: torch.Tensor, rows: torch.Tensor | None = None,
+              batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         # a banned token's -inf (an HF processor ran first) made finite: probability 0 and no 0 * inf in the entropy
         logits = scores.float().div_(self.temperature).clamp_(min=torch.finfo(torch.float32).min)
         logz = torch.logsumexp(logits, dim=-1, keepdim=True)
@@ -150,11 +166,20 @@ class TokenSampler(LogitsProcessor):
             self.probs = torch.empty_like(logits)
         probs = torch.sub(logits, logz, out=self.probs).exp_()
         if self.record:  # objectives.entropy_from_logits's formula, on the probabilities already in the buffer
-            self.entropies.append(logz.squeeze(-1) - torch.linalg.vecdot(probs, logits))
-        tokens = sample_from_(top_p_nucleus(probs, self.top_p))
+            self.entropies.append(self._in_batch(logz.squeeze(-1) - torch.linalg.vecdot(probs, logits), rows,
+                                                 batch_size))
+        uniform = torch.rand(batch_size or logits.shape[0], 1, device=logits.device)
+        tokens = sample_from_(top_p_nucleus(probs, self.top_p), uniform if rows is None else uniform[rows])
         if self.record:
-            self.logprobs.append(logits.gather(-1, tokens[:, None]).squeeze(-1) - logz.squeeze(-1))
-        return logits.fill_(float("-inf")).scatter_(-1, tokens[:, None], 0.0)
+            self.logprobs.append(self._in_batch(logits.gather(-1, tokens[:, None]).squeeze(-1) - logz.squeeze(-1),
+                                                rows, batch_size))
+        return logits, tokens
+
+    @staticmethod
+    def _in_batch(values: torch.Tensor, rows: torch.Tensor | None, batch_size: int | None) -> torch.Tensor:
+        if rows is None:
+            return values
+        return values.new_zeros(batch_size).index_copy_(0, rows, values)
 
     def finish(self, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """([b, steps], [b, steps]): the recorded log-probs and entropies of the `steps` tokens generate returned."""
@@ -180,13 +205,16 @@ def generate_rollout(
     batch_size: int | None = None,
     top_p: float = 1.0,
     record_logprobs: bool = False,
+    drop_finished: bool = False,
 ) -> Rollout:
     """Sample one reply per prompt and build the right-padded batch (CPU tensors).
 
     Random numbers come from torch's global RNG. Tokens are drawn from softmax(logits / temperature), the
     distribution token_logprobs computes, unless top_p < 1 truncates it. With `record_logprobs` the rollout also
     carries log pi(token) and the entropy of the untruncated tempered distribution, from the logits generation
-    computed anyway (KV-cached, left-padded: equal to token_logprobs up to float rounding).
+    computed anyway (KV-cached, left-padded: equal to token_logprobs up to float rounding). `drop_finished` decodes
+    with decode.decode_dropping_finished instead of `generate`: finished rows leave the batch and its KV cache; the
+    same random stream, so the same tokens up to the rounding of a smaller batch's matmuls (decode.py).
     """
     require(len(prompts) > 0, "no prompts to generate from")
     require(max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -215,9 +243,12 @@ def generate_rollout(
         ids = torch.tensor([[pad] * (prompt_width - len(p)) + p for p in chunk], device=device)
         mask = torch.tensor([[0] * (prompt_width - len(p)) + [1] * len(p) for p in chunk], device=device)
         sampler = TokenSampler(temperature, top_p, record=record_logprobs)
-        out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config, synced_gpus=synced,
-                              logits_processor=LogitsProcessorList([sampler]))
-        new_tokens = out[:, prompt_width:]
+        if drop_finished:
+            new_tokens = decode_dropping_finished(policy, ids, mask, sampler, max_new_tokens, eos, pad, synced)
+        else:
+            out = policy.generate(input_ids=ids, attention_mask=mask, generation_config=config, synced_gpus=synced,
+                                  logits_processor=LogitsProcessorList([sampler]))
+            new_tokens = out[:, prompt_width:]
         if record_logprobs:
             logprobs, entropies = (t.tolist() for t in sampler.finish(new_tokens.shape[1]))
         for i, row in enumerate(new_tokens.tolist()):
