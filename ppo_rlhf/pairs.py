@@ -12,8 +12,10 @@ EOS rule of PPO scores cut-off replies itself.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
+from typing import NamedTuple
 
 from tqdm import tqdm
 
@@ -56,6 +58,85 @@ def read_pairs(path: str | Path) -> list[dict]:
     return pairs
 
 
+@dataclass
+class Replies:
+    """Judged start-policy replies, `k` per prompt: reply j of prompts[i] is row k*i + j of each list."""
+
+    prompts: list[str]
+    k: int
+    texts: list[str]
+    lengths: list[int]  # in tokens
+    finished: list[bool]  # ended with EOS within the reply cap
+    scores: list[float]  # the judge's
+    judge: str
+
+
+class Pairing(NamedTuple):
+    rows: list[dict]  # PAIR_FIELDS of each pair
+    close: int  # candidate pairs skipped: gold scores within min_margin
+    cut_off: int  # candidate pairs skipped: a reply did not finish
+    chosen_longer: int  # pairs whose chosen reply has more tokens
+
+
+def sample_replies(
+    prompts: list[str],
+    model: str = "smollm2",
+    judge_spec: str = "gold",
+    reply_cap: int = 128,
+    temperature: float = 0.7,
+    seed: int = 0,
+    batch_size: int = 16,
+    replies_per_prompt: int = 2,
+    dtype: str = "auto",
+) -> Replies:
+    """Sample replies_per_prompt replies per prompt from the starting policy (on the CPU, seeded) and judge each."""
+    require(bool(prompts), "no prompts to sample replies for")
+    require(reply_cap >= 1 and temperature > 0, "--reply-cap must be >= 1 and --temperature > 0")
+    require(batch_size >= 1, f"batch size must be >= 1, got {batch_size}")
+    require(replies_per_prompt >= 1, f"--replies-per-prompt must be >= 1, got {replies_per_prompt}")
+    check_model_name(model)
+    # lazy: `ppo-rlhf pairs` checks its arguments and files (above) before torch and transformers load
+    import torch
+
+    from ppo_rlhf.judges import make_judge
+    from ppo_rlhf.models import load_causal_lm, load_tokenizer
+    from ppo_rlhf.precision import resolve_dtype
+    from ppo_rlhf.rollout import generate_rollout
+
+    judge = make_judge(judge_spec)
+    tokenizer = load_tokenizer(model)
+    policy = load_causal_lm(model, resolve_dtype(dtype, torch.device("cpu")))  # sampling runs on the CPU here
+
+    torch.manual_seed(seed)
+    k = replies_per_prompt
+    repeated = [p for p in prompts for _ in range(k)]  # rows k*i .. k*i+k-1 answer prompt i
+    texts, lengths, finished = [], [], []
+    for start in tqdm(range(0, len(repeated), batch_size), desc="sampling replies", unit="batch"):
+        rollout = generate_rollout(policy, tokenizer, repeated[start : start + batch_size], reply_cap, temperature)
+        texts += rollout.reply_texts
+        lengths += rollout.reply_lengths.tolist()
+        finished += rollout.finished.tolist()
+    return Replies(list(prompts), k, texts, lengths, finished, judge.score(repeated, texts), judge.name)
+
+
+def pair_replies(replies: Replies, min_margin: float) -> Pairing:
+    """Every two finished replies of a prompt whose scores differ by more than min_margin, the better one chosen."""
+    k, texts, scores, lengths, finished = replies.k, replies.texts, replies.scores, replies.lengths, replies.finished
+    rows, close, unfinished, chosen_longer = [], 0, 0, 0
+    for i, prompt in enumerate(replies.prompts):
+        for a, b in combinations(range(k * i, k * i + k), 2):
+            if not (finished[a] and finished[b]):
+                unfinished += 1
+                continue
+            if abs(scores[a] - scores[b]) <= min_margin:  # with margin 0: a tie, no preference at all
+                close += 1
+                continue
+            win, lose = (a, b) if scores[a] > scores[b] else (b, a)
+            chosen_longer += lengths[win] > lengths[lose]
+            rows.append(dict(zip(PAIR_FIELDS, (prompt, texts[win], texts[lose], scores[win], scores[lose]))))
+    return Pairing(rows, close, unfinished, chosen_longer)
+
+
 def make_pairs(
     prompts: list[str] | str | Path,
     out_path: str | Path,
@@ -74,53 +155,18 @@ def make_pairs(
     if not isinstance(prompts, list):
         prompts = read_prompts(prompts)
     require(bool(prompts), "no prompts to make pairs from")
-    require(reply_cap >= 1 and temperature > 0, "--reply-cap must be >= 1 and --temperature > 0")
-    require(batch_size >= 1, f"batch size must be >= 1, got {batch_size}")
     require(replies_per_prompt >= 2, f"--replies-per-prompt must be >= 2 to make a pair, got {replies_per_prompt}")
     require(min_margin >= 0, f"--min-margin must be >= 0, got {min_margin}")
-    check_model_name(model)
-    # lazy: `ppo-rlhf pairs` checks its arguments and files (above) before torch and transformers load
-    import torch
-
-    from ppo_rlhf.judges import make_judge
-    from ppo_rlhf.models import load_causal_lm, load_tokenizer
-    from ppo_rlhf.rollout import generate_rollout
-
-    judge = make_judge(judge_spec)
-    tokenizer = load_tokenizer(model)
-    from ppo_rlhf.precision import resolve_dtype
-
-    policy = load_causal_lm(model, resolve_dtype(dtype, torch.device("cpu")))  # sampling runs on the CPU here
-
-    torch.manual_seed(seed)
-    k = replies_per_prompt
-    repeated = [p for p in prompts for _ in range(k)]  # rows k*i .. k*i+k-1 answer prompt i
-    texts, lengths, finished = [], [], []
-    for start in tqdm(range(0, len(repeated), batch_size), desc="sampling replies", unit="batch"):
-        rollout = generate_rollout(policy, tokenizer, repeated[start : start + batch_size], reply_cap, temperature)
-        texts += rollout.reply_texts
-        lengths += rollout.reply_lengths.tolist()
-        finished += rollout.finished.tolist()
-    scores = judge.score(repeated, texts)
-
-    rows, close, unfinished, chosen_longer = [], 0, 0, 0
-    for i, prompt in enumerate(prompts):
-        for a, b in combinations(range(k * i, k * i + k), 2):
-            if not (finished[a] and finished[b]):
-                unfinished += 1
-                continue
-            if abs(scores[a] - scores[b]) <= min_margin:  # with margin 0: a tie, no preference at all
-                close += 1
-                continue
-            win, lose = (a, b) if scores[a] > scores[b] else (b, a)
-            chosen_longer += lengths[win] > lengths[lose]
-            rows.append(dict(zip(PAIR_FIELDS, (prompt, texts[win], texts[lose], scores[win], scores[lose]))))
+    replies = sample_replies(prompts, model, judge_spec, reply_cap, temperature, seed, batch_size, replies_per_prompt,
+                             dtype)
+    rows, close, unfinished, chosen_longer = pair_replies(replies, min_margin)
     if not rows:
         raise UsageError(f"no usable pair among {counted(len(prompts), 'prompt')} ({close} ties or within --min-margin "
                          f"{min_margin:g}, {unfinished} with a cut-off reply)")
     write_jsonl(out_path, rows)
+    k = replies_per_prompt
     return {
-        "judge": judge.name,
+        "judge": replies.judge,
         "prompts": len(prompts),
         "replies_per_prompt": k,
         "min_margin": min_margin,
@@ -128,7 +174,7 @@ def make_pairs(
         "pairs": len(rows),
         "close": close,
         "cut_off": unfinished,
-        "finished_replies": sum(finished) / len(finished),
+        "finished_replies": sum(replies.finished) / len(replies.finished),
         "mean_score_chosen": sum(r["score_chosen"] for r in rows) / len(rows),
         "mean_score_rejected": sum(r["score_rejected"] for r in rows) / len(rows),
         "chosen_longer_fraction": chosen_longer / len(rows),  # the length bias the labels carry

@@ -11,7 +11,7 @@ and the output folder is a PEFT adapter (LoRA + score head) that models.load_seq
 
 Held-out accuracy is measured on a held-out share of the pairs, or on a separate pairs file (pairs of prompts the
 model never trained on, as the demo makes them). The learning curve, held-out accuracy after the first 1/8, 1/4,
-1/2 and all of the training pairs of the first pass (and after the last epoch), is measured inside the one training
+1/2 and all of the training pairs of the first pass (and after each later epoch), is measured inside the one training
 run rather than by training once per size: the same curve's shape for a fraction of the compute. It says whether
 more pairs would help (still rising) or the backbone is the limit (flat).
 """
@@ -22,6 +22,7 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,14 @@ def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torc
     return scores[chosen.to(device)], scores[rejected.to(device)], lengths[chosen] - lengths[rejected]
 
 
+def pair_order(pairs: list[dict], generator: torch.Generator, shuffle_pairs: bool) -> list[int]:
+    """One epoch's order of the pairs: prompt_order, or with shuffle_pairs every pair on its own (a batch then mixes
+    prompts: more distinct replies to score per pair, and no batch dominated by one prompt's replies)."""
+    import torch
+
+    return torch.randperm(len(pairs), generator=generator).tolist() if shuffle_pairs else prompt_order(pairs, generator)
+
+
 def prompt_order(pairs: list[dict], generator: torch.Generator) -> list[int]:
     """Pair indices in a random order of prompts, the pairs of one prompt together (in random order too), so that
     a batch holds several pairs of a prompt and pair_scores scores each of their replies once."""
@@ -105,8 +114,8 @@ def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int
     return longest
 
 
-def evaluate_pairs(model, tokenizer, pairs: list[dict], batch_size: int) -> dict:
-    """Pair accuracy, mean margin, and the length bias: corr(len(chosen) - len(rejected), r_chosen - r_rejected)."""
+def pair_margins(model, tokenizer, pairs: list[dict], batch_size: int) -> tuple[list[float], list[int]]:
+    """(r_chosen - r_rejected, len(chosen) - len(rejected)) of every pair, in their order; the model in eval mode."""
     import torch
 
     model.eval()
@@ -116,6 +125,16 @@ def evaluate_pairs(model, tokenizer, pairs: list[dict], batch_size: int) -> dict
             chosen, rejected, gap = pair_scores(model, tokenizer, pairs[start : start + batch_size])
         margins += (chosen - rejected).tolist()
         length_gaps += gap.tolist()
+    return margins, length_gaps
+
+
+def evaluate_pairs(model, tokenizer, pairs: list[dict], batch_size: int) -> dict:
+    """Pair accuracy, mean margin, and the length bias: corr(len(chosen) - len(rejected), r_chosen - r_rejected)."""
+    return margin_summary(*pair_margins(model, tokenizer, pairs, batch_size))
+
+
+def margin_summary(margins: list[float], length_gaps: list[int]) -> dict:
+    """evaluate_pairs' numbers from the margins and length differences of the pairs."""
     corr = pearson(length_gaps, margins)
     return {
         "accuracy": sum(m > 0 for m in margins) / len(margins),
@@ -163,9 +182,16 @@ def train_reward_model(
     device: str | None = None,
     heldout_source: str | Path | None = None,
     dtype: str = "auto",
+    shuffle_pairs: bool = False,
+    on_heldout: Callable[[dict, list[dict], list[float]], None] | None = None,
 ) -> dict:
     """Train on the pairs, write OUT (adapter + score head + tokenizer + rm_info.json + learning_curve.json);
-    return rm_info. With heldout_source, every pair of it is held out and every pair of pairs_source trains."""
+    return rm_info. With heldout_source, every pair of it is held out and every pair of pairs_source trains.
+
+    shuffle_pairs: batches of pairs in random order rather than whole prompts' pairs together (pair_order).
+    on_heldout(point, heldout_pairs, margins) is called at every held-out measurement (each learning-curve point:
+    before training, during the first pass, after each epoch) with the margin of every held-out pair, for callers
+    that want more than the accuracy (bench/rm_search.py's prompt-clustered intervals)."""
     require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
     require(lr > 0, f"--lr must be > 0, got {lr}")
     require(0 < heldout_fraction < 1, f"--heldout-fraction must be in (0, 1), got {heldout_fraction}")
@@ -216,15 +242,24 @@ def train_reward_model(
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
-    before = evaluate_pairs(model, tokenizer, heldout, batch_size)
+
+    def measure(pairs_seen: int, epochs_done: int) -> dict:
+        margins, length_gaps = pair_margins(model, tokenizer, heldout, batch_size)
+        point = {"pairs": pairs_seen, "epochs": epochs_done, **margin_summary(margins, length_gaps)}
+        if on_heldout is not None:
+            on_heldout(point, heldout, margins)
+        model.train()
+        return point
+
+    curve = [measure(0, 0)]
+    before = {key: value for key, value in curve[0].items() if key not in ("pairs", "epochs")}
 
     generator = torch.Generator().manual_seed(seed)
     epoch_losses = []
     curve_at = curve_steps(len(train), batch_size)
-    curve = [{"pairs": 0, "epochs": 0, **before}]
     for epoch in range(epochs):
         model.train()
-        order = prompt_order(train, generator)
+        order = pair_order(train, generator, shuffle_pairs)
         total, correct, seen = 0.0, 0, 0
         bar = tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
         for step, start in enumerate(bar, start=1):
@@ -239,15 +274,12 @@ def train_reward_model(
             correct += int((chosen > rejected).sum())
             seen += len(batch)
             bar.set_postfix(loss=f"{total / seen:.4f}", acc=f"{correct / seen:.3f}")
-            if epoch == 0 and step in curve_at:
-                curve.append({"pairs": curve_at[step], "epochs": 1, **evaluate_pairs(model, tokenizer, heldout,
-                                                                                     batch_size)})
-                model.train()
+            if epoch == 0 and step in curve_at:  # the last step of the first pass is one of them
+                curve.append(measure(curve_at[step], 1))
         epoch_losses.append(total / seen)
-    after = curve[-1] if epochs == 1 else evaluate_pairs(model, tokenizer, heldout, batch_size)
-    if epochs > 1:
-        curve.append({"pairs": len(train), "epochs": epochs, **after})
-    after = {key: after[key] for key in before}
+        if epoch > 0:
+            curve.append(measure(len(train), epoch + 1))
+    after = {key: curve[-1][key] for key in before}
 
     # The adapter must name the folder its weights apply to, not an alias like "smollm2".
     model.peft_config["default"].base_model_name_or_path = resolve_model_path(base)
@@ -265,6 +297,7 @@ def train_reward_model(
         "batch_size": batch_size,
         "lora_rank": lora_rank,
         "lora_layers": lora_layers or "all",
+        "shuffle_pairs": shuffle_pairs,
         "max_length": max_length,
         "seed": seed,
         "dtype": dtype_name(frozen_dtype),
@@ -300,6 +333,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--lora-rank", type=POSITIVE_INT, default=16)
     train.add_argument("--lora-layers", type=Checked(int, Bounds(low=0)), default=0,
                        help="LoRA on the last N blocks only (0: every block); backward stops there, so fewer is faster")
+    train.add_argument("--shuffle-pairs", action="store_true",
+                       help="batches of pairs in random order (default: a prompt's pairs together, each reply scored "
+                            "once per step)")
     train.add_argument("--heldout-fraction", type=Checked(float, Bounds(0, 1, low_open=True, high_open=True)),
                        default=0.1, help="pairs kept out to measure accuracy")
     train.add_argument("--seed", type=SEED, default=0)
@@ -326,6 +362,7 @@ def run(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         heldout_source=args.heldout_pairs,
         dtype=args.dtype,
+        shuffle_pairs=args.shuffle_pairs,
     )
     print(f"wrote {args.out}; {summary_line(info)}")
     return 0

@@ -17,6 +17,13 @@ from ppo_rlhf.reward_model import CURVE_FRACTIONS
 
 def word_baseline(train: list[dict], heldout: list[dict], seed: int = 0) -> list[dict]:
     """[{"pairs": n, "accuracy": held-out accuracy}] for the first n of the shuffled training pairs."""
+    return [{"pairs": n, "accuracy": float((margins > 0).mean())}
+            for n, margins in word_margins(train, heldout, seed).items()]
+
+
+def word_margins(train: list[dict], heldout: list[dict], seed: int = 0) -> dict:
+    """{n: decision value of every held-out pair (> 0: the chosen reply preferred), as a numpy array} of the model
+    trained on the first n of the shuffled training pairs, n at CURVE_FRACTIONS of them and all."""
     import numpy as np  # lazy: only the demo's report stage needs scikit-learn
     from scipy import sparse
     from sklearn.feature_extraction.text import CountVectorizer
@@ -30,11 +37,11 @@ def word_baseline(train: list[dict], heldout: list[dict], seed: int = 0) -> list
         return vectorizer.transform([p["chosen"] for p in pairs]) - vectorizer.transform([p["rejected"] for p in pairs])
 
     heldout_x = differences(heldout)
-    curve = []
+    margins = {}
     for n in sorted({max(1, round(f * len(train))) for f in CURVE_FRACTIONS} | {len(train)}):
         x = differences([train[i] for i in order[:n]])
         # each pair both ways round: a symmetric problem, no intercept (a tie scores 0)
         model = LogisticRegression(C=10.0, max_iter=3000, fit_intercept=False)
         model.fit(sparse.vstack([x, -x]), np.r_[np.ones(n), np.zeros(n)])
-        curve.append({"pairs": n, "accuracy": float((model.decision_function(heldout_x) > 0).mean())})
-    return curve
+        margins[n] = model.decision_function(heldout_x)
+    return margins

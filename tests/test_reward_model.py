@@ -6,7 +6,14 @@ import pytest
 from ppo_rlhf.cli import main
 from ppo_rlhf.models import load_sequence_classifier, load_tokenizer
 from ppo_rlhf.pairs import read_pairs
-from ppo_rlhf.reward_model import evaluate_pairs, load_pair_source, pair_scores, prompt_order, train_reward_model
+from ppo_rlhf.reward_model import (
+    evaluate_pairs,
+    load_pair_source,
+    pair_order,
+    pair_scores,
+    prompt_order,
+    train_reward_model,
+)
 
 import tiny
 
@@ -91,6 +98,33 @@ def test_heldout_pairs_file_and_learning_curve(tmp_path, base, pairs_file):
     assert {key: curve[-1][key] for key in info["after"]} == info["after"]
     assert curve[0]["accuracy"] == info["before"]["accuracy"]
     assert all(0 <= point["accuracy"] <= 1 for point in curve)
+
+
+def test_every_epoch_is_measured_and_the_callback_gets_each_held_out_margin(tmp_path, base, pairs_file):
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps(p) + "\n" for p in synthetic_pairs(10, seed=7)))
+    seen = []
+    info = train_reward_model(pairs_file, base=base, out_dir=tmp_path / "rm", epochs=3, lr=3e-2, batch_size=16,
+                              lora_rank=4, seed=0, max_length=128, heldout_source=heldout, shuffle_pairs=True,
+                              on_heldout=lambda point, pairs, margins: seen.append((point, pairs, margins)))
+    curve = info["learning_curve"]
+    assert [(point["pairs"], point["epochs"]) for point in curve][-3:] == [(48, 1), (48, 2), (48, 3)]
+    assert [point for point, _, _ in seen] == curve  # one call per learning-curve point
+    for point, pairs, margins in seen:
+        assert len(pairs) == len(margins) == 10 and point["accuracy"] == sum(m > 0 for m in margins) / 10
+    assert info["shuffle_pairs"] is True and info["after"]["accuracy"] == curve[-1]["accuracy"]
+
+
+def test_shuffled_pairs_mix_prompts_in_a_batch():
+    import torch
+
+    mixed = [{"prompt": f"P{k % 3}"} for k in range(9)]
+    order = pair_order(mixed, torch.Generator().manual_seed(0), shuffle_pairs=True)
+    assert sorted(order) == list(range(9))
+    prompts = [mixed[k]["prompt"] for k in order]
+    assert any(len(set(prompts[i : i + 3])) > 1 for i in (0, 3, 6))  # not one prompt's pairs per run of 3
+    together = pair_order(mixed, torch.Generator().manual_seed(0), shuffle_pairs=False)
+    assert together == prompt_order(mixed, torch.Generator().manual_seed(0))
 
 
 def test_each_reply_is_scored_once_and_a_prompt_s_pairs_stay_together(base, monkeypatch):

