@@ -4,6 +4,10 @@ evaluation of all of them with the proxy and the gold judge, side by side.
 Every run gets the same config (same prompts, seed, batch of replies, iterations, group_size) except
 `advantage_estimator`, and goes to OUT/<estimator>; the evaluation (`evaluate.evaluate_runs`, last checkpoints)
 goes to OUT/evaluation, and the side-by-side table to OUT/compare.txt and compare.json.
+
+`--task LEVEL` compares instead ppo, ppo with a critic warm-up, rloo and grpo on a verifiable task, each trained in
+its own process and scored exactly on held-out problems, with a plot and a sentence from the numbers
+(`ppo_rlhf.task_compare`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ppo_rlhf.config import POSITIVE_INT, SEED, add_config_arguments, build_config, field_types, read_yaml
+from ppo_rlhf.config import (
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
+    SEED,
+    add_config_arguments,
+    build_config,
+    field_types,
+    read_yaml,
+)
 from ppo_rlhf.errors import require
 from ppo_rlhf.evaluate import evaluate_runs
 from ppo_rlhf.prompts import read_prompts
@@ -56,6 +68,7 @@ def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_p
             replies_per_prompt: int = 2, seed: int = 1234, overwrite: bool = False) -> dict[str, Any]:
     out = Path(out)
     configs = compare_configs({**base, "overwrite": overwrite}, out, estimators)
+    require(bool(eval_prompts), "--eval-prompts is required (held-out prompts, a JSONL file), unless --task")
     read_prompts(eval_prompts)  # fail before hours of training
     runs = [train(cfg) for cfg in configs.values()]
     result = evaluate_runs(runs, eval_prompts, out / "evaluation", gold=gold, replies_per_prompt=replies_per_prompt,
@@ -68,23 +81,42 @@ def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_p
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="base YAML config of `ppo-rlhf train`; flags override it")
-    parser.add_argument("--estimators", default=",".join(ESTIMATORS), help="comma-separated, from gae, rloo, grpo")
-    parser.add_argument("--eval-prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
-    parser.add_argument("--gold", default="gold", help="gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
-    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2)
+    parser.add_argument("--config", help="base YAML config of `ppo-rlhf train`; flags override it (with --task: "
+                                         "default configs/smollm2_add_tiny.yaml)")
+    parser.add_argument("--task", metavar="LEVEL", help="a verifiable task level (ppo-rlhf task list): compare ppo, "
+                        "ppo-warmup, rloo and grpo on it, scored exactly on held-out problems (task_compare.py)")
+    parser.add_argument("--estimators", help="comma-separated, from gae, rloo, grpo (default: all; not with --task)")
+    parser.add_argument("--eval-prompts", help='held-out prompts, a {"prompt": ...} JSONL file (required without '
+                                               '--task)')
+    parser.add_argument("--gold", help="gold judge: gold, vader, nontoxic or rm:PATH_OR_ID (default gold; not with "
+                                       "--task)")
+    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, help="evaluation replies per prompt (default 2; "
+                                                                        "with --task 1)")
     parser.add_argument("--eval-seed", type=SEED, default=1234)
+    parser.add_argument("--variants", help="with --task: comma-separated, from ppo, ppo-warmup, rloo, grpo (default "
+                                           "all)")
+    parser.add_argument("--checkpoints", help="with --task: iterations evaluated, like 10,20,30 (default every 10th "
+                                              "and the last)")
+    parser.add_argument("--heldout", type=NON_NEGATIVE_INT, help="with --task: held-out problems evaluated (default "
+                                                                 "200; 0 = all of them)")
     add_config_arguments(parser, TrainConfig)  # --out is the parent folder of the runs
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.task is not None:
+        from ppo_rlhf.task_compare import run_task_compare
+
+        return run_task_compare(args)
+    task_only = [flag for flag, value in (("--variants", args.variants), ("--checkpoints", args.checkpoints),
+                                          ("--heldout", args.heldout)) if value is not None]
+    require(not task_only, f"{', '.join(task_only)}: only with --task")
     names = set(TrainConfig.__dataclass_fields__)
     base = read_yaml(args.config) if args.config else {}
     base.update({k: v for k, v in vars(args).items() if k in names})
     out = base.pop("out", "runs/compare")
     overwrite = bool(base.pop("overwrite", False))
-    estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
-    result = compare(base, out, estimators, args.eval_prompts, args.gold, args.replies_per_prompt, args.eval_seed,
-                     overwrite)
+    estimators = [e.strip() for e in (args.estimators or ",".join(ESTIMATORS)).split(",") if e.strip()]
+    result = compare(base, out, estimators, args.eval_prompts, args.gold or "gold", args.replies_per_prompt or 2,
+                     args.eval_seed, overwrite)
     print(result["table"], end="")
     return 0

@@ -60,6 +60,10 @@ class DemoConfig:
     """Folder for every stage's outputs."""
     quick: bool = False
     """The small preset: the same study in a few minutes (numbers too small to mean much)."""
+    task: str | None = None
+    """A verifiable task level (`ppo-rlhf task list`, e.g. add-tiny): run the task demo instead of this study, PPO on
+    configs/smollm2_add_tiny.yaml measured on held-out problems (ppo_rlhf/task_demo.py). With it only --out, --quick,
+    --model, --seed, --device, --dtype and --iterations apply."""
     model: str = "smollm2"
     """Starting policy and reward-model backbone."""
     gold: str = "gold"
@@ -90,6 +94,11 @@ class DemoConfig:
     """Reward-model learning rate (LoRA and score head)."""
     rm_lora_layers: NonNegativeInt = 10
     """Reward-model LoRA on the last N blocks only (0: every block): backward stops at the lowest adapted block."""
+    rm_lora_rank: PositiveInt = 16
+    """Reward-model LoRA rank (alpha twice the rank)."""
+    rm_shuffle_pairs: bool = False
+    """Reward-model batches of pairs in random order instead of whole prompts' pairs together (each reply of a batch
+    is then scored for fewer pairs: more passes per pair). bench/rm_search.py compares the two."""
     iterations: PositiveInt = 10
     """PPO iterations per run."""
     batch_size: PositiveInt = 8
@@ -165,7 +174,8 @@ STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
     "prompts": ("model", "seed", "candidates", "heldout_candidates", "reply_cap", "sample_batch", "dtype"),
     "pairs": ("model", "seed", "gold", "reply_cap", "rm_share", "rm_heldout_share", "pair_replies", "min_margin",
               "sample_batch", "dtype"),
-    "reward model": ("model", "seed", "rm_epochs", "rm_batch_size", "rm_lr", "rm_lora_layers", "dtype"),
+    "reward model": ("model", "seed", "rm_epochs", "rm_batch_size", "rm_lr", "rm_lora_layers", "rm_lora_rank",
+                     "rm_shuffle_pairs", "dtype"),
     "ppo": ("model", "seed", "reply_cap", "iterations", "batch_size", "minibatch_size", "reward_norm_samples",
             "policy_lr", "value_lr", "evaluations", "dtype"),
     "evaluation": ("gold", "seed", "replies_per_prompt", "eval_prompts", "sample_batch"),
@@ -294,6 +304,7 @@ def run_stages(cfg: DemoConfig) -> Path:
                             lambda _: print(reward_model_line(train_reward_model(
                                 pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed,
                                 lr=cfg.rm_lr, batch_size=cfg.rm_batch_size, lora_layers=cfg.rm_lora_layers,
+                                lora_rank=cfg.rm_lora_rank, shuffle_pairs=cfg.rm_shuffle_pairs,
                                 heldout_source=heldout_pairs, dtype=cfg.dtype))))
 
     run_dirs, run_keys = [], []
@@ -360,6 +371,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     given = {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(DemoConfig)}}
+    if given.get("task") is not None:
+        from ppo_rlhf.task_demo import run_task_demo
+
+        return run_task_demo(given)
     cfg = build_config(DemoConfig, QUICK if given.get("quick") else {}, given)
     demo(cfg)
     return 0
