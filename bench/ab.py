@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def switch(trainer, change: str, after: bool, originals: dict) -> None:
     """Put the trainer in the before (after=False) or after state of `change`."""
-    import ppo_rlhf.logprobs as logprobs_module
-    import ppo_rlhf.trainer as trainer_module
-    from ppo_rlhf.precision import half_lora_products
+    import ppo_rlhf.models.logprobs as logprobs_module
+    import ppo_rlhf.ppo.trainer as trainer_module
+    from ppo_rlhf.models.precision import half_lora_products
 
     if change == "first":  # patched where it is called: the trainer imported it by name
         trainer_module.first_reply_position = originals["first"] if after else (lambda prompt_ids: 0)
@@ -74,10 +74,10 @@ def main() -> None:
         parser.error("--change half-lora compares bf16 paths: add --dtype bfloat16")
     from peer_trl import PROMPTS, prepare_model
 
-    import ppo_rlhf.logprobs as logprobs_module
+    import ppo_rlhf.models.logprobs as logprobs_module
     from ppo_rlhf.config import build_config
-    from ppo_rlhf.train_config import TrainConfig
-    from ppo_rlhf.trainer import PPOTrainer
+    from ppo_rlhf.ppo.train_config import TrainConfig
+    from ppo_rlhf.ppo.trainer import PPOTrainer
 
     path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="ab_"))

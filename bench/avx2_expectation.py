@@ -30,8 +30,8 @@ def cpu_flags() -> str:
 def one_run(work: Path, name: str, dtype: str, extra_env: dict[str, str]) -> float:
     out = work / name
     cmd = [sys.executable, "-m", "ppo_rlhf", "train", "--policy-model", "smollm2", "--prompts",
-           str(work / "data" / "train.jsonl"), "--reward-funcs", "ppo_rlhf.tasks:exact_match",
-           "ppo_rlhf.tasks:answer_format", "--iterations", "2", "--batch-size", "8", "--minibatch-size", "4",
+           str(work / "data" / "train.jsonl"), "--reward-funcs", "ppo_rlhf.tasks.arithmetic:exact_match",
+           "ppo_rlhf.tasks.arithmetic:answer_format", "--iterations", "2", "--batch-size", "8", "--minibatch-size", "4",
            "--max-new-tokens", "24", "--reward-norm-samples", "8", "--dtype", dtype, "--out", str(out),
            "--overwrite", "--quiet", "--critic-warmup-iterations", "0"]
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **extra_env})

@@ -1,6 +1,6 @@
 """Reply tokens per second of today's generation (HF `generate`: finished rows are stepped with pad until the longest
 reply ends) against the decode loop that drops finished rows from the batch and its KV cache
-(`generation_drop_finished`, ppo_rlhf/decode.py), side by side in one process, alternating which goes first.
+(`generation_drop_finished`, ppo_rlhf/models/decode.py), side by side in one process, alternating which goes first.
 
     .venv/bin/python bench/generation_drop.py                      # SmolLM2, batch 8, 32, 64, caps 48 and 128
     .venv/bin/python bench/generation_drop.py --model /tmp/tiny --rounds 1 --batches 2 --caps 4   # a dry run
@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from peer_trl import PROMPTS
 
-    from ppo_rlhf.models import load_causal_lm, load_tokenizer, resolve_model_path
-    from ppo_rlhf.precision import describe_dtype, resolve_dtype
-    from ppo_rlhf.rollout import generate_rollout
+    from ppo_rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+    from ppo_rlhf.models.precision import describe_dtype, resolve_dtype
+    from ppo_rlhf.models.rollout import generate_rollout
 
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)

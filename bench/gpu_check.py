@@ -12,7 +12,7 @@ line, and the rest still run; `--budget` bounds the whole):
   ours   our trainer at the issue's configuration (Qwen2.5-0.5B shape, random weights, batch 32, minibatch 16,
          2 epochs, reply cap 128) in bf16: bench/peer_trl.py's side "ours", one warm-up and two timed iterations,
          s per phase, each phase's MFU (bench/limit.py's FLOP counts), peak GPU memory against `ppo-rlhf memory`'s
-         estimate (ppo_rlhf/memory.py)
+         estimate (ppo_rlhf/models/memory.py)
   trl    TRL 1.12.0 at the same configuration (peer_trl.py's side "trl", bf16-weights), one warm-up, one timed
   fsdp   one iteration with every decoder layer sharded by FSDP2 (fully_shard) in one process over nccl, and a
          checkpoint's state gathered from the shards
@@ -111,7 +111,7 @@ def part_sharded(args, kind: str) -> dict:
     import torch.distributed as td
     from peer_trl import ours_trainer, peak_gpu_gb
 
-    from ppo_rlhf import distributed
+    from ppo_rlhf.parallel import distributed
 
     cuda = args.cfg["device"] == "cuda"
     if cuda:
@@ -263,8 +263,8 @@ def memory_estimate(model_path: str, batch: int, cap: int) -> dict:
     from peer_trl import PROMPTS
     from transformers import AutoTokenizer
 
-    from ppo_rlhf.chat import chat_prompt_ids
-    from ppo_rlhf.memory import build_report, shape_from_config
+    from ppo_rlhf.models.chat import chat_prompt_ids
+    from ppo_rlhf.models.memory import build_report, shape_from_config
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     seq_len = max(len(chat_prompt_ids(tokenizer, p)) for p in PROMPTS) + cap

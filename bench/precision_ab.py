@@ -40,8 +40,8 @@ def run_side(args: argparse.Namespace) -> dict:
     from peer_trl import PROMPTS, peak_rss_gb, prepare_model
 
     from ppo_rlhf.config import build_config
-    from ppo_rlhf.train_config import TrainConfig
-    from ppo_rlhf.trainer import PPOTrainer
+    from ppo_rlhf.ppo.train_config import TrainConfig
+    from ppo_rlhf.ppo.trainer import PPOTrainer
 
     path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="precision_ab_"))

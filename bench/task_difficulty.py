@@ -1,5 +1,5 @@
-"""The start policy's exact-match accuracy on held-out problems of each task level (ppo_rlhf/tasks.py), to choose a
-level where SmolLM2-135M-Instruct starts between about 10% and 50% (issue 27; results in bench/README.md).
+"""The start policy's exact-match accuracy on held-out problems of each task level (ppo_rlhf/tasks/arithmetic.py), to
+choose a level where SmolLM2-135M-Instruct starts between about 10% and 50% (issue 27; results in bench/README.md).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/task_difficulty.py --levels add-small,add,mul-small --n 150
 
@@ -53,8 +53,8 @@ def cpu_flags() -> str:
 def measure(model, tokenizer, level: str, n: int, args) -> dict:
     import torch
 
-    from ppo_rlhf.rollout import generate_rollout
-    from ppo_rlhf.tasks import answer_format, exact_match, problems
+    from ppo_rlhf.models.rollout import generate_rollout
+    from ppo_rlhf.tasks.arithmetic import answer_format, exact_match, problems
 
     rows = problems(level, "heldout", n, seed=args.seed)
     prompts, answers = [r["prompt"] for r in rows], [r["answer"] for r in rows]
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
-    from ppo_rlhf.tasks import LEVELS
+    from ppo_rlhf.tasks.arithmetic import LEVELS
 
     unknown = [name for name in args.levels.split(",") if name not in LEVELS]
     if unknown:
@@ -92,8 +92,8 @@ def main() -> None:
 
     import torch
 
-    from ppo_rlhf.models import load_causal_lm, load_tokenizer, resolve_model_path
-    from ppo_rlhf.precision import resolve_dtype
+    from ppo_rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+    from ppo_rlhf.models.precision import resolve_dtype
 
     path = resolve_model_path("smollm2")
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))

@@ -1,5 +1,5 @@
 """GPU check of the vLLM generation backend, on a machine with CUDA and a GPU build of vLLM in its own environment
-(PPO_RLHF_VLLM_PYTHON=that environment's python; the engine runs in its own process, ppo_rlhf/vllm_server.py).
+(PPO_RLHF_VLLM_PYTHON=that environment's python; the engine runs in its own process, ppo_rlhf/models/vllm_server.py).
 Not run yet (no GPU lent so far); the CPU build is checked by tests/test_vllm_engine.py and bench/vllm_cpu.py:
 
     python bench/vllm_check.py [--model smollm2] [--prompts 16] [--max-new-tokens 32]
@@ -33,10 +33,10 @@ def main() -> int:
         print("no CUDA GPU: nothing to check", file=sys.stderr)
         return 2
 
-    from ppo_rlhf.generation import VLLMGenerator, merged_state_dict
-    from ppo_rlhf.logprobs import token_logprobs
-    from ppo_rlhf.models import LoraSettings, load_policy, load_tokenizer, resolve_model_path
-    from ppo_rlhf.rollout import eos_token_ids, generate_rollout
+    from ppo_rlhf.models.generation import VLLMGenerator, merged_state_dict
+    from ppo_rlhf.models.loading import LoraSettings, load_policy, load_tokenizer, resolve_model_path
+    from ppo_rlhf.models.logprobs import token_logprobs
+    from ppo_rlhf.models.rollout import eos_token_ids, generate_rollout
 
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path)

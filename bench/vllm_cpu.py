@@ -52,8 +52,8 @@ def timed(generate, batch_prompts: list[str], repeats: int) -> float:
 def hf_side(folder: str, dtype: str, batches: list[int], cap: int, repeats: int) -> dict[int, float]:
     from transformers import AutoModelForCausalLM
 
-    from ppo_rlhf.models import load_tokenizer
-    from ppo_rlhf.rollout import generate_rollout
+    from ppo_rlhf.models.loading import load_tokenizer
+    from ppo_rlhf.models.rollout import generate_rollout
 
     tokenizer = load_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
@@ -64,9 +64,9 @@ def hf_side(folder: str, dtype: str, batches: list[int], cap: int, repeats: int)
 def vllm_side(folder: str, dtype: str, batches: list[int], cap: int, repeats: int) -> tuple[float, dict[int, float]]:
     from transformers import AutoConfig
 
-    from ppo_rlhf.chat import chat_prompt_ids
-    from ppo_rlhf.generation import VLLMGenerator, VLLMServer, vllm_python
-    from ppo_rlhf.models import load_tokenizer
+    from ppo_rlhf.models.chat import chat_prompt_ids
+    from ppo_rlhf.models.generation import VLLMGenerator, VLLMServer, vllm_python
+    from ppo_rlhf.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(folder)
     config = AutoConfig.from_pretrained(folder)
@@ -92,7 +92,7 @@ def main() -> int:
     args = parser.parse_args()
     from peer_trl import prepare_model  # the offline SmolLM2 folder, or the random Qwen2.5-0.5B-shaped one
 
-    from ppo_rlhf.generation import vllm_python
+    from ppo_rlhf.models.generation import vllm_python
 
     if vllm_python() is None:
         print("no vLLM engine: run `make venv-vllm`", file=sys.stderr)

@@ -3,7 +3,7 @@
 TRL needs a reward model that shares the policy's tokenizer; ppo-rlhf takes reward models with their own tokenizer
 or reward functions. Here the reward is the verifiable task's exact checker, on its training problems."""
 from ppo_rlhf import PPOConfig, PPOTrainer
-from ppo_rlhf.tasks import exact_match, problems
+from ppo_rlhf.tasks.arithmetic import exact_match, problems
 
 # what the TRL script gave `trl.experimental.ppo.PPOConfig(...)` (a PPOConfig object converts the same way)
 TRL_SETTINGS = dict(

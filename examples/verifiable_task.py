@@ -1,7 +1,7 @@
-"""PPO on a task whose reward is true by construction: arithmetic problems checked exactly (ppo_rlhf.tasks), with
-the held-out exact-match accuracy of the policy before and after training."""
+"""PPO on a task whose reward is true by construction: arithmetic problems checked exactly (ppo_rlhf.tasks.arithmetic),
+with the held-out exact-match accuracy of the policy before and after training."""
 from ppo_rlhf import PPOConfig, PPOTrainer
-from ppo_rlhf.tasks import FORMAT_WEIGHT, answer_format, exact_match, problems
+from ppo_rlhf.tasks.arithmetic import FORMAT_WEIGHT, answer_format, exact_match, problems
 
 LEVEL = "add-tiny"  # SmolLM2-135M-Instruct starts near 18% here (bench/README.md); `ppo-rlhf task list` shows others
 
@@ -10,7 +10,7 @@ def accuracy(trainer: PPOTrainer, rows: list[dict], seed: int = 0) -> float:
     """Held-out exact match: one reply per problem, sampled as in training, from a fixed seed."""
     import torch
 
-    from ppo_rlhf.rollout import generate_rollout
+    from ppo_rlhf.models.rollout import generate_rollout
 
     torch.manual_seed(seed)
     prompts = [row["prompt"] for row in rows]

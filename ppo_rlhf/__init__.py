@@ -17,7 +17,7 @@ _PUBLIC = {
     "PPOConfig": "ppo_rlhf.api",
     "PPOTrainer": "ppo_rlhf.api",
     "TrainerCallback": "ppo_rlhf.api",
-    "TrainConfig": "ppo_rlhf.train_config",
+    "TrainConfig": "ppo_rlhf.ppo.train_config",
     "UsageError": "ppo_rlhf.errors",
     "RewardFunctionError": "ppo_rlhf.rewards",
 }
@@ -27,8 +27,8 @@ __all__ = ["PPOConfig", "PPOTrainer", "RewardFunctionError", "TrainConfig", "Tra
 if TYPE_CHECKING:
     from ppo_rlhf.api import PPOConfig, PPOTrainer, TrainerCallback
     from ppo_rlhf.errors import UsageError
+    from ppo_rlhf.ppo.train_config import TrainConfig
     from ppo_rlhf.rewards import RewardFunctionError
-    from ppo_rlhf.train_config import TrainConfig
 
 
 def __getattr__(name: str) -> Any:

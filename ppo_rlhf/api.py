@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ppo_rlhf.errors import require
-from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.ppo.train_config import TrainConfig
 
 PPOConfig = TrainConfig
-"""Every setting of a run (`ppo_rlhf.train_config.TrainConfig`, one docstring per field); checked when built."""
+"""Every setting of a run (`ppo_rlhf.ppo.train_config.TrainConfig`, one docstring per field); checked when built."""
 
 
 class TrainerCallback(Protocol):
@@ -88,7 +88,7 @@ class PPOTrainer:
                  callbacks: list | tuple | None = None, processing_class: Any = None, policy_model: Any = None,
                  resume: bool = False):
         from ppo_rlhf.data import load_prompt_rows
-        from ppo_rlhf.train import check_run_dir
+        from ppo_rlhf.ppo.train import check_run_dir
 
         require(isinstance(config, TrainConfig), f"config must be a PPOConfig, got {type(config).__name__}")
         specs = None if reward_funcs is None else \
@@ -115,13 +115,13 @@ class PPOTrainer:
             check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
         rows = load_prompt_rows(train_dataset if train_dataset is not None else cfg.prompts, cfg.prompt_column)
         if loaded_policy is not None and processing_class is None:
-            from ppo_rlhf.models import load_tokenizer
+            from ppo_rlhf.models.loading import load_tokenizer
 
             require(bool(getattr(loaded_policy, "name_or_path", "")), "give the loaded policy's tokenizer as "
                     "processing_class= (the model does not name a folder to load it from)")
             processing_class = load_tokenizer(loaded_policy.name_or_path, cfg.trust_remote_code)
 
-        from ppo_rlhf.trainer import PPOTrainer as Loop  # lazy: torch, transformers and peft
+        from ppo_rlhf.ppo.trainer import PPOTrainer as Loop  # lazy: torch, transformers and peft
 
         self.config = cfg
         self.callbacks = list(callbacks or [])
@@ -159,7 +159,7 @@ class PPOTrainer:
     def train(self) -> Path:
         """Run PPO for `config.iterations` iterations (or the rest of them, resuming); then, when
         `config.push_to_hub` names a repository, upload the policy. Returns the run directory."""
-        from ppo_rlhf.train import run_training
+        from ppo_rlhf.ppo.train import run_training
 
         run_dir = run_training(self.loop, self.resuming, self.callbacks, self)
         self.resuming = True  # a second train() continues (its iterations are done: it returns at once)
@@ -173,7 +173,7 @@ class PPOTrainer:
         (`merge=True`); the tokenizer and a model card (README.md: base model, data, rewards, settings, the last
         dashboard numbers) either way. Returns the folder."""
         from ppo_rlhf.export import run_card, save_policy
-        from ppo_rlhf.train import saved_config
+        from ppo_rlhf.ppo.train import saved_config
 
         history = self.history
         card = run_card(dataclasses.asdict(saved_config(self.config)), history[-1] if history else None, merge)

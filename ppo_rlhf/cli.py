@@ -20,19 +20,20 @@ from ppo_rlhf.errors import RunError, UsageError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "toy": ("ppo_rlhf.toy_command", "the six-token bandit experiments of section 8.3/8.4"),
-    "memory": ("ppo_rlhf.memory", "memory of the four RLHF models (section 8.7)"),
-    "prompts": ("ppo_rlhf.prompts", "build train and held-out prompt files"),
-    "pairs": ("ppo_rlhf.pairs", "sample reply pairs and label them with a gold judge"),
-    "reward-model": ("ppo_rlhf.reward_model", "train a Bradley-Terry reward model"),
-    "train": ("ppo_rlhf.train", "run PPO"),
-    "task": ("ppo_rlhf.tasks", "verifiable arithmetic problems (train and held-out JSONL) with an exact checker"),
-    "check": ("ppo_rlhf.check", "the invariants of a correct PPO, measured on a config's models before training"),
-    "evaluate": ("ppo_rlhf.evaluate", "evaluate checkpoints on held-out prompts"),
+    "toy": ("ppo_rlhf.ppo.toy_command", "the six-token bandit experiments of section 8.3/8.4"),
+    "memory": ("ppo_rlhf.models.memory", "memory of the four RLHF models (section 8.7)"),
+    "prompts": ("ppo_rlhf.study.prompts", "build train and held-out prompt files"),
+    "pairs": ("ppo_rlhf.study.pairs", "sample reply pairs and label them with a gold judge"),
+    "reward-model": ("ppo_rlhf.study.reward_model", "train a Bradley-Terry reward model"),
+    "train": ("ppo_rlhf.ppo.train", "run PPO"),
+    "task": ("ppo_rlhf.tasks.arithmetic",
+             "verifiable arithmetic problems (train and held-out JSONL) with an exact checker"),
+    "check": ("ppo_rlhf.ppo.check", "the invariants of a correct PPO, measured on a config's models before training"),
+    "evaluate": ("ppo_rlhf.study.evaluate", "evaluate checkpoints on held-out prompts"),
     "export": ("ppo_rlhf.export", "a run's policy as a PEFT adapter or a merged transformers model, with a model card"),
-    "compare": ("ppo_rlhf.compare", "the same budget with GAE (PPO), RLOO and GRPO; proxy and gold side by side"),
-    "report": ("ppo_rlhf.report", "plots and a report page for runs and evaluations"),
-    "demo": ("ppo_rlhf.demo", "the whole offline study end to end"),
+    "compare": ("ppo_rlhf.study.compare", "the same budget with GAE (PPO), RLOO and GRPO; proxy and gold side by side"),
+    "report": ("ppo_rlhf.study.report", "plots and a report page for runs and evaluations"),
+    "demo": ("ppo_rlhf.study.demo", "the whole offline study end to end"),
 }
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.paths import looks_like_path, require_file
+from ppo_rlhf.utils.paths import looks_like_path, require_file
 
 Prompt = str | list[dict[str, Any]]
 """A prompt: a string (one user turn) or a list of chat messages, applied with the tokenizer's chat template."""

@@ -35,7 +35,7 @@ import yaml
 
 from ppo_rlhf.config import POSITIVE_INT
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.paths import looks_like_path
+from ppo_rlhf.utils.paths import looks_like_path
 
 if TYPE_CHECKING:  # torch, transformers and peft load only once the command's arguments and files are checked
     from peft import PeftModel
@@ -58,7 +58,7 @@ NOT_SETTINGS = ("out", "overwrite", "quiet", "device", "tensorboard", "report_to
 
 def is_smollm2_alias(base: str) -> bool:
     """`base` is the offline default: the alias itself or the folder it resolves to."""
-    from ppo_rlhf.models import OFFLINE_DEFAULT, SMOLLM2_GGUF  # lazy: models imports torch
+    from ppo_rlhf.models.loading import OFFLINE_DEFAULT, SMOLLM2_GGUF  # lazy: models imports torch
 
     return base == OFFLINE_DEFAULT or Path(base).name.startswith(Path(SMOLLM2_GGUF).stem + "-")
 
@@ -97,7 +97,7 @@ def _format_number(value: Any) -> str:
 
 
 def _stats_table(last_stats: dict[str, Any]) -> list[str]:
-    from ppo_rlhf.dashboard import DASHBOARD  # torch-free
+    from ppo_rlhf.study.dashboard import DASHBOARD  # torch-free
 
     keys = [key for key, _, _ in DASHBOARD]
     keys += [key for key in ("beta", "lr", "pg_loss", "mismatch_kl") if key not in keys]
@@ -265,7 +265,7 @@ def save_policy(model: PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: s
     (which it replaces). Returns the folder."""
     from peft import PeftModel  # lazy: the CLI checks its arguments before torch loads
 
-    from ppo_rlhf.files import atomic_directory
+    from ppo_rlhf.utils.files import atomic_directory
 
     require(isinstance(model, PeftModel), f"save_policy needs the policy with its LoRA adapter (a PeftModel), got "
             f"{type(model).__name__}")
@@ -295,7 +295,7 @@ def export_run(run_dir: str | Path, checkpoint: int | None, out: str | Path, mer
     """Export a run's policy at checkpoint `checkpoint` (None: the latest complete one) to `out`, with a card made
     from config.yaml and the checkpoint's last history line. The base loads in the dtype its config declares, so a
     merged export keeps the base's size."""
-    from ppo_rlhf.evaluate import read_run_config, select_checkpoints
+    from ppo_rlhf.study.evaluate import read_run_config, select_checkpoints
 
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
@@ -304,7 +304,7 @@ def export_run(run_dir: str | Path, checkpoint: int | None, out: str | Path, mer
 
     from peft import PeftModel  # lazy: run dir and out folder are checked above (select_checkpoints loads torch)
 
-    from ppo_rlhf.models import load_causal_lm, load_tokenizer, resolve_model_path
+    from ppo_rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 
     base, remote = config["policy_model"], bool(config.get("trust_remote_code", False))
     tokenizer = load_tokenizer(base, trust_remote_code=remote)
@@ -380,7 +380,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppo_rlhf.evaluate import read_run_config
+    from ppo_rlhf.study.evaluate import read_run_config
 
     read_run_config(Path(args.run_dir))  # every check before torch loads
     check_out_dir(args.out)

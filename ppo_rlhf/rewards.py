@@ -52,9 +52,9 @@ from transformers import PreTrainedTokenizerBase
 
 from ppo_rlhf.data import Prompt
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.models import backbone_and_head, check_chat_tokenizer, load_reward_model, load_tokenizer
-from ppo_rlhf.paths import check_reward_spec, function_spec
-from ppo_rlhf.roles import RewardModel
+from ppo_rlhf.models.loading import backbone_and_head, check_chat_tokenizer, load_reward_model, load_tokenizer
+from ppo_rlhf.ppo.roles import RewardModel
+from ppo_rlhf.utils.paths import check_reward_spec, function_spec
 
 ARGUMENTS = ("prompts", "completions", "completion_ids")  # the names no dataset column may take
 SPEC_KINDS = ("a callable, a 'file.py:function' or 'module:function' string, a reward-model folder or hub id, "

@@ -13,12 +13,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from ppo_rlhf.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from ppo_rlhf.config import build_config  # noqa: E402
-from ppo_rlhf.distributed import is_sharded  # noqa: E402
-from ppo_rlhf.rollout import generate_rollout  # noqa: E402
-from ppo_rlhf.train_config import TrainConfig  # noqa: E402
-from ppo_rlhf.trainer import PPOTrainer  # noqa: E402
+from ppo_rlhf.models.rollout import generate_rollout  # noqa: E402
+from ppo_rlhf.parallel.distributed import is_sharded  # noqa: E402
+from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
+from ppo_rlhf.ppo.train_config import TrainConfig  # noqa: E402
+from ppo_rlhf.ppo.trainer import PPOTrainer  # noqa: E402
 
 
 def main(policy: str, reward: str, prompts: str, out: str) -> None:

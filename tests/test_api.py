@@ -104,13 +104,13 @@ def test_two_functions_and_a_reward_model_with_another_tokenizer(models, tmp_pat
 
 
 def test_rloo_with_functions_alone_loads_only_the_policy(models, tmp_path, monkeypatch):
-    import ppo_rlhf.models
+    import ppo_rlhf.models.loading
 
     class NoClassifiers:
         def __getattr__(self, name):
             raise AssertionError("a sequence classifier was loaded")
 
-    monkeypatch.setattr(ppo_rlhf.models, "AutoModelForSequenceClassification", NoClassifiers())
+    monkeypatch.setattr(ppo_rlhf.models.loading, "AutoModelForSequenceClassification", NoClassifiers())
     config = PPOConfig(**settings(models, tmp_path / "run", advantage_estimator="rloo", group_size=2))
     trainer = PPOTrainer(config, reward_funcs=[length])
     loop = trainer.loop
@@ -120,7 +120,7 @@ def test_rloo_with_functions_alone_loads_only_the_policy(models, tmp_path, monke
 
 
 def test_the_critic_without_a_reward_model_starts_at_zero(models, tmp_path):
-    from ppo_rlhf.models import backbone_and_head, load_causal_lm
+    from ppo_rlhf.models.loading import backbone_and_head, load_causal_lm
 
     trainer = PPOTrainer(PPOConfig(**settings(models, tmp_path / "run")), reward_funcs=[length])
     critic = trainer.loop.critic
@@ -142,7 +142,7 @@ def test_the_critic_without_a_reward_model_starts_at_zero(models, tmp_path):
 
 def test_the_zero_head_critic_in_bfloat16(models, tmp_path):
     """Frozen weights stored in bf16: the critic's body is still exactly the policy's base, its head zero and fp32."""
-    from ppo_rlhf.models import backbone_and_head
+    from ppo_rlhf.models.loading import backbone_and_head
 
     trainer = PPOTrainer(PPOConfig(**settings(models, tmp_path / "run", dtype="bfloat16")), reward_funcs=[length])
     body, head = backbone_and_head(trainer.value_model)
@@ -188,7 +188,7 @@ class OnlyIterations:
 
 
 def test_report_to_and_completions_reach_the_trackers(models, tmp_path, monkeypatch):
-    import ppo_rlhf.trackers
+    import ppo_rlhf.ppo.trackers
 
     calls = []
 
@@ -205,7 +205,7 @@ def test_report_to_and_completions_reach_the_trackers(models, tmp_path, monkeypa
         def close(self):
             calls.append(("close",))
 
-    monkeypatch.setitem(ppo_rlhf.trackers.MAKERS, "wandb", FakeWandb)
+    monkeypatch.setitem(ppo_rlhf.ppo.trackers.MAKERS, "wandb", FakeWandb)
     config = PPOConfig(**settings(models, tmp_path / "run", report_to=["wandb", "tensorboard"], iterations=3,
                                   advantage_estimator="rloo", group_size=2, log_completions_every=2))
     run_dir = PPOTrainer(config, reward_funcs=[length]).train()
@@ -265,7 +265,7 @@ def test_cli_and_api_give_the_same_history(models, tmp_path):
 def test_list_fields_from_yaml_flags_and_python(models, tmp_path, capsys):
     from ppo_rlhf.cli import OneLineParser
     from ppo_rlhf.config import build_config, to_yaml
-    from ppo_rlhf.train import add_arguments
+    from ppo_rlhf.ppo.train import add_arguments
 
     parser = OneLineParser()
     add_arguments(parser)
@@ -305,7 +305,7 @@ def test_a_sample_no_function_scores_is_one_line(models, tmp_path, capsys):
 
 
 def test_a_failing_function_stops_the_run_with_its_checkpoint_intact(models, tmp_path, capsys):
-    from ppo_rlhf.checkpoint import latest_checkpoint
+    from ppo_rlhf.ppo.checkpoint import latest_checkpoint
 
     broken = {"now": False}
 

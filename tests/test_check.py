@@ -8,10 +8,10 @@ import pytest
 import torch
 import yaml
 
-from ppo_rlhf.check import run_checks
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
-from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.ppo.check import run_checks
+from ppo_rlhf.ppo.train_config import TrainConfig
 
 import tiny
 
@@ -48,7 +48,7 @@ def test_every_invariant_holds_on_the_correct_code(setup, capsys):
 
 
 def test_first_ratio_fails_with_a_wrong_temperature_in_training(setup, monkeypatch):
-    import ppo_rlhf.roles as roles
+    import ppo_rlhf.ppo.roles as roles
 
     correct = roles.token_logprobs
 
@@ -60,7 +60,7 @@ def test_first_ratio_fails_with_a_wrong_temperature_in_training(setup, monkeypat
 
 
 def test_reference_fails_when_the_adapter_stays_on(setup, monkeypatch):
-    from ppo_rlhf.roles import Actor
+    from ppo_rlhf.ppo.roles import Actor
 
     monkeypatch.setattr(Actor, "reference_logprobs", lambda self, ids, att, first: self.logprobs(ids, att, first))
     found = statuses(setup)
@@ -69,7 +69,7 @@ def test_reference_fails_when_the_adapter_stays_on(setup, monkeypatch):
 
 
 def test_masks_fail_when_eos_is_dropped(setup, monkeypatch):
-    from ppo_rlhf.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOTrainer
 
     correct = PPOTrainer.rollout
 
@@ -85,8 +85,8 @@ def test_masks_fail_when_eos_is_dropped(setup, monkeypatch):
 
 
 def test_score_position_fails_with_the_score_on_the_first_reply_token(setup, monkeypatch):
-    import ppo_rlhf.trainer as trainer
-    from ppo_rlhf.objectives import per_token_rewards
+    import ppo_rlhf.ppo.trainer as trainer
+    from ppo_rlhf.ppo.objectives import per_token_rewards
 
     def score_on_first(scores, logprobs, ref_logprobs, mask, beta, estimator="k1"):
         rewards, kl = per_token_rewards(scores, logprobs, ref_logprobs, mask, beta, estimator)
@@ -102,7 +102,7 @@ def test_score_position_fails_with_the_score_on_the_first_reply_token(setup, mon
 
 
 def test_micro_batches_fail_when_each_averages_over_its_own_tokens(setup, monkeypatch):
-    import ppo_rlhf.objectives as objectives
+    import ppo_rlhf.ppo.objectives as objectives
 
     correct = objectives.normalise_loss
     monkeypatch.setattr(objectives, "normalise_loss",  # the bug: the micro-batch's own count, not the minibatch's

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from ppo_rlhf.cli import main
-from ppo_rlhf.task_compare import compare_sentence
+from ppo_rlhf.tasks.compare import compare_sentence
 
 import tiny
 
@@ -62,7 +62,8 @@ def test_compare_task_trains_each_variant_in_its_own_process(tmp_path, tiny_mode
         config = yaml.safe_load((out / name / "config.yaml").read_text())
         assert (config["advantage_estimator"], config["critic_warmup_iterations"]) == (estimator, warmup)
         assert config["group_size"] == 2 and config["batch_size"] == 4 and config["max_new_tokens"] == 6
-        assert config["reward_funcs"] == ["ppo_rlhf.tasks:exact_match", "ppo_rlhf.tasks:answer_format"]  # the preset
+        assert config["reward_funcs"] == ["ppo_rlhf.tasks.arithmetic:exact_match",
+                                          "ppo_rlhf.tasks.arithmetic:answer_format"]  # the preset
         process = json.loads((out / name / "process.json").read_text())
         assert process["peak_rss_mib"] > 50 and process["wall_s"] > 0  # the child's own peak (a Python with torch)
         variant = result["variants"][name]
@@ -124,7 +125,7 @@ def test_compare_refuses_flags_with_no_meaning(tmp_path, monkeypatch, capsys, fl
     def refused(*args, **kwargs):
         raise AssertionError("refused before any stage (else this test would train SmolLM2)")
 
-    monkeypatch.setattr("ppo_rlhf.task_compare.Stages", refused)
+    monkeypatch.setattr("ppo_rlhf.tasks.compare.Stages", refused)
     assert main(["compare", "--out", str(tmp_path / "cmp"), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from ppo_rlhf.config import Bounds, build_config, check_value, field_types, read_yaml, to_yaml
-from ppo_rlhf.demo import DemoConfig
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.train_config import DTYPE_NAMES, TrainConfig
+from ppo_rlhf.ppo.train_config import DTYPE_NAMES, TrainConfig
+from ppo_rlhf.study.demo import DemoConfig
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 
@@ -43,9 +43,9 @@ def test_every_default_satisfies_its_own_field_type(cls):
 
 
 def test_choice_fields_match_the_modules_that_implement_them():
-    from ppo_rlhf.generation import BACKENDS
-    from ppo_rlhf.objectives import ESTIMATORS
-    from ppo_rlhf.schedules import SCHEDULES
+    from ppo_rlhf.models.generation import BACKENDS
+    from ppo_rlhf.ppo.objectives import ESTIMATORS
+    from ppo_rlhf.ppo.schedules import SCHEDULES
 
     kinds = field_types(TrainConfig)
     assert kinds["dtype"].choices == DTYPE_NAMES
@@ -97,8 +97,8 @@ def test_every_dtype_flag_offers_the_same_names():
     """The trainer, the demo and the prompts and pairs commands share one list of dtype names (one place to add one)."""
     import argparse
 
-    from ppo_rlhf import pairs, prompts
-    from ppo_rlhf.precision import resolve_dtype
+    from ppo_rlhf.models.precision import resolve_dtype
+    from ppo_rlhf.study import pairs, prompts
 
     assert field_types(DemoConfig)["dtype"].choices == DTYPE_NAMES
     for module in (prompts, pairs):

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo_rlhf.chat import chat_prompt_ids, conversation_ids, prompt_text
 from ppo_rlhf.data import PromptRow, check_prompt_source, load_prompt_rows
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.prompts import read_jsonl, read_prompts
+from ppo_rlhf.models.chat import chat_prompt_ids, conversation_ids, prompt_text
+from ppo_rlhf.study.prompts import read_jsonl, read_prompts
 
 import tiny
 
@@ -242,7 +242,7 @@ def test_prompt_text():
 
 
 def test_generate_rollout_with_message_prompts(tokenizer):
-    from ppo_rlhf.rollout import generate_rollout
+    from ppo_rlhf.models.rollout import generate_rollout
 
     policy = tiny.tiny_causal_lm(tokenizer)
     torch.manual_seed(0)

@@ -8,11 +8,11 @@ import warnings
 
 import pytest
 
-import ppo_rlhf.prompts as prompts_module
+import ppo_rlhf.study.prompts as prompts_module
 from ppo_rlhf.cli import main
-from ppo_rlhf.demo import Stages
 from ppo_rlhf.errors import Interrupted
-from ppo_rlhf.trainer import PPOTrainer
+from ppo_rlhf.ppo.trainer import PPOTrainer
+from ppo_rlhf.study.demo import Stages
 
 import tiny
 

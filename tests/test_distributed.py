@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo_rlhf.distributed import Dist
-from ppo_rlhf.objectives import masked_whiten
+from ppo_rlhf.parallel.distributed import Dist
+from ppo_rlhf.ppo.objectives import masked_whiten
 
 import tiny
 
@@ -122,8 +122,8 @@ def assert_same_steps_as_one(single: Path, double: Path, sharding: str = "ddp") 
     ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_USE_FSDP": "true"}, "FSDP or DeepSpeed, not both"),
 ])
 def test_unsupported_launches_are_refused_in_one_line(monkeypatch, env, message):
-    from ppo_rlhf import distributed
     from ppo_rlhf.errors import UsageError
+    from ppo_rlhf.parallel import distributed
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     for key, value in env.items():

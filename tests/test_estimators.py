@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from ppo_rlhf.checkpoint import latest_checkpoint
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, sequence_rewards
-from ppo_rlhf.schedules import lr_lambda
-from ppo_rlhf.train import train
-from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import PPOTrainer
+from ppo_rlhf.ppo.checkpoint import latest_checkpoint
+from ppo_rlhf.ppo.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, sequence_rewards
+from ppo_rlhf.ppo.schedules import lr_lambda
+from ppo_rlhf.ppo.train import train
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.ppo.trainer import PPOTrainer
 
 import tiny
 
@@ -164,7 +164,7 @@ def test_ptx_and_schedule_resume(setup, tmp_path):
 
 def test_ptx_gradient_is_the_lm_loss(setup, tmp_path):
     """The ptx term's gradient is exactly ptx_coef times the gradient of the mean next-token NLL."""
-    from ppo_rlhf.ptx import ptx_nll
+    from ppo_rlhf.ppo.ptx import ptx_nll
 
     cfg = config(setup, tmp_path / "run", ptx_coef=2.0, ptx_data=setup["ptx"], ptx_batch_size=3)
     trainer = PPOTrainer(cfg)
@@ -183,8 +183,8 @@ def test_ptx_gradient_is_the_lm_loss(setup, tmp_path):
 def test_grpo_kl_is_a_loss_term_not_a_reward(setup, tmp_path):
     """Issue 13 item 12: tied scores give GRPO no advantage, whatever the KL (RLOO keeps its small KL difference);
     GRPO's policy loss adds beta * the k3 estimate of KL(pi || pi_ref) instead."""
-    from ppo_rlhf.advantages import GRPOAdvantages, RLOOAdvantages
-    from ppo_rlhf.objectives import clipped_policy_loss, kl_k3, masked_mean
+    from ppo_rlhf.ppo.advantages import GRPOAdvantages, RLOOAdvantages
+    from ppo_rlhf.ppo.objectives import clipped_policy_loss, kl_k3, masked_mean
 
     scores, mask = torch.tensor([0.5, 0.5]), torch.ones(2, 2)
     kl = torch.tensor([[0.5, 0.5], [0.5, 0.6]])  # summed: 1.0 and 1.1

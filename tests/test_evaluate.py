@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from ppo_rlhf.cli import main
-from ppo_rlhf.evaluate import (
+from ppo_rlhf.study.evaluate import (
     START,
     before_after,
     evaluate_runs,
@@ -16,7 +16,7 @@ from ppo_rlhf.evaluate import (
     standardize_records,
     summarize,
 )
-from ppo_rlhf.stats import paired_bootstrap
+from ppo_rlhf.study.stats import paired_bootstrap
 
 
 def record(run, iteration, prompt_index, reply_index, proxy_raw, gold_raw, finished=True, tokens=5, kl=0.0,
@@ -216,7 +216,7 @@ def test_unknown_checkpoint_is_a_usage_error(run_dir, tmp_path, capsys):
 
 
 def test_report_on_the_evaluation(run_dir, evaluation, tmp_path):
-    from ppo_rlhf.report import write_report
+    from ppo_rlhf.study.report import write_report
 
     rows = [{"iteration": i, "score": 0.1 * i, "kl": 0.5 * i, "fin": 0.8, "ev": -0.5 + 0.2 * i} for i in range(3)]
     (run_dir / "history.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -250,7 +250,7 @@ def test_the_kl_to_the_start_model_is_k3_and_never_negative(evaluation):
 
 def evaluate_counting_loads(monkeypatch, run_dir, prompts, out, **options):
     """evaluate_runs on the module's run, and the labels of the models it sampled."""
-    import ppo_rlhf.evaluate as evaluate
+    import ppo_rlhf.study.evaluate as evaluate
 
     sampled, real = [], evaluate._sample_records
     monkeypatch.setattr(evaluate, "_sample_records", lambda *a, **k: sampled.append(model_label(k["run"],

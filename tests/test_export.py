@@ -28,9 +28,9 @@ from ppo_rlhf.export import (
     run_card,
     save_policy,
 )
-from ppo_rlhf.models import LoraSettings, load_policy
-from ppo_rlhf.train import train
-from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.models.loading import LoraSettings, load_policy
+from ppo_rlhf.ppo.train import train
+from ppo_rlhf.ppo.train_config import TrainConfig
 
 import tiny
 
@@ -238,7 +238,7 @@ def test_push_to_hub_creates_the_repo_and_uploads_the_folder(run_dir, tmp_path, 
 
 @pytest.mark.smoke
 def test_smollm2_export_names_the_hub_base_in_its_card_and_merges_exactly(tmp_path):
-    from ppo_rlhf.models import load_tokenizer
+    from ppo_rlhf.models.loading import load_tokenizer
 
     policy = load_policy("smollm2", LoraSettings(rank=4))
     with torch.no_grad():

@@ -1,6 +1,6 @@
 """The report's result sentences are generated from the numbers: made-up summaries of each kind give each wording."""
 
-from ppo_rlhf.findings import (
+from ppo_rlhf.study.findings import (
     along_the_way_sentence,
     caveats,
     curve_sentence,

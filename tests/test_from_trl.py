@@ -1,4 +1,4 @@
-"""TRL 1.12's PPOConfig settings as ours (ppo_rlhf/from_trl.py): the bench's TRL side, converted, is the bench's own
+"""TRL 1.12's PPOConfig settings as ours (ppo_rlhf/ppo/from_trl.py): the bench's TRL side, converted, is the bench's own
 side; each field without an equivalent is one UsageError line. TRL is not installed here: its config is a dict or a
 plain object with its attributes."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from ppo_rlhf import PPOConfig
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.from_trl import TRL_DEFAULTS, ppo_config_from_trl
+from ppo_rlhf.ppo.from_trl import TRL_DEFAULTS, ppo_config_from_trl
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("peer_trl", ROOT / "bench" / "peer_trl.py")

@@ -10,15 +10,15 @@ import sys
 import pytest
 import torch
 
-from ppo_rlhf import generation
-from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.generation import HFGenerator, VLLMGenerator, merged_state_dict
-from ppo_rlhf.logprobs import token_logprobs
-from ppo_rlhf.models import LoraSettings, add_policy_lora
-from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import PPOTrainer
+from ppo_rlhf.models import generation
+from ppo_rlhf.models.chat import chat_prompt_ids
+from ppo_rlhf.models.generation import HFGenerator, VLLMGenerator, merged_state_dict
+from ppo_rlhf.models.loading import LoraSettings, add_policy_lora
+from ppo_rlhf.models.logprobs import token_logprobs
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.ppo.trainer import PPOTrainer
 
 import tiny
 
@@ -112,7 +112,7 @@ def test_hf_generator_is_generate_rollout(tokenizer):
     gen = HFGenerator(policy, tokenizer, max_new_tokens=3, temperature=1.0)
     torch.manual_seed(0)
     a = gen.generate(["Hello", "Tell me"])
-    from ppo_rlhf.rollout import generate_rollout
+    from ppo_rlhf.models.rollout import generate_rollout
 
     torch.manual_seed(0)
     b = generate_rollout(policy, tokenizer, ["Hello", "Tell me"], 3, 1.0)

@@ -1,4 +1,4 @@
-"""generation_drop_finished (ppo_rlhf/decode.py): the decode loop that drops finished rows writes what HF
+"""generation_drop_finished (ppo_rlhf/models/decode.py): the decode loop that drops finished rows writes what HF
 `generate` writes, draws the same random numbers, and computes only the rows still writing."""
 
 import sys
@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo_rlhf import decode
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.generation import HFGenerator, make_generator
-from ppo_rlhf.models import LoraSettings, add_policy_lora
-from ppo_rlhf.rollout import TokenSampler, eos_token_ids, generate_rollout
-from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.models import decode
+from ppo_rlhf.models.generation import HFGenerator, make_generator
+from ppo_rlhf.models.loading import LoraSettings, add_policy_lora
+from ppo_rlhf.models.rollout import TokenSampler, eos_token_ids, generate_rollout
+from ppo_rlhf.ppo.train_config import TrainConfig
 
 import tiny
 

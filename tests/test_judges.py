@@ -1,7 +1,7 @@
 import pytest
 
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.judges import GoldJudge, NonToxicJudge, RewardModelJudge, VaderJudge, check_finite, make_judge
+from ppo_rlhf.study.judges import GoldJudge, NonToxicJudge, RewardModelJudge, VaderJudge, check_finite, make_judge
 
 PROMPTS = ["Say something.", "Say something."]
 

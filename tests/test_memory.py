@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from ppo_rlhf import cli, memory
+from ppo_rlhf import cli
+from ppo_rlhf.models import memory
 
 QWEN25_05B_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True)
@@ -113,7 +114,7 @@ def test_params_alone_prints_lora_logits_and_kv_lines_of_the_nearest_shape(capsy
 
 
 def test_config_takes_the_train_alias_and_names_a_folder_without_config_json(tmp_path, capsys, monkeypatch):
-    import ppo_rlhf.models as models
+    import ppo_rlhf.models.loading as models
 
     Qwen2Config(**QWEN25_05B_SHAPE).save_pretrained(tmp_path / "qwen")
     asked = []

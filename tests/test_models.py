@@ -7,10 +7,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from ppo_rlhf import models
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.logprobs import token_logprobs
-from ppo_rlhf.models import (
+from ppo_rlhf.models import loading as models
+from ppo_rlhf.models.loading import (
     LoraSettings,
     add_value_lora,
     backbone_and_head,
@@ -25,7 +24,8 @@ from ppo_rlhf.models import (
     load_value_model,
     resolve_model_path,
 )
-from ppo_rlhf.scores import reward_inputs, reward_scores
+from ppo_rlhf.models.logprobs import token_logprobs
+from ppo_rlhf.models.scores import reward_inputs, reward_scores
 
 import tiny
 
@@ -241,7 +241,7 @@ def test_sequence_classifier_from_causal_lm_and_label_check(tmp_path, folders, t
 def test_a_model_without_a_trained_score_head_is_refused(tmp_path, folders, tokenizer):
     """Issue 29: a causal LM (e.g. the policy's own folder) as reward or value model was given a random score head in
     silence, and PPO trained against noise. Refused in one line naming what was found, unless init_score_head."""
-    from ppo_rlhf.models import NoScoreHead
+    from ppo_rlhf.models.loading import NoScoreHead
 
     policy = str(folders["llama"]["policy"])
     for load in (load_sequence_classifier, load_reward_model, lambda name: load_value_model(name, LORA)):

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.objectives import (
+from ppo_rlhf.ppo.objectives import (
     AdaptiveKLController,
     clipped_policy_loss,
     clipped_value_loss,

@@ -1,4 +1,4 @@
-"""Padding-free passes (`padding_free`, ppo_rlhf/packing.py) give the padded path's numbers: per-token log-probs,
+"""Padding-free passes (`padding_free`, ppo_rlhf/models/packing.py) give the padded path's numbers: per-token log-probs,
 entropies, values and reward scores, then the PPO losses and gradients, in fp32 on tiny llama and qwen2 models,
 with a 1-token reply and a reply at the cap in the batch."""
 
@@ -9,16 +9,16 @@ import json
 import pytest
 import torch
 
-from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.logprobs import first_reply_position, token_logprobs
-from ppo_rlhf.packing import Packing
-from ppo_rlhf.roles import RewardModel
-from ppo_rlhf.rollout import Rollout, build_batch
-from ppo_rlhf.scores import reward_scores, sequence_values
-from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import PPOTrainer, trainable_parameters
+from ppo_rlhf.models.chat import chat_prompt_ids
+from ppo_rlhf.models.logprobs import first_reply_position, token_logprobs
+from ppo_rlhf.models.packing import Packing
+from ppo_rlhf.models.rollout import Rollout, build_batch
+from ppo_rlhf.models.scores import reward_scores, sequence_values
+from ppo_rlhf.ppo.roles import RewardModel
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.ppo.trainer import PPOTrainer, trainable_parameters
 
 import tiny
 

@@ -4,8 +4,8 @@ import pytest
 
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.judges import GoldJudge
-from ppo_rlhf.pairs import make_pairs, read_pairs, summary_line
+from ppo_rlhf.study.judges import GoldJudge
+from ppo_rlhf.study.pairs import make_pairs, read_pairs, summary_line
 
 import tiny
 

@@ -10,14 +10,14 @@ import math
 import pytest
 import torch
 
-from ppo_rlhf.advantages import GAEAdvantages
 from ppo_rlhf.config import build_config
-from ppo_rlhf.distributed import current
-from ppo_rlhf.objectives import clipped_policy_loss, gae, kl_estimate, length_adaptive_lam
-from ppo_rlhf.toy import clip_variants
-from ppo_rlhf.train import train
-from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import PPOTrainer, trainable_parameters
+from ppo_rlhf.parallel.distributed import current
+from ppo_rlhf.ppo.advantages import GAEAdvantages
+from ppo_rlhf.ppo.objectives import clipped_policy_loss, gae, kl_estimate, length_adaptive_lam
+from ppo_rlhf.ppo.toy import clip_variants
+from ppo_rlhf.ppo.train import train
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.ppo.trainer import PPOTrainer, trainable_parameters
 
 import tiny
 
@@ -40,7 +40,7 @@ def test_kl_estimators_by_hand():
 def test_kl_estimate_masks_padding_before_the_exponential():
     """Issue 29: a padding position whose log-probs differ by > 88 nats overflowed k3's exp; inf times the zero
     gradient of a masked loss made the policy's gradient nan (the step was skipped)."""
-    from ppo_rlhf.objectives import normalise_loss
+    from ppo_rlhf.ppo.objectives import normalise_loss
 
     new = torch.tensor([[-200.0, -1.0, -1.5, -150.0]], requires_grad=True)
     ref, mask = torch.tensor([[0.0, -1.2, -1.3, 0.0]]), torch.tensor([[0.0, 1.0, 1.0, 0.0]])
@@ -203,7 +203,7 @@ def test_history_shows_the_phase_and_the_kl_used(setup, tmp_path):
 
 @pytest.mark.parametrize("kl_in, estimator", [("reward", "k2"), ("reward", "k3"), ("loss", "k2"), ("loss", "k3")])
 def test_where_the_kl_goes(setup, tmp_path, kl_in, estimator):
-    from ppo_rlhf.objectives import normalise_loss
+    from ppo_rlhf.ppo.objectives import normalise_loss
 
     cfg = config(setup, tmp_path / "run", kl_in=kl_in, kl_estimator=estimator, beta=0.5)
     trainer = PPOTrainer(cfg)

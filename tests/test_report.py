@@ -4,9 +4,9 @@ import math
 import numpy as np
 
 from ppo_rlhf.cli import main
-from ppo_rlhf.dashboard import DASHBOARD
-from ppo_rlhf.evaluate import before_after, format_evaluation, model_label, standardize_records, summarize
-from ppo_rlhf.report import (
+from ppo_rlhf.study.dashboard import DASHBOARD
+from ppo_rlhf.study.evaluate import before_after, format_evaluation, model_label, standardize_records, summarize
+from ppo_rlhf.study.report import (
     PANELS,
     dashboard_figure,
     history_table,
@@ -148,7 +148,7 @@ def test_a_file_given_as_a_run_directory_says_so(tmp_path, capsys):
 
 
 def test_study_report_opens_with_the_result_in_words(tmp_path):
-    from ppo_rlhf.findings import SMOKE_NOTE, headline
+    from ppo_rlhf.study.findings import SMOKE_NOTE, headline
 
     evaluation = fake_evaluation(tmp_path)
     curve = [{"pairs": 0, "epochs": 0, "accuracy": 0.5, "mean_margin": 0.0, "length_corr": 0.1},
@@ -213,7 +213,7 @@ def test_learning_curve_figure_keeps_its_labels_and_lines_inside():
 def test_paths_nan_correlations_and_empty_replies_are_explained(tmp_path):
     """Issue 29 item 16: the proxy's folder relative to the report, a length correlation that cannot be formed says
     why, an empty reply says it is empty; and the KL says which estimate it is."""
-    from ppo_rlhf.report import evaluation_table, example_table
+    from ppo_rlhf.study.report import evaluation_table, example_table
 
     folder = fake_evaluation(tmp_path)
     evaluation = json.loads((folder / "evaluation.json").read_text())

@@ -4,9 +4,9 @@ import random
 import pytest
 
 from ppo_rlhf.cli import main
-from ppo_rlhf.models import load_sequence_classifier, load_tokenizer
-from ppo_rlhf.pairs import read_pairs
-from ppo_rlhf.reward_model import (
+from ppo_rlhf.models.loading import load_sequence_classifier, load_tokenizer
+from ppo_rlhf.study.pairs import read_pairs
+from ppo_rlhf.study.reward_model import (
     evaluate_pairs,
     load_pair_source,
     pair_order,
@@ -69,7 +69,7 @@ def test_learns_a_synthetic_preference_and_reloads(tmp_path, base, pairs_file):
 def test_trains_with_a_bf16_backbone(tmp_path, base, pairs_file):
     import torch
 
-    from ppo_rlhf.precision import weight_dtypes
+    from ppo_rlhf.models.precision import weight_dtypes
 
     out = tmp_path / "rm"
     info = train_reward_model(pairs_file, base=base, out_dir=out, epochs=2, lr=3e-2, batch_size=8, lora_rank=4,
@@ -130,7 +130,7 @@ def test_shuffled_pairs_mix_prompts_in_a_batch():
 def test_each_reply_is_scored_once_and_a_prompt_s_pairs_stay_together(base, monkeypatch):
     import torch
 
-    import ppo_rlhf.scores as scores_module  # (reward_model imports it where used, after its file checks)
+    import ppo_rlhf.models.scores as scores_module  # (reward_model imports it where used, after its file checks)
 
     model, tokenizer = load_sequence_classifier(base, init_score_head=True), load_tokenizer(base)
     replies = ["happy dog", "sad cat", "the king", "a queen story"]

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.models import load_sequence_classifier
-from ppo_rlhf.paths import check_reward_spec
+from ppo_rlhf.models.loading import load_sequence_classifier
+from ppo_rlhf.models.scores import score_texts
+from ppo_rlhf.ppo.roles import RewardModel
 from ppo_rlhf.rewards import (
     CombinedReward,
     ModelReward,
@@ -20,8 +21,7 @@ from ppo_rlhf.rewards import (
     is_reward_model_spec,
     resolve_reward_funcs,
 )
-from ppo_rlhf.roles import RewardModel
-from ppo_rlhf.scores import score_texts
+from ppo_rlhf.utils.paths import check_reward_spec
 
 from tiny import save_tiny, tiny_causal_lm, tiny_reward_model, tiny_tokenizer
 

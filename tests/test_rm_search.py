@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import ppo_rlhf.pairs as pairs_module
+import ppo_rlhf.study.pairs as pairs_module
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.pairs import Replies
+from ppo_rlhf.study.pairs import Replies
 
 import tiny
 
@@ -50,7 +50,7 @@ def test_pool_splits_are_disjoint_allocations_nest_and_a_killed_pool_continues(t
 
     # run again: the prompts and the finished parts are not sampled again, only the test split and the second tier
     calls.clear()
-    import ppo_rlhf.prompts as prompts_module
+    import ppo_rlhf.study.prompts as prompts_module
 
     monkeypatch.setattr(prompts_module, "build_prompts", lambda *a, **k: pytest.fail("prompts sampled again"))
     monkeypatch.setattr(pairs_module, "sample_replies", lambda *a, **k: calls.append(a[0]) or real(*a, **k))

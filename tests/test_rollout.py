@@ -3,14 +3,14 @@ import copy
 import pytest
 import torch
 
-from ppo_rlhf import logprobs, rollout
-from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.logprobs import token_logprobs
-from ppo_rlhf.models import LoraSettings, add_policy_lora, add_value_lora, load_causal_lm, load_tokenizer
-from ppo_rlhf.padding import right_pad
-from ppo_rlhf.rollout import build_batch, generate_rollout
-from ppo_rlhf.scores import reward_inputs, reward_scores, score_texts, sequence_values
+from ppo_rlhf.models import logprobs, rollout
+from ppo_rlhf.models.chat import chat_prompt_ids
+from ppo_rlhf.models.loading import LoraSettings, add_policy_lora, add_value_lora, load_causal_lm, load_tokenizer
+from ppo_rlhf.models.logprobs import token_logprobs
+from ppo_rlhf.models.padding import right_pad
+from ppo_rlhf.models.rollout import build_batch, generate_rollout
+from ppo_rlhf.models.scores import reward_inputs, reward_scores, score_texts, sequence_values
 
 import tiny
 

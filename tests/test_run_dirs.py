@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from ppo_rlhf.checkpoint import clean_partial_writes, prune_checkpoints
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import read_yaml
-from ppo_rlhf.files import atomic_directory, disk_full
-from ppo_rlhf.lock import lock_file
-from ppo_rlhf.trainer import PPOTrainer
+from ppo_rlhf.ppo.checkpoint import clean_partial_writes, prune_checkpoints
+from ppo_rlhf.ppo.trainer import PPOTrainer
+from ppo_rlhf.utils.files import atomic_directory, disk_full
+from ppo_rlhf.utils.lock import lock_file
 
 import tiny
 

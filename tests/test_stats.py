@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from ppo_rlhf.stats import bootstrap_mean, distinct_n, expanded_level, paired_bootstrap, pearson, standardize
+from ppo_rlhf.study.stats import bootstrap_mean, distinct_n, expanded_level, paired_bootstrap, pearson, standardize
 
 
 def test_bootstrap_interval_matches_normal_theory():

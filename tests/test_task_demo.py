@@ -1,4 +1,4 @@
-"""`ppo-rlhf demo --task` (ppo_rlhf/task_demo.py, task_report.py): the preset it runs, the sentences its report opens
+"""`ppo-rlhf demo --task` (ppo_rlhf/tasks/demo.py, task_report.py): the preset it runs, the sentences its report opens
 with (from made-up numbers), its stages on a tiny model (run, skipped when done, the report's numbers those of
 task_eval.json), and the flags it refuses."""
 
@@ -13,10 +13,10 @@ import pytest
 
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config, read_yaml
-from ppo_rlhf.evaluate import START
-from ppo_rlhf.task_demo import PRESET, train_config
-from ppo_rlhf.task_report import opening_sentence, time_sentence
-from ppo_rlhf.train_config import TrainConfig
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.study.evaluate import START
+from ppo_rlhf.tasks.demo import PRESET, train_config
+from ppo_rlhf.tasks.report import opening_sentence, time_sentence
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,7 @@ def test_task_demo_refuses_the_offline_study_flags(tmp_path, monkeypatch, capsys
     def refused(*args, **kwargs):
         raise AssertionError("refused before any stage (else this test would train SmolLM2)")
 
-    monkeypatch.setattr("ppo_rlhf.task_demo.Stages", refused)
+    monkeypatch.setattr("ppo_rlhf.tasks.demo.Stages", refused)
     assert main(["demo", "--task", "add-tiny", "--out", str(tmp_path / "demo"), *flags]) == 2
     err = capsys.readouterr().err
     assert named in err and "--out, --quick, --model" in err and len(err.strip().splitlines()) == 1
@@ -115,7 +115,7 @@ def test_task_demo_refuses_an_unknown_level_and_too_few_iterations(tmp_path, mon
     def refused(*args, **kwargs):
         raise AssertionError("refused before any stage (else this test would train SmolLM2)")
 
-    monkeypatch.setattr("ppo_rlhf.task_demo.Stages", refused)
+    monkeypatch.setattr("ppo_rlhf.tasks.demo.Stages", refused)
     assert main(["demo", "--task", "add-huge", "--out", str(tmp_path / "demo")]) == 2
     assert "unknown task level 'add-huge'" in capsys.readouterr().err
     assert main(["demo", "--task", "add-tiny", "--iterations", "3", "--out", str(tmp_path / "demo")]) == 2

@@ -1,5 +1,5 @@
-"""Held-out accuracy on the verifiable task (ppo_rlhf/task_eval.py): the summary's intervals on made-up records, and a
-tiny run's start policy and checkpoints evaluated on held-out problems."""
+"""Held-out accuracy on the verifiable task (ppo_rlhf/tasks/evaluate.py): the summary's intervals on made-up records,
+and a tiny run's start policy and checkpoints evaluated on held-out problems."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 from ppo_rlhf import PPOConfig, PPOTrainer
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.evaluate import START
-from ppo_rlhf.task_eval import evaluate_task_runs, summarize_task
-from ppo_rlhf.tasks import exact_match, problems
+from ppo_rlhf.study.evaluate import START
+from ppo_rlhf.tasks.arithmetic import exact_match, problems
+from ppo_rlhf.tasks.evaluate import evaluate_task_runs, summarize_task
 
 
 def record(model: str, prompt: int, reply: int, correct: float, kl: float = 0.0) -> dict:

@@ -1,5 +1,5 @@
-"""The verifiable task (ppo_rlhf/tasks.py): splits that never share a problem, the exact checker and the format term
-in TRL's reward-function convention, and `ppo-rlhf task` writing the JSONL datasets. Torch-free."""
+"""The verifiable task (ppo_rlhf/tasks/arithmetic.py): splits that never share a problem, the exact checker and the
+format term in TRL's reward-function convention, and `ppo-rlhf task` writing the JSONL datasets. Torch-free."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from ppo_rlhf import tasks
 from ppo_rlhf.cli import main
 from ppo_rlhf.data import load_prompt_rows
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.tasks import arithmetic as tasks
 
 
 @pytest.mark.parametrize("name", list(tasks.LEVELS))

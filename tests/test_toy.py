@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from ppo_rlhf import cli, toy
+from ppo_rlhf import cli
+from ppo_rlhf.ppo import toy
 
 
 @pytest.fixture(scope="module")

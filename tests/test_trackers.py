@@ -1,4 +1,4 @@
-"""report_to trackers and RUN_DIR/completions.jsonl (ppo_rlhf/trackers.py): TensorBoard as dashboard.TensorBoard
+"""report_to trackers and RUN_DIR/completions.jsonl (ppo_rlhf/ppo/trackers.py): TensorBoard as dashboard.TensorBoard
 writes it, wandb offline and trackio local (no network), the one-line errors, and what a resume drops."""
 
 import json
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ppo_rlhf.dashboard import TensorBoard
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.trackers import CompletionsLog, check_report_to, make_trackers
+from ppo_rlhf.ppo.trackers import CompletionsLog, check_report_to, make_trackers
+from ppo_rlhf.study.dashboard import TensorBoard
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -184,7 +184,7 @@ def test_wandb_without_a_login_is_one_line(tmp_path, wandb_env, monkeypatch):
 TRACKIO_SCRIPT = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from ppo_rlhf.trackers import make_trackers
+    from ppo_rlhf.ppo.trackers import make_trackers
     from trackio.sqlite_storage import SQLiteStorage
 
     run_dir = Path(sys.argv[1])

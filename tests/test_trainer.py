@@ -11,10 +11,10 @@ import torch
 
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
-from ppo_rlhf.logprobs import token_logprobs
-from ppo_rlhf.train import train
-from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import PPOTrainer, PromptSampler
+from ppo_rlhf.models.logprobs import token_logprobs
+from ppo_rlhf.ppo.train import train
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.ppo.trainer import PPOTrainer, PromptSampler
 
 import tiny
 
@@ -109,10 +109,10 @@ def test_reference_is_base_model_after_training(setup, tmp_path):
     cfg = config(setup, tmp_path / "run")
     run_dir = train(cfg)
     trainer = PPOTrainer(cfg)
-    from ppo_rlhf.checkpoint import latest_checkpoint, load_checkpoint
+    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint
 
     trainer.load_state_dict(load_checkpoint(latest_checkpoint(run_dir), ("policy", "value"))[1])
-    from ppo_rlhf.models import load_causal_lm
+    from ppo_rlhf.models.loading import load_causal_lm
 
     base = load_causal_lm(setup["policy"])
     ids, att = trainer.rollout(PROMPTS[:3]).input_ids, None
@@ -127,8 +127,8 @@ def test_reference_is_base_model_after_training(setup, tmp_path):
 def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
     """One backbone for both: after the value model's LoRA and head copy have trained, the rewards are still the
     frozen reward model's, and the values are not."""
-    from ppo_rlhf.models import load_reward_model
-    from ppo_rlhf.scores import score_texts
+    from ppo_rlhf.models.loading import load_reward_model
+    from ppo_rlhf.models.scores import score_texts
 
     trainer = PPOTrainer(config(setup, tmp_path / "run"))
     assert trainer.reward_model is trainer.critic and trainer.critic.model is trainer.value_model
@@ -177,7 +177,7 @@ def test_known_reward_rises(setup, tmp_path, monkeypatch, tokenizer):
     monkeypatch.setattr(PPOTrainer, "raw_scores", share_low)
     run_dir = train(cfg)
     trainer = PPOTrainer(cfg)
-    from ppo_rlhf.checkpoint import latest_checkpoint, load_checkpoint
+    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint
 
     trainer.load_state_dict(load_checkpoint(latest_checkpoint(run_dir), ("policy", "value"))[1])
     rollout = trainer.rollout(PROMPTS)
@@ -251,7 +251,7 @@ def test_run_outputs(setup, tmp_path):
     # the policy adapter loads with plain peft
     from peft import PeftModel
 
-    from ppo_rlhf.models import load_causal_lm
+    from ppo_rlhf.models.loading import load_causal_lm
 
     PeftModel.from_pretrained(load_causal_lm(setup["policy"]), run_dir / "checkpoints" / "iter_000002" / "policy")
 
@@ -320,7 +320,7 @@ def test_two_iterations_on_smollm2(tmp_path):
 
 def test_gradient_accumulation_keeps_the_per_token_mean_exact(setup, tmp_path):
     """One optimiser step over a minibatch gives the same update whether it runs as one pass or as micro-batches."""
-    from ppo_rlhf.trainer import trainable_parameters
+    from ppo_rlhf.ppo.trainer import trainable_parameters
 
     def one_step(micro: int) -> list[torch.Tensor]:
         cfg = config(setup, tmp_path / f"run{micro}", batch_size=4, minibatch_size=4, micro_batch_size=micro, epochs=1,

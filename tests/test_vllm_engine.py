@@ -13,16 +13,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ppo_rlhf import generation
-from ppo_rlhf.chat import chat_prompt_ids
 from ppo_rlhf.config import build_config
-from ppo_rlhf.generation import VLLMGenerator, VLLMServer
-from ppo_rlhf.logprobs import token_logprobs
-from ppo_rlhf.models import LoraSettings, add_policy_lora
-from ppo_rlhf.rollout import eos_token_ids
-from ppo_rlhf.train import train
-from ppo_rlhf.train_config import TrainConfig
-from ppo_rlhf.trainer import PPOTrainer
+from ppo_rlhf.models import generation
+from ppo_rlhf.models.chat import chat_prompt_ids
+from ppo_rlhf.models.generation import VLLMGenerator, VLLMServer
+from ppo_rlhf.models.loading import LoraSettings, add_policy_lora
+from ppo_rlhf.models.logprobs import token_logprobs
+from ppo_rlhf.models.rollout import eos_token_ids
+from ppo_rlhf.ppo.train import train
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.ppo.trainer import PPOTrainer
 
 import tiny
 
@@ -140,7 +140,7 @@ def test_engine_dtype_is_the_policy_s_resolved_dtype(engine, shared_engine, tmp_
     """`dtype: auto` is resolved (bf16 on a CPU with bf16 instructions, else fp32) before the engine is started."""
     import torch
 
-    from ppo_rlhf.precision import resolve_dtype
+    from ppo_rlhf.models.precision import resolve_dtype
 
     PPOTrainer(config(engine, tmp_path / "run", dtype="auto"))
     expected = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")

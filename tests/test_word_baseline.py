@@ -2,7 +2,7 @@
 
 import random
 
-from ppo_rlhf.word_baseline import word_baseline
+from ppo_rlhf.study.word_baseline import word_baseline
 
 GOOD, BAD, FILLER = ["lovely", "kind", "great"], ["awful", "nasty", "hateful"], ["the", "day", "was", "a", "walk"]
 

@@ -135,9 +135,9 @@ def fake_garak_wheel(folder: Path) -> Path:
 
 @contextlib.contextmanager
 def locked_by_another_process(folder: str | Path) -> Iterator[subprocess.Popen]:
-    """A second process that holds `folder`'s lock (ppo_rlhf.lock) until the block ends, then is killed with SIGKILL:
-    its lock file stays behind with its PID, as a killed run's would."""
-    code = ("import sys, time\nfrom ppo_rlhf.lock import hold\nwith hold(sys.argv[1]):\n"
+    """A second process that holds `folder`'s lock (ppo_rlhf.utils.lock) until the block ends, then is killed with
+    SIGKILL: its lock file stays behind with its PID, as a killed run's would."""
+    code = ("import sys, time\nfrom ppo_rlhf.utils.lock import hold\nwith hold(sys.argv[1]):\n"
             "    print('held', flush=True)\n    time.sleep(600)\n")
     child = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE, text=True)
     try:

@@ -1,0 +1,98 @@
+"""How an iteration turns rewards into advantages: one strategy per `advantage_estimator`.
+
+Each is called with the per-token `rewards` (section 8.6's shaped reward), the normalised `values` (0 without a
+critic), the per-reply `scores`, the per-token `kl` and the reply-token `mask`, and `beta`, the KL coefficient *in
+the reward* (0 when the KL is a loss term, `kl_in: loss`), and returns (advantages used by the policy loss, raw
+advantages before any whitening, returns = the value targets), all [B, L-1]. Where the KL goes is the trainer's
+choice (`TrainConfig.kl_placement`), the same for every estimator.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from torch import Tensor
+
+from ppo_rlhf.parallel.distributed import Dist
+from ppo_rlhf.ppo.objectives import (
+    broadcast_to_tokens,
+    gae,
+    grpo_advantages,
+    length_adaptive_lam,
+    rloo_advantages,
+    sequence_rewards,
+)
+from ppo_rlhf.ppo.train_config import TrainConfig
+
+
+class Advantages(Protocol):
+    needs_critic: bool  # GAE learns a value model; the group estimators use the other replies to a prompt instead
+
+    def __call__(self, rewards: Tensor, values: Tensor, scores: Tensor, kl: Tensor, mask: Tensor,
+                 beta: float) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+class GAEAdvantages:
+    """GAE (gamma, lambda) over the per-token rewards, whitened over the global batch's reply tokens. The advantages
+    use `lam` (or, with `length_alpha`, VAPO's length-adaptive lambda per reply), the value targets `critic_lam`
+    (decoupled GAE, VC-PPO/VAPO: a critic trained on lambda-1 returns has unbiased targets, while the policy keeps a
+    lower-variance lambda); raw advantages + values = returns only when the two lambdas are the same."""
+
+    needs_critic = True
+
+    def __init__(self, gamma: float, lam: float, dist: Dist, critic_lam: float | None = None,
+                 length_alpha: float | None = None):
+        self.gamma, self.lam, self.dist = gamma, lam, dist
+        self.critic_lam = lam if critic_lam is None else critic_lam
+        self.length_alpha = length_alpha
+
+    def __call__(self, rewards, values, scores, kl, mask, beta):
+        lam = self.lam if self.length_alpha is None else length_adaptive_lam(mask.sum(1), self.length_alpha)
+        raw, returns = gae(rewards, values, mask, gamma=self.gamma, lam=lam)
+        if self.length_alpha is not None or self.critic_lam != self.lam:
+            _, returns = gae(rewards, values, mask, gamma=self.gamma, lam=self.critic_lam)
+        return self.dist.masked_whiten(raw, mask), raw, returns
+
+
+class RLOOAdvantages:
+    """One advantage per reply, on every reply token: its sequence reward (score - beta * summed KL) minus the mean
+    of the other replies to the same prompt; the return is the sequence reward. Not whitened again."""
+
+    needs_critic = False
+
+    def __init__(self, group_size: int):
+        self.group_size = group_size
+
+    def __call__(self, rewards, values, scores, kl, mask, beta):
+        totals = sequence_rewards(scores, kl, mask, beta)
+        per_reply = broadcast_to_tokens(self.per_reply(totals), mask)
+        return per_reply, per_reply, broadcast_to_tokens(totals, mask)
+
+    def per_reply(self, totals: Tensor) -> Tensor:
+        return rloo_advantages(totals, self.group_size)
+
+
+class GRPOAdvantages:
+    """GRPO (Shao et al. 2024): the reply's sequence reward normalised within its group, (R - group mean) / (group
+    std + eps), on every reply token; the return is R. By default (`kl_in: loss`, `kl_estimator: k3`, as in the paper)
+    R is the score alone (beta here is 0) and the KL is a loss term of its own, beta * k3 per token: folding the KL
+    into R before dividing by the group std would blow tiny KL differences between tied scores up to full-size
+    advantages (scores [0.5, 0.5], summed KL [1.0, 1.1], beta 0.05: +-0.707 instead of RLOO's +-0.005)."""
+
+    needs_critic = False
+
+    def __init__(self, group_size: int, eps: float):
+        self.group_size, self.eps = group_size, eps
+
+    def __call__(self, rewards, values, scores, kl, mask, beta):
+        totals = sequence_rewards(scores, kl, mask, beta)
+        per_reply = broadcast_to_tokens(grpo_advantages(totals, self.group_size, self.eps), mask)
+        return per_reply, per_reply, broadcast_to_tokens(totals, mask)
+
+
+def make_advantages(cfg: TrainConfig, dist: Dist) -> Advantages:
+    if cfg.advantage_estimator == "gae":
+        return GAEAdvantages(cfg.gamma, cfg.lam, dist, cfg.critic_lam, cfg.lam_length_alpha)
+    if cfg.advantage_estimator == "rloo":
+        return RLOOAdvantages(cfg.group_size)
+    return GRPOAdvantages(cfg.group_size, cfg.grpo_eps)

@@ -1,0 +1,192 @@
+"""Atomic checkpoints and resume.
+
+A checkpoint is a folder `checkpoints/iter_NNNNNN/` written under a temporary name and renamed when
+complete; `checkpoints/latest` names the newest complete one and is replaced atomically last. A run
+killed at any moment therefore leaves `latest` pointing at a whole checkpoint. Weights are PEFT adapters
+in safetensors; the rest of the trainer's state (`PPOTrainer.state_dict()`: optimisers, schedulers, sampler, KL
+coefficient, ...) and the RNG states load with `torch.load(weights_only=True)`. Under FSDP the shards are
+gathered first (each gradient step's `state_dict`), so a checkpoint is the same whatever the number of
+processes that wrote or read it; under DeepSpeed ZeRO it holds every process's optimiser partition and
+resumes with the same launch (`zero.py`).
+This module only writes and reads files: what goes in them is the trainer's business.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file
+
+from ppo_rlhf.errors import RunError, UsageError
+from ppo_rlhf.parallel.distributed import Dist, as_shard_of, is_sharded
+from ppo_rlhf.utils.files import atomic_directory, atomic_write_text, disk_full
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"iter_{iteration:06d}"
+
+
+def rng_state() -> dict[str, Any]:
+    """torch, numpy and Python RNG states as plain types, so that `torch.load(weights_only=True)` accepts them."""
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [name, keys.tolist(), position, has_gauss, cached],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def trained_weights(model: PeftModel, dist: Dist) -> dict[str, torch.Tensor]:
+    """The trained parameters (adapter and head copy) as whole CPU tensors. Under FSDP it gathers the shards: every
+    process calls it, in the same order."""
+    trained = {key for key, p in model.named_parameters() if p.requires_grad}
+    return dist.full_tensors({k: v for k, v in model.state_dict().items() if k in trained})
+
+
+def save_checkpoint(run_dir: Path, iteration: int, models: dict[str, PeftModel], state: dict[str, Any],
+                    history_lines: list[str], rng: dict[str, Any] | None = None) -> Path:
+    """Write checkpoint `iter_{iteration}` atomically and point `latest` at it: the trainer's `state`
+    (`PPOTrainer.state_dict()`), its "weights" as one PEFT adapter folder per model (what `evaluate` reads), the rest
+    with the RNG states (`rng`, by default the current ones) in state.pt, and the history so far. A full disk is a
+    `RunError` naming the latest good checkpoint, the partial folder removed."""
+    root = run_dir / CHECKPOINTS
+    final = root / checkpoint_name(iteration)
+    try:
+        # an existing `final`: a checkpoint of the same iteration from a run that was killed after writing it
+        with atomic_directory(final) as tmp:
+            for name, model in models.items():
+                model.save_pretrained(tmp / name, state_dict=state["weights"][name])
+            rest = {key: value for key, value in state.items() if key != "weights"}
+            with open(tmp / "state.pt", "wb") as handle:  # a Python file: a full disk is an OSError, not torch's
+                torch.save({"iteration": iteration, "trainer": rest, "rng": rng or rng_state()}, handle)
+            (tmp / "history.jsonl").write_text("".join(history_lines))
+        atomic_write_text(root / LATEST, final.name + "\n")
+    except Exception as error:
+        if not disk_full(error):
+            raise
+        clean_partial_writes(run_dir)
+        last = latest_checkpoint(run_dir, tuple(models))
+        good = f"the latest good checkpoint is {last.name}" if last else "no checkpoint was written before it"
+        raise RunError(f"no space left on device writing {final}; {good}") from None
+    return final
+
+
+def prune_checkpoints(run_dir: Path, keep: int, newest: int, models: tuple[str, ...]) -> list[Path]:
+    """Delete the complete checkpoints older than the `keep` newest up to iteration `newest` (the one just written,
+    never deleted; any after it are a killed run's, about to be written again); `keep` 0 deletes none. Each is renamed
+    aside first (`.NAME.old-PID`, what clean_partial_writes removes), so a kill mid-delete never leaves half of one
+    that looks like a checkpoint. Returns the deleted ones."""
+    if keep == 0:
+        return []
+    older = [folder for iteration, folder in list_checkpoints(run_dir, models) if iteration <= newest][:-keep]
+    for folder in older:
+        aside = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        os.replace(folder, aside)
+        shutil.rmtree(aside)
+    return older
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def is_complete(folder: Path, models: tuple[str, ...] | None = None) -> bool:
+    """The files evaluation needs (state.pt + the policy adapter), or, given the names of the trained `models`,
+    every file a resumed run needs (their adapters + history.jsonl). A folder half-deleted by a killed run is not
+    complete."""
+    names = ["state.pt"] + [f"{m}/{f}" for m in (models or ("policy",)) for f in ADAPTER_FILES]
+    names += ["history.jsonl"] if models else []
+    return all((Path(folder) / name).is_file() for name in names)
+
+
+def latest_checkpoint(run_dir: Path, models: tuple[str, ...] | None = None) -> Path | None:
+    """The checkpoint `latest` names; if the pointer is missing or names an incomplete folder (a run killed
+    between renaming its first checkpoint into place and writing the pointer), the newest complete one."""
+    pointer = Path(run_dir) / CHECKPOINTS / LATEST
+    if pointer.is_file():
+        name = pointer.read_text().strip()
+        folder = pointer.parent / name
+        if name.startswith("iter_") and is_complete(folder, models):
+            return folder
+    found = list_checkpoints(run_dir, models)
+    return found[-1][1] if found else None
+
+
+def list_checkpoints(run_dir: Path, models: tuple[str, ...] | None = None) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    found = []
+    for folder in sorted(root.glob("iter_*")) if root.is_dir() else []:
+        suffix = folder.name.split("_", 1)[1]
+        if suffix.isdigit() and is_complete(folder, models):
+            found.append((int(suffix), folder))
+    return found
+
+
+def clean_partial_writes(run_dir: Path) -> list[Path]:
+    """Remove what a killed run left half-written or set aside (files.py): `.NAME.tmp-PID` and `.NAME.old-PID` files
+    and folders. Never needed for correctness (nothing reads them), only to keep the run directory clean; returns
+    them."""
+    run_dir = Path(run_dir)
+    leftovers = [path for folder in (run_dir, run_dir / CHECKPOINTS) for pattern in (".*.tmp-*", ".*.old-*")
+                 for path in folder.glob(pattern)]
+    for path in leftovers:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return leftovers
+
+
+def load_checkpoint(folder: Path, models: tuple[str, ...]) -> tuple[int, dict[str, Any], list[str]]:
+    """(iterations done, the trainer's state for `PPOTrainer.load_state_dict`, the history lines) of a checkpoint
+    with adapters for `models`; the RNG states are restored in place."""
+    weights = {}
+    for name in models:
+        path = folder / name / "adapter_model.safetensors"
+        if not path.is_file():
+            raise UsageError(f"checkpoint {folder} has no {name} adapter")
+        weights[name] = load_file(path)
+    try:
+        saved = torch.load(folder / "state.pt", weights_only=True)
+    except Exception as error:  # truncated or foreign file: unpickling errors of many types
+        raise UsageError(f"checkpoint {folder}: state.pt is not readable ({type(error).__name__})") from error
+    set_rng_state(saved["rng"])
+    history = (folder / "history.jsonl").read_text().splitlines(keepends=True)
+    return saved["iteration"], {**saved["trainer"], "weights": weights}, history
+
+
+def load_adapter(model: PeftModel, weights: dict[str, torch.Tensor], mismatch: str) -> None:
+    """Copy saved adapter `weights` into `model`; under FSDP, into this process's shards of them."""
+    if not any(is_sharded(p) for p in model.parameters()):
+        result = set_peft_model_state_dict(model, weights)
+        if getattr(result, "unexpected_keys", None):
+            raise UsageError(mismatch)
+        return
+    live = get_peft_model_state_dict(model)  # views of the parameters, keyed as saved
+    if set(live) != set(weights):
+        raise UsageError(mismatch)
+    with torch.no_grad():
+        for key, target in live.items():
+            target.copy_(as_shard_of(target, weights[key]) if is_sharded(target) else weights[key])

@@ -1,0 +1,397 @@
+"""`TrainConfig`: every setting of a PPO run, one docstring per field (the help text of its flag and its comment
+in the saved `config.yaml`), and the checks that reject bad values before anything is loaded: each field's type
+hint says what it accepts (`PositiveInt`, `Literal[...]`), and `validate` checks the relations between fields."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+
+from ppo_rlhf.config import (
+    UNIT_INTERVAL,
+    Bounds,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Seed,
+    check_value,
+    field_types,
+)
+from ppo_rlhf.errors import UsageError, require
+
+if TYPE_CHECKING:
+    import torch
+
+# The dtype settings, here rather than in precision.py (which imports torch): commands check their flags before torch
+# loads.
+DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPE_NAMES: tuple[str, ...] = get_args(DtypeName)
+TrackerName = Literal["tensorboard", "wandb", "trackio", "all", "none"]
+
+
+@dataclass
+class TrainConfig:
+    # --- models and data
+    policy_model: str = "smollm2"
+    """Policy to train: a Hugging Face id, a local folder, a .gguf file, or "smollm2" (offline default)."""
+    reward_model: str | None = None
+    """Reward model (frozen): a folder written by `ppo-rlhf reward-model train` or any sequence-classification model
+    with one output; the first of the run's rewards (reward_funcs add more; null: reward_funcs alone). When it is the
+    run's only reward model and uses the policy's tokenizer, it also initialises the value model (value_model null)."""
+    init_score_head: bool = False
+    """Accept a reward or value model without a trained score head (e.g. a plain causal LM such as the policy's own
+    folder) and give it a randomly initialised one-output head: every reward is then noise (for speed tests only; the
+    value model's copy of the head trains, the reward's stays random). Off: such a model is refused."""
+    reward_funcs: list[str] = field(default_factory=list)
+    """More rewards, summed with the reward model's (weights: reward_weights): "path.py:function" or
+    "module:function" (a Python function f(prompts, completions, completion_ids, **columns) -> list[float | None]), or a
+    reward-model folder or hub id (it may use another tokenizer than the policy: it scores texts). The API also takes
+    callables and loaded models (`PPOTrainer(config, reward_funcs=[...])`); config.yaml records their names."""
+    reward_weights: list[float] | None = None
+    """Weight of each reward, in order: reward_model (if set), then reward_funcs; a sample's reward is the weighted
+    sum of those that are not None for it. null: every weight 1."""
+    value_model: str | None = None
+    """Initialisation of the value model (GAE): a sequence-classification folder or hub id using the policy's tokenizer.
+    null: the reward model when the run has exactly one and it uses the policy's tokenizer (the chapter's), else the
+    policy's base model with a new zero-initialised score head (a cold critic: see critic_warmup_iterations)."""
+    prompts: str | None = None
+    """Training prompts: a JSONL/JSON/CSV/Parquet file, a `datasets` save_to_disk folder or a hub dataset id (see
+    `ppo-rlhf prompts`); the API also takes `train_dataset=`. Other columns reach the reward functions."""
+    prompt_column: str = "prompt"
+    """The prompts' column: a string, or a list of chat messages ({"role": ..., "content": ...})."""
+    out: str = "runs/ppo"
+    """Run directory: config, history, token table, TensorBoard and checkpoints go here."""
+    overwrite: bool = False
+    """Replace an existing run directory instead of refusing to touch it."""
+    trust_remote_code: bool = False
+    """Allow model code from the model's repository (off unless you trust it)."""
+    seed: Seed = 1
+    """Seed of every random number: prompt order, sampling, initialisation of the LoRA adapters."""
+    device: str = "auto"
+    """"auto" (CUDA if available, else CPU), "cpu", "cuda" or "cuda:N"."""
+    dtype: DtypeName = "auto"
+    """Storage and matmul dtype of the frozen base weights: "auto" (bfloat16 where the CPU has AVX512-BF16/AMX-BF16 or
+    the GPU supports bf16, else float32), "bfloat16", "float16" (GPU) or "float32" (the chapter's run, bit-exact). LoRA,
+    score heads, optimiser states, log-probs, KL, GAE and losses are fp32 in every case."""
+    # --- the loop
+    iterations: PositiveInt = 20
+    """PPO iterations; each samples `batch_size` fresh replies."""
+    batch_size: PositiveInt = 32
+    """Replies per iteration: batch_size // group_size prompts, group_size replies to each."""
+    minibatch_size: PositiveInt = 16
+    """Replies per optimiser step."""
+    micro_batch_size: NonNegativeInt = 0
+    """Replies per forward/backward pass inside a minibatch (gradient accumulation, the per-token mean kept exact); 0 =
+    the whole minibatch."""
+    score_batch_size: NonNegativeInt = 0
+    """Replies per forward pass when scoring (log-probs, values, rewards; no gradients, so no activations are kept and
+    larger passes cost little memory); 0 = micro_batch_size."""
+    epochs: PositiveInt = 2
+    """Passes over each batch (the chapter's K)."""
+    # --- sampling
+    temperature: PositiveFloat = 0.7
+    """Sampling temperature; the same temperature divides the logits in every log-probability (detail 4)."""
+    top_p: Annotated[float, Bounds(low=0, high=1, low_open=True)] = 1.0
+    """Nucleus sampling; 1.0 samples from the full tempered distribution, as PPO's log-probs assume."""
+    max_new_tokens: PositiveInt = 128
+    """Reply cap in tokens; a reply without EOS by then is unfinished."""
+    max_prompt_tokens: PositiveInt = 512
+    """Longest chat-templated training prompt in tokens; a longer one is an error naming its line (prompt +
+    max_new_tokens must also fit the models' context)."""
+    generation_batch_size: NonNegativeInt = 0
+    """Prompts per generate call; 0 = the whole batch."""
+    generation_drop_finished: bool = False
+    """Drop finished rows while decoding (hf backend): after each step the replies that emitted EOS leave the batch
+    and its KV cache (ppo_rlhf/models/decode.py) instead of being stepped with pad until the longest reply ends. The
+    same random numbers, so the same tokens wherever the smaller batch's matmuls round as the whole batch's did (float32
+    on SmolLM2 at batch 8 and on tiny models: always); bench/generation_drop.py measures the speed."""
+    generation_backend: Literal["hf", "vllm"] = "hf"
+    """"hf" (Hugging Face generate on the policy) or "vllm" (a vLLM engine in its own process and environment, `make
+    venv-vllm`; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
+    old_logprobs: Literal["recompute", "generation"] = "recompute"
+    """Where log pi_old and the entropy come from: "recompute" (one more forward of the policy after sampling; the first
+    ratio is 1 and the first KL 0 to float rounding) or "generation" (recorded from the logits `generate` computes: one
+    policy forward fewer per iteration, equal to recompute within ~1e-6 in float32; hf backend only)."""
+    tis_cap: NonNegativeFloat = 0.0
+    """Truncated importance sampling (Yao et al. 2025): weight each token's policy loss by min(pi_old / pi_rollout,
+    tis_cap), pi_rollout the probability generate sampled the token with (bf16 generation and the training forward
+    differ); 0 = off. Needs old_logprobs recompute and generation_backend hf."""
+    # --- rewards
+    reward_norm_samples: PositiveInt = 192
+    """Start-policy replies used to measure the mean and std that normalise the reward model's score (detail 1)."""
+    eos_rule: bool = True
+    """Give a reply that never emitted EOS within the cap the fixed score `unfinished_score` (the EOS trick, detail 3).
+    """
+    unfinished_score: float = -1.0
+    """Normalised score of an unfinished reply under the EOS rule."""
+    beta: NonNegativeFloat = 0.05
+    """Per-token KL penalty coefficient against the reference (adapter off)."""
+    adaptive_kl: bool = False
+    """Adapt beta towards `kl_target` with Ziegler et al.'s proportional controller."""
+    kl_target: PositiveFloat = 6.0
+    """Target KL (nats per reply) of the adaptive controller."""
+    kl_horizon: PositiveInt = 10000
+    """Horizon (in replies) of the adaptive controller."""
+    kl_in: Literal["reward", "loss"] | None = None
+    """Where the KL penalty goes: "reward" (-beta * KL_t on every reply token's reward, the chapter's) or "loss" (beta *
+    KL_t of the current policy added to the policy loss, GRPO's); null = "loss" for grpo, "reward" otherwise."""
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    """Per-token KL estimate: k1 = log pi - log pi_ref, k2 = 0.5 (log pi - log pi_ref)^2, k3 = pi_ref/pi - 1 -
+    log(pi_ref/pi); null = k3 with kl_in loss, k1 in the reward (unbiased: the principled choice there). In the loss
+    (in expectation on the policy's own samples) k1's gradient is zero, so it is refused there; k2's is the gradient of
+    KL(pi || pi_ref) and k3's the gradient of KL(pi_ref || pi)."""
+    whiten_rewards: bool = False
+    """Whiten the per-token rewards before GAE (detail 7; optional, off)."""
+    # --- advantages and losses
+    gamma: Annotated[float, UNIT_INTERVAL] = 1.0
+    """Discount in GAE."""
+    lam: Annotated[float, UNIT_INTERVAL] = 0.95
+    """GAE lambda of the advantages (and of the value targets unless critic_lam is set)."""
+    critic_lam: Annotated[float, UNIT_INTERVAL] | None = None
+    """GAE lambda of the value targets (returns); null = lam. VC-PPO/VAPO use 1.0 (unbiased targets for the critic) with
+    a lower lam for the advantages."""
+    lam_length_alpha: PositiveFloat | None = None
+    """Length-adaptive lambda of the advantages (VAPO): lam = 1 - 1 / (alpha * reply length) per reply, so a long
+    reply's first tokens still see its score; null = the fixed lam. VAPO: 0.05."""
+    clip_range: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.2
+    """PPO clip range epsilon: ratios are clipped to [1-eps, 1+eps]."""
+    clip_range_low: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] | None = None
+    """Lower clip range: ratios are clipped from below at 1 - clip_range_low; null = clip_range."""
+    clip_range_high: PositiveFloat | None = None
+    """Upper clip range: ratios are clipped from above at 1 + clip_range_high; null = clip_range. DAPO's clip-higher:
+    0.28 with clip_range 0.2."""
+    dual_clip: Annotated[float, Bounds(low=1, low_open=True)] | None = None
+    """Dual-clip c > 1 (Ye et al. 2020): a token with a negative advantage loses at most c * |A|, however far its ratio
+    has grown; null = off. Usually 3."""
+    value_clip_range: PositiveFloat = 0.2
+    """Value clip range: the value may move at most this far from its old estimate per batch."""
+    entropy_coef: NonNegativeFloat = 0.0
+    """Entropy bonus c2 (usually 0 in RLHF)."""
+    loss_aggregation: Literal["token", "sequence"] = "token"
+    """"token": mean over all reply tokens of the minibatch (detail 8); "sequence": mean per reply, then over replies.
+    """
+    advantage_estimator: Literal["gae", "rloo", "grpo"] = "gae"
+    """"gae": GAE with a value model (PPO); "rloo": REINFORCE leave-one-out baseline over the group_size replies to a
+    prompt (Chapter 6, no value model); "grpo": group-normalised rewards (no value model)."""
+    group_size: PositiveInt = 1
+    """Replies sampled per prompt (consecutive rows of a batch); rloo and grpo need >= 2."""
+    grpo_eps: PositiveFloat = 1e-6
+    """Added to the group std in GRPO's normalisation."""
+    critic_warmup_iterations: NonNegativeInt = 0
+    """Iterations at the start that train only the value model on fresh rollouts (the policy does not move), so the
+    policy's first advantages come from a critic that has learnt something (GAE only). The policy's learning-rate
+    schedule (its warm-up included) runs over the iterations after these; the value model's over all of them."""
+    policy_start_ev: Annotated[float, Bounds(high=1)] | None = None
+    """After critic_warmup_iterations, keep training only the value model until a batch's explained variance reaches
+    this; the policy trains from then on (null: no gate; GAE only). How long the gate holds is not known in advance:
+    the policy's learning-rate schedule counts on iterations - critic_warmup_iterations policy iterations, so each
+    iteration the gate adds leaves a linear or cosine schedule one iteration short of its end (its last LR above 0)."""
+    # --- optimisers
+    policy_lr: PositiveFloat = 2e-5
+    """AdamW learning rate of the policy's LoRA adapter."""
+    value_lr: PositiveFloat = 5e-5
+    """AdamW learning rate of the value model's LoRA adapter and score head."""
+    adam_eps: PositiveFloat = 1e-5
+    """Adam epsilon (detail 9)."""
+    max_grad_norm: PositiveFloat = 1.0
+    """Gradient norm clip, applied to each model separately (detail 9)."""
+    lora_rank: PositiveInt = 16
+    """LoRA rank of the policy and value adapters (all seven linear layers of every block)."""
+    lora_alpha: PositiveFloat = 32.0
+    """LoRA alpha (scale = alpha / rank)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule of both optimisers, stepped per optimiser step: constant, linear (to 0) or cosine (to 0)
+    over the run."""
+    warmup_iterations: NonNegativeInt = 0
+    """Iterations of linear learning-rate warm-up at the start of the schedule."""
+    # --- PPO-ptx (section 8.12)
+    ptx_coef: NonNegativeFloat = 0.0
+    """Coefficient of the language-modelling loss on ptx_data added to every policy step (InstructGPT's PPO-ptx); 0 =
+    off."""
+    ptx_data: str | None = None
+    """Texts for the ptx loss: a JSONL file of {"text": ...} lines or a text file with one text per line (null: none).
+    """
+    ptx_batch_size: PositiveInt = 8
+    """Texts per optimiser step in the ptx loss (cycling through ptx_data)."""
+    ptx_max_tokens: Annotated[int, Bounds(low=2)] = 256
+    """Each ptx text is cut to this many tokens."""
+    # --- speed and memory
+    threads: NonNegativeInt = 0
+    """CPU threads of torch's operations (torch.set_num_threads, at the start of the run); 0 = torch's default (one per
+    core, or OMP_NUM_THREADS). Lower it when other jobs share the cores: threads that wait for each other on a loaded
+    machine cost far more than they gain (a loaded 2-core machine: 145 s with the default, 29 s with 1)."""
+    logprob_chunk: NonNegativeInt = 64
+    """Positions per chunk of the LM head when computing log-probs (never the full-vocabulary log-softmax at once); 0 =
+    one pass."""
+    logprob_chunk_mb: NonNegativeFloat = 128.0
+    """At most this many MB of fp32 logits per chunk: fewer positions per chunk for many rows x a wide vocabulary; 0 =
+    no limit."""
+    padding_free: bool = False
+    """Scoring and update passes (log-probs, reference, values, reward scores) run each micro-batch's real tokens packed
+    into one row, attention block-diagonal causal, instead of right-padded rows: no work on padding, the same numbers
+    to float rounding (llama and qwen2 models)."""
+    # --- observability and checkpoints
+    checkpoint_every: PositiveInt = 10
+    """Save a checkpoint every N iterations (and always at the end)."""
+    keep_last_checkpoints: NonNegativeInt = 0
+    """Keep only the newest N checkpoints, deleting older ones as each new one is written (0 = keep all). A SmolLM2
+    checkpoint takes about 113 MB; `evaluate` scores the checkpoints that are kept."""
+    sample_every: PositiveInt = 5
+    """Write sample replies every N iterations to samples.jsonl (and show one)."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars under RUN_DIR/tb (false drops "tensorboard" from report_to; kept for older configs)."""
+    report_to: list[TrackerName] = field(default_factory=lambda: ["tensorboard"])
+    """Trackers that receive every iteration's numbers: tensorboard (RUN_DIR/tb), wandb (`pip install
+    'ppo-rlhf[wandb]'`), trackio (`'ppo-rlhf[trackio]'`); "all" the installed ones; "none" or [] none."""
+    log_completions_every: NonNegativeInt = 10
+    """Every N iterations, the batch's prompts, completions and each reward go to RUN_DIR/completions.jsonl and the
+    trackers; 0 = never."""
+    push_to_hub: str | None = None
+    """After training, upload the policy (a PEFT adapter folder with a model card) to this hub repository id."""
+    resume: bool = False
+    """Continue the run in `out` from its latest checkpoint (the CLI: `--resume RUN_DIR`); a run without one starts
+    from iteration 0."""
+    max_skipped_steps: PositiveInt = 3
+    """Stop after this many consecutive skipped (non-finite) optimiser steps; the last good checkpoint stays."""
+    quiet: bool = False
+    """No progress bar and no dashboard lines on stdout (history.jsonl is still written)."""
+
+    def __post_init__(self) -> None:
+        """Built in Python (`PPOConfig(...)`), a config is checked as YAML keys and flags are: the same one-line
+        UsageError for the same bad value."""
+        for name in field_types(type(self)):  # paths as text (what YAML and flags give)
+            value = getattr(self, name)
+            if isinstance(value, list | tuple):
+                setattr(self, name, [os.fspath(item) if isinstance(item, os.PathLike) else item for item in value])
+            elif isinstance(value, os.PathLike):
+                setattr(self, name, os.fspath(value))
+        require(isinstance(self.policy_model, str), "policy_model: a loaded model goes to the trainer: "
+                "PPOTrainer(config, policy_model=model, processing_class=tokenizer)")
+        funcs = self.reward_funcs if isinstance(self.reward_funcs, list | tuple) else [self.reward_funcs]
+        require(all(isinstance(func, str) for func in funcs), "reward_funcs: functions and loaded models go to the "
+                "trainer: PPOTrainer(config, reward_funcs=[...]) (the config holds names: 'file.py:function', ...)")
+        for name, field_type in field_types(type(self)).items():
+            setattr(self, name, check_value(name, getattr(self, name), field_type))
+        self.validate()
+
+    def validate(self) -> None:
+        """What the field types cannot say: relations between fields. (Each field's own type, interval and choices are
+        checked by `ppo_rlhf.config.check_value` as it is read; `require_inputs` says what a run needs besides.)"""
+        require(self.minibatch_size <= self.batch_size,
+                f"minibatch_size ({self.minibatch_size}) must not exceed batch_size ({self.batch_size})")
+        require(self.batch_size % self.minibatch_size == 0,
+                f"batch_size ({self.batch_size}) must be a multiple of minibatch_size ({self.minibatch_size})")
+        require(self.micro_batch_size <= self.minibatch_size,
+                f"micro_batch_size ({self.micro_batch_size}) must not exceed minibatch_size ({self.minibatch_size})")
+        require(self.advantage_estimator == "gae" or self.group_size >= 2,
+                f"advantage_estimator {self.advantage_estimator} needs group_size >= 2 replies per prompt")
+        require(self.batch_size % self.group_size == 0,
+                f"batch_size ({self.batch_size} replies) must be a multiple of group_size ({self.group_size})")
+        require(self.warmup_iterations <= self.iterations,
+                f"warmup_iterations ({self.warmup_iterations}) must not exceed iterations ({self.iterations})")
+        require(self.warmup_iterations <= self.iterations - self.critic_warmup_iterations,
+                f"warmup_iterations ({self.warmup_iterations}) must not exceed the policy's iterations, those after "
+                f"the critic warm-up ({self.iterations} - {self.critic_warmup_iterations})")
+        require(self.ptx_coef == 0 or bool(self.ptx_data), "ptx_coef > 0 needs ptx_data (a file of texts)")
+        require(self.tis_cap == 0 or (self.old_logprobs == "recompute" and self.generation_backend == "hf"),
+                "tis_cap needs old_logprobs: recompute and generation_backend: hf (the rollout's own log-probs)")
+        require(self.has_value_model or (self.critic_warmup_iterations == 0 and self.policy_start_ev is None),
+                "critic_warmup_iterations and policy_start_ev need a value model (advantage_estimator gae)")
+        require(self.has_value_model or (self.critic_lam is None and self.lam_length_alpha is None),
+                "critic_lam and lam_length_alpha are GAE's lambdas (advantage_estimator gae)")
+        require(not (self.kl_placement == "loss" and self.kl_kind == "k1"),
+                "kl_in: loss with kl_estimator: k1 would do nothing: k1's gradient is zero in expectation on the "
+                "policy's own samples; use k2 or k3 in the loss (k1 belongs in the reward)")
+        require(self.old_logprobs == "recompute" or self.generation_backend == "hf",
+                "old_logprobs: generation needs generation_backend hf (vLLM's log-probs are never trusted)")
+        require(not self.generation_drop_finished or self.generation_backend == "hf",
+                "generation_drop_finished is a setting of generation_backend hf (vLLM schedules its own batches)")
+        if self.device not in ("auto", "cpu"):  # the others need torch: an unknown device or missing CUDA fails here
+            resolve_device(self.device)
+
+    @classmethod
+    def from_trl(cls, trl_config: Any, num_processes: int = 1, **ours: Any) -> TrainConfig:
+        """The settings of TRL 1.12's `PPOConfig` (the object or a dict of its fields) as a `PPOConfig`; `ours` sets
+        ppo-rlhf fields directly (policy_model, prompts, out, ...). A TRL field with no equivalent here is refused in
+        one line saying why (`ppo_rlhf.ppo.from_trl`, docs/from-trl.md)."""
+        from ppo_rlhf.ppo.from_trl import ppo_config_from_trl
+
+        return ppo_config_from_trl(trl_config, num_processes, **ours)
+
+    def require_inputs(self, dataset: bool = False) -> None:
+        """What a run cannot start without: a reward (reward_model or reward_funcs), one weight per reward, and prompts
+        (`prompts`, or the trainer's `train_dataset`). (The trainer's `reward_funcs` are in reward_funcs by then.)"""
+        require(self.reward_count > 0,
+                "reward_model or reward_funcs is required (a reward-model folder or id, or a reward function)")
+        require(self.reward_weights is None or len(self.reward_weights) == self.reward_count,
+                f"reward_weights has {len(self.reward_weights or [])} weights for {self.reward_count} rewards "
+                "(reward_model, if set, then each of reward_funcs)")
+        require(bool(self.prompts) or dataset, "prompts is required (a JSONL file, see `ppo-rlhf prompts`)")
+
+    def check_files(self) -> None:
+        """Every file and folder the config names exists and is of its kind. Called before the config is printed
+        and before torch or a model is loaded; the files' contents are checked as they are read."""
+        from ppo_rlhf.data import check_prompt_source
+        from ppo_rlhf.ppo.trackers import check_report_to
+        from ppo_rlhf.utils.paths import check_model_name, check_reward_spec, demo_output_hint, require_file
+
+        for name in ("policy_model", "reward_model", "value_model"):
+            if getattr(self, name) is not None:
+                try:
+                    check_model_name(getattr(self, name))
+                except UsageError as error:
+                    hint = demo_output_hint("--" + name.replace("_", "-"), getattr(self, name))
+                    raise UsageError(f"{name}: {error}{hint}") from None
+        for spec in self.reward_funcs:
+            try:
+                check_reward_spec(spec)
+            except UsageError as error:
+                raise UsageError(f"reward_funcs: {error}") from None
+        check_report_to(self.trackers)  # a tracker's missing package: one line now, not after the models load
+        if self.prompts is not None:
+            try:
+                check_prompt_source(self.prompts, self.prompt_column)
+            except UsageError as error:
+                raise UsageError(f"{error}{demo_output_hint('--prompts', self.prompts)}") from None
+        if self.ptx_data is not None:
+            require_file("ptx_data", self.ptx_data)
+
+    @property
+    def kl_placement(self) -> str:
+        """Where the KL penalty goes: kl_in, or its default (the loss for grpo, the reward otherwise)."""
+        return self.kl_in or ("loss" if self.advantage_estimator == "grpo" else "reward")
+
+    @property
+    def kl_kind(self) -> str:
+        """The per-token KL estimator: kl_estimator, or its default (k3 in the loss, k1 in the reward)."""
+        return self.kl_estimator or ("k3" if self.kl_placement == "loss" else "k1")
+
+    @property
+    def reward_count(self) -> int:
+        """How many rewards the config names: reward_model (if set) and each of reward_funcs."""
+        return int(bool(self.reward_model)) + len(self.reward_funcs)
+
+    @property
+    def trackers(self) -> list[str]:
+        """report_to, less "tensorboard" when the older `tensorboard: false` says so."""
+        return [name for name in self.report_to if self.tensorboard or name != "tensorboard"]
+
+    @property
+    def has_value_model(self) -> bool:
+        """Only GAE needs a critic; rloo and grpo neither load, train nor checkpoint one."""
+        return self.advantage_estimator == "gae"
+
+
+def resolve_device(name: str) -> torch.device:
+    import torch  # here, not at the top: a config is checked (and its files) before torch is imported
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown device {name!r}") from None
+    require(device.type != "cuda" or torch.cuda.is_available(), f"device {name!r} asked for, but CUDA is not available")
+    return device

@@ -1,0 +1,660 @@
+"""PPO for a causal language model against a reward model (sections 8.6-8.9): the algorithm, one iteration at a time.
+
+One iteration, in the order of the chapter's listing:
+  1. rollout      sample one reply per prompt with the current policy (temperature, token cap)
+  2. score        log pi_old, log pi_ref (same network, adapter off) and values, no gradients, logits / temperature;
+                  the reward model's score, normalised by start-policy replies, with the EOS rule
+  3. rewards      -beta * (log pi_old - log pi_ref) on every reply token, plus the score at the last one
+  4. advantages   GAE (gamma 1, lambda 0.95), whitened over reply tokens
+  5. update       K epochs x minibatches of the clipped policy loss and the clipped value loss, averaged over
+                  reply tokens; separate AdamW optimisers, gradient norm clipped to 1 for each model
+
+Steps 1-4 make one `Experience` (`make_experience`), step 5 reads it (`update`); the models act through their roles
+(`roles.py`: Actor, Critic, RewardModel) and the advantages through one strategy per estimator (`advantages.py`).
+The run around it (run directory, checkpoints, logging, resume, the `train` command) is in `train.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ppo_rlhf.data import PromptRow, load_prompt_rows
+from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.models.chat import chat_prompt_ids
+from ppo_rlhf.models.generation import make_generator
+from ppo_rlhf.models.loading import (
+    LoraSettings,
+    NoScoreHead,
+    add_policy_lora,
+    add_value_lora,
+    check_chat_tokenizer,
+    load_causal_lm,
+    load_tokenizer,
+    load_value_model,
+    loaded_causal_lm,
+    zero_head_classifier,
+)
+from ppo_rlhf.models.logprobs import first_reply_position
+from ppo_rlhf.models.precision import resolve_dtype
+from ppo_rlhf.models.rollout import Rollout
+from ppo_rlhf.parallel.distributed import current, is_sharded
+from ppo_rlhf.ppo.advantages import make_advantages
+from ppo_rlhf.ppo.checkpoint import load_adapter, trained_weights
+from ppo_rlhf.ppo.experience import Experience
+from ppo_rlhf.ppo.objectives import (
+    AdaptiveKLController,
+    clipped_policy_loss,
+    clipped_value_loss,
+    explained_variance,
+    kl_estimate,
+    kl_k3,
+    masked_sum,
+    normalise_loss,
+    per_token_rewards,
+    policy_token_weights,
+)
+from ppo_rlhf.ppo.ptx import PtxData, ptx_nll, ptx_targets, read_texts
+from ppo_rlhf.ppo.roles import Actor, Critic
+from ppo_rlhf.ppo.schedules import make_scheduler
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.rewards import (
+    CombinedReward,
+    ModelReward,
+    RewardScores,
+    is_reward_model_spec,
+    model_spec_name,
+    resolve_reward_funcs,
+)
+
+
+class PromptSampler:
+    """Prompts drawn without replacement, reshuffled when used up (detail 10)."""
+
+    def __init__(self, n_prompts: int, seed: int):
+        self.n_prompts = n_prompts
+        self.generator = np.random.default_rng(seed)
+        self.order = self.generator.permutation(n_prompts).tolist()
+        self.position = 0
+        self.reshuffles = 0
+
+    def next(self, count: int) -> list[int]:
+        chosen: list[int] = []
+        while len(chosen) < count:
+            if self.position == self.n_prompts:
+                self.order = self.generator.permutation(self.n_prompts).tolist()
+                self.position, self.reshuffles = 0, self.reshuffles + 1
+            take = min(count - len(chosen), self.n_prompts - self.position)
+            chosen += self.order[self.position : self.position + take]
+            self.position += take
+        return chosen
+
+    def state(self) -> dict[str, Any]:
+        return {"order": self.order, "position": self.position, "reshuffles": self.reshuffles,
+                "generator": self.generator.bit_generator.state}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.order, self.position, self.reshuffles = state["order"], state["position"], state["reshuffles"]
+        self.generator.bit_generator.state = state["generator"]
+
+
+# what update() reports (means over its optimiser steps; ratio_spread: the first minibatch's), besides skipped_steps
+UPDATE_STATS = ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac", "grad_norm_policy", "grad_norm_value",
+                "ptx_loss", "ratio_spread")
+# the order of an iteration's numbers in history.jsonl; "phase" is "critic-warmup" or "policy", "kl_used" names the
+# estimator and placement of "kl" (mean over replies of the summed per-token estimate at pi_old), e.g. "k1 in reward"
+HISTORY_ORDER = ("iteration", "phase", "score", "rm_raw", "kl", "kl_used", "len", "fin", "ent", "clipfrac",
+                 "approx_kl", "v_loss", "ev", "vclipfrac", "mismatch_kl", "ratio_spread", "pg_loss",
+                 "grad_norm_policy", "grad_norm_value", "ptx_loss", "lr", "beta", "skipped_steps", "time_gen",
+                 "time_score", "time_update", "time_total", "gen_tokens_per_s")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, cfg: TrainConfig) -> torch.optim.AdamW:
+    params = trainable_parameters(model)
+    # fused: one kernel for all parameters (CPU and CUDA); the per-tensor loop took ~4x as long over LoRA's many small
+    # factors (bench/README.md), with the same numbers to float rounding. Not under FSDP, whose optimiser mixes
+    # sharded (DTensor) and whole parameters, which the fused kernel refuses.
+    fused = not any(is_sharded(p) for p in params)
+    return torch.optim.AdamW(params, lr=lr, eps=cfg.adam_eps, weight_decay=0.0, fused=fused)
+
+
+def row_chunks(rows: list[int] | int, size: int) -> list[list[int]]:
+    rows = list(range(rows)) if isinstance(rows, int) else rows
+    return [rows[start : start + size] for start in range(0, len(rows), size)]
+
+
+def per_token_in_chunks(fn, rollout, size: int) -> tuple[torch.Tensor, ...]:
+    """Apply fn(input_ids, attention_mask) -> tuple of [b, l-1] tensors to row chunks of a rollout (each chunk
+    trimmed to its own longest row, so short replies cost no padding), then pad back to the batch width."""
+    width = rollout.action_mask.shape[1]
+    pieces: list[tuple[torch.Tensor, ...]] = []
+    for rows in row_chunks(len(rollout.prompts), size):
+        part = rollout.select(rows)
+        pieces.append(fn(part.input_ids, part.attention_mask))
+    pad = torch.nn.functional.pad
+    return tuple(torch.cat([pad(piece[k], (0, width - piece[k].shape[1])) for piece in pieces])
+                 for k in range(len(pieces[0])))
+
+
+def check_prompt_lengths(rows: list[PromptRow], tokenizer, models: list, max_new_tokens: int,
+                         max_prompt_tokens: int | None = None) -> None:
+    """Every chat-templated prompt of `rows` within `max_prompt_tokens` (training's cap; None: no cap), and prompt +
+    reply cap within every model's context: a UsageError naming the first row that is not. (Also `ppo-rlhf
+    evaluate`'s check; models without a config, like a word-count judge, have no context.)"""
+    contexts = [getattr(getattr(m, "config", None), "max_position_embeddings", None) for m in models]
+    context = min((c for c in contexts if isinstance(c, int) and c > 0), default=None)
+    for row in rows:
+        n = len(chat_prompt_ids(tokenizer, row.prompt))
+        require(max_prompt_tokens is None or n <= max_prompt_tokens,
+                f"{row.where}: the prompt has {n} tokens (chat-templated), more than "
+                f"max_prompt_tokens={max_prompt_tokens}")
+        require(context is None or n + max_new_tokens <= context,
+                f"{row.where}: the prompt ({n} tokens) + max_new_tokens={max_new_tokens} exceed the "
+                f"models' context of {context} tokens")
+
+
+INIT_HEAD_HINT = " (init_score_head: true starts from a random head on purpose)"
+
+
+class TrainingStopped(UsageError):
+    """Too many consecutive non-finite steps: the run stops, its last good checkpoint intact."""
+
+
+class PPOTrainer:
+    """The roles (an Actor, a Critic for GAE), the rewards, their optimisers and one iteration. In the chapter's
+    set-up two backbones hold the four models: the reference is the policy with its adapter off, the reward model
+    the value model with its adapter off.
+
+    `reward_funcs` (None: cfg.reward_funcs) are added after cfg.reward_model; `prompt_rows` (None: read from
+    cfg.prompts); `policy` a loaded causal LM to train instead of loading cfg.policy_model, `tokenizer` its tokenizer
+    (None: cfg.policy_model's). The public, documented entry point is `ppo_rlhf.PPOTrainer` (api.py)."""
+
+    def __init__(self, cfg: TrainConfig, reward_funcs: list | None = None, prompt_rows: list[PromptRow] | None = None,
+                 policy: torch.nn.Module | None = None, tokenizer=None):
+        self.cfg = cfg
+        if cfg.threads:  # before the models load; 0 keeps torch's default
+            torch.set_num_threads(cfg.threads)
+        self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
+        self.device = self.dist.device(cfg.device)
+        self.prompt_rows = prompt_rows if prompt_rows is not None else load_prompt_rows(cfg.prompts, cfg.prompt_column)
+        self.prompts = [row.prompt for row in self.prompt_rows]
+        self.batch: tuple[list, list[dict]] = ([], [])  # the prompts being scored and their rows' other columns
+        self.reward_scores: RewardScores | None = None  # the last batch's rewards, by function
+        seed_everything(cfg.seed)
+        self.advantages = make_advantages(cfg, self.dist)
+        self._load_roles(list(cfg.reward_funcs) if reward_funcs is None else list(reward_funcs), policy, tokenizer)
+        self.schedulers = self._make_schedulers()
+        self.ptx = None
+        if cfg.ptx_coef > 0:
+            self.ptx = PtxData(read_texts(cfg.ptx_data), self.tokenizer, cfg.ptx_batch_size, cfg.ptx_max_tokens,
+                               cfg.seed + 2)
+        self.generator = make_generator(cfg, self.policy, self.tokenizer)
+        self.policy_version, self.synced_version = 0, -1  # optimiser steps taken / copied into the generator
+        self.dist.diverge_rngs(cfg.seed)  # identical initial weights everywhere; now different samples per process
+        self.sampler = PromptSampler(len(self.prompts), cfg.seed)
+        self.beta = cfg.beta
+        self.kl_controller = AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl else None
+        self.reward_mean, self.reward_std = 0.0, 1.0
+        self.consecutive_skips = 0
+        self.policy_started = False  # set once past the critic warm-up (`phase`), checkpointed
+
+    def _load_roles(self, reward_funcs: list, policy: torch.nn.Module | None, tokenizer) -> None:
+        """The policy (Actor), the value model (Critic, GAE only; see `_critic_source`) and the rewards: reward_model
+        then `reward_funcs`, combined. The critic-free estimators with reward functions alone load only the policy."""
+        cfg, remote = self.cfg, self.cfg.trust_remote_code
+        dtype = self.dtype = resolve_dtype(cfg.dtype, self.device)  # the frozen weights'; trained ones stay fp32
+        lora = LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+        if tokenizer is None:
+            tokenizer = load_tokenizer(cfg.policy_model, trust_remote_code=remote)
+        self.tokenizer = check_chat_tokenizer(tokenizer, cfg.policy_model)
+        specs = [*([cfg.reward_model] if cfg.reward_model else []), *reward_funcs]
+        source = self._critic_source(specs)  # (its tokenizer is read before any weights load)
+        base = load_causal_lm(cfg.policy_model, dtype, remote) if policy is None else loaded_causal_lm(policy, dtype)
+        # a cold critic copies the policy's base before LoRA wraps it
+        cold = None
+        if self.advantages.needs_critic and not source:
+            cold = zero_head_classifier(base, self.tokenizer, dtype)
+        self.policy = add_policy_lora(base, lora).to(self.device)
+        self.critic = None
+        if self.advantages.needs_critic:
+            try:
+                value = load_value_model(source, lora, dtype=dtype, trust_remote_code=remote,
+                                         init_score_head=cfg.init_score_head) if source else add_value_lora(cold, lora)
+            except NoScoreHead as error:
+                field = "value_model" if source == cfg.value_model else "reward_model"
+                raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
+            value_tokenizer = load_tokenizer(source, trust_remote_code=remote) if source else self.tokenizer
+            self.critic = Critic(value.to(self.device), value_tokenizer, None, cfg.padding_free)
+        # the reward model the critic was initialised from scores through it, adapter off (one copy of its weights)
+        shared = source if source in specs and source != cfg.value_model else None
+        specs = [ModelReward.from_scorer(self.critic, model_spec_name(spec), self.score_size) if spec == shared
+                 else spec for spec in specs]
+        try:
+            funcs = resolve_reward_funcs(specs, dtype=dtype, device=self.device, trust_remote_code=remote,
+                                         batch_size=self.score_size, init_score_head=cfg.init_score_head)
+        except NoScoreHead as error:
+            field = "reward_model" if cfg.reward_model and cfg.reward_model in str(error) else "reward_funcs"
+            raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
+        self.rewards = CombinedReward(funcs, cfg.reward_weights)
+        frozen = [f.model for f in funcs if isinstance(f, ModelReward) and f.scorer is not self.critic]
+        critic_model = [self.critic.model] if self.critic else []
+        check_prompt_lengths(self.prompt_rows, self.tokenizer, [self.policy, *critic_model, *frozen],
+                             cfg.max_new_tokens, cfg.max_prompt_tokens)
+        require(not (self.dist.fsdp and cfg.generation_backend != "hf"),
+                "FSDP shards the policy's layers: use generation_backend: hf (vLLM needs the whole policy per process)")
+        for model in (self.policy, *critic_model, *frozen):  # FSDP: each process keeps a shard of every layer
+            self.dist.shard_model(model)
+        self.actor = Actor(self.policy, self.gradient_step(self.policy, cfg.policy_lr), cfg)
+        if self.critic is not None:
+            self.critic.step = self.gradient_step(self.critic.model, cfg.value_lr)
+        # the one reward model's scorer (the critic when it is both), or None
+        scorers = [f.scorer for f in funcs if isinstance(f, ModelReward)]
+        self.reward_model = scorers[0] if len(scorers) == 1 else None
+        self.value_model = self.critic.model if self.critic else None
+        # the trained roles by checkpoint folder name: each backward, step and optimiser state goes through them
+        self.roles = {"policy": self.actor, **({"value": self.critic} if self.critic else {})}
+
+    def _critic_source(self, specs: list) -> str | None:
+        """What the value model starts from (GAE only): value_model; else the run's one reward model when it is
+        named (not a loaded object) and uses the policy's tokenizer (the chapter's: its adapter off is the reward
+        model); else None, the policy's base with a new zero-initialised head."""
+        cfg, remote = self.cfg, self.cfg.trust_remote_code
+        if not self.advantages.needs_critic:
+            return None
+        if cfg.value_model is not None:
+            vocab = load_tokenizer(cfg.value_model, trust_remote_code=remote).get_vocab()
+            require(vocab == self.tokenizer.get_vocab(), f"value_model {cfg.value_model} reads every position of "
+                    "the policy's sequences, so it must use the policy's tokenizer")
+            return cfg.value_model
+        models = [spec for spec in specs if is_reward_model_spec(spec)]
+        if len(models) == 1 and isinstance(models[0], str):
+            vocab = load_tokenizer(models[0], trust_remote_code=remote).get_vocab()
+            if vocab == self.tokenizer.get_vocab():
+                return models[0]
+        return None
+
+    def gradient_step(self, model: torch.nn.Module, lr: float):
+        """loss -> summed over processes -> clipped -> optimiser step (through DeepSpeed when launched so)."""
+        return self.dist.gradient_step(model, make_optimizer(model, lr, self.cfg), self.cfg.max_grad_norm)
+
+    @property
+    def micro_size(self) -> int:
+        return self.cfg.micro_batch_size or self.cfg.minibatch_size
+
+    @property
+    def score_size(self) -> int:
+        return self.cfg.score_batch_size or self.micro_size
+
+    @property
+    def models(self) -> dict[str, torch.nn.Module]:
+        """The trained models by checkpoint folder name (no "value" for the critic-free estimators)."""
+        return {name: role.model for name, role in self.roles.items()}
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {name: role.step.optimizer for name, role in self.roles.items()}
+
+    @property
+    def policy_optimizer(self) -> torch.optim.Optimizer:
+        return self.actor.step.optimizer
+
+    @property
+    def value_optimizer(self) -> torch.optim.Optimizer | None:
+        return self.critic.step.optimizer if self.critic else None
+
+    def _make_schedulers(self) -> dict[str, Any]:
+        """LambdaLR per optimiser, stepped per optimiser step; none for the constant schedule without warm-up. Each is
+        sized over its own optimiser's steps: the policy takes none during the critic warm-up, so its schedule (warm-up
+        included) starts after critic_warmup_iterations and still reaches its end at the last iteration."""
+        cfg = self.cfg
+        if cfg.lr_schedule == "constant" and cfg.warmup_iterations == 0:
+            return {}
+        steps = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)  # optimiser steps per iteration
+        iterations = {"policy": cfg.iterations - cfg.critic_warmup_iterations, "value": cfg.iterations}
+        return {name: make_scheduler(opt, cfg.lr_schedule, cfg.warmup_iterations * steps, iterations[name] * steps)
+                for name, opt in self.optimizers.items()}
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs besides the RNG states: trained weights (whole tensors), each gradient
+        step's optimiser state, schedulers, prompt order, KL coefficient and counters. A collective under FSDP and
+        DeepSpeed (shards and partitions are gathered): every process calls it."""
+        return {
+            "weights": {name: trained_weights(model, self.dist) for name, model in self.models.items()},
+            "optimizers": {name: role.step.state_dict() for name, role in self.roles.items()},
+            "schedulers": {name: scheduler.state_dict() for name, scheduler in self.schedulers.items()},
+            "sampler": self.sampler.state(),
+            "beta": self.beta,
+            "consecutive_skips": self.consecutive_skips,
+            "policy_started": self.policy_started,
+            "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
+            "ptx": self.ptx.state() if self.ptx else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A saved `state_dict` into this trainer (into FSDP shards and DeepSpeed partitions too)."""
+        for name, model in self.models.items():  # the weights first: DeepSpeed refreshes its master copy from them
+            load_adapter(model, state["weights"][name], f"its {name} adapter does not fit this model")
+        for name, role in self.roles.items():
+            role.step.load_state_dict(state["optimizers"][name])
+        for name, scheduler in self.schedulers.items():
+            require(name in state["schedulers"], f"it has no {name} learning-rate scheduler state")
+            scheduler.load_state_dict(state["schedulers"][name])
+        self.sampler.load(state["sampler"])
+        self.beta, self.consecutive_skips = state["beta"], state["consecutive_skips"]
+        self.policy_started = state.get("policy_started", True)  # checkpoints from before the warm-up option
+        if self.kl_controller is not None:
+            self.kl_controller.load_state_dict(state["kl_controller"])
+        if self.ptx is not None and state["ptx"] is not None:
+            self.ptx.load(state["ptx"])
+
+    # ----------------------------------------------------------------------------------------- 1. rollout
+    def rollout(self, prompts: list[str]) -> Rollout:
+        # token ids from the backend (generation.py); score() recomputes the log-probs the rollout does not carry
+        if self.synced_version != self.policy_version:  # the policy changed since the engine last copied it
+            self.generator.sync(self.policy)
+            self.synced_version = self.policy_version
+        return self.generator.generate(prompts)
+
+    def raw_scores(self, rollout: Rollout) -> torch.Tensor:
+        """The combined reward of each reply [B] (float32, CPU); each function's values are kept in `reward_scores`.
+        The reward functions see the other columns of each prompt's row when the rollout is of `batch_prompts`."""
+        prompts, columns = self.batch
+        if prompts != rollout.prompts:  # a rollout of other prompts (tests, `check`): no columns
+            columns = [{} for _ in rollout.prompts]
+        self.reward_scores = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.reply_ids, columns)
+        return self.reward_scores.total
+
+    def reward_means(self) -> dict[str, float]:
+        """Each reward's mean over the last batch's replies it scored ("reward/<name>"; nan where it scored none),
+        averaged over processes."""
+        values = self.reward_scores.by_function if self.reward_scores is not None else {}
+        means = {f"reward/{name}": float(np.mean([v for v in scored if v is not None] or [np.nan]))
+                 for name, scored in values.items()}
+        return {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
+
+    def batch_prompts(self, rows: list[int]) -> list:
+        """The prompts of dataset rows `rows`, remembered with their other columns for the reward functions."""
+        prompts = [self.prompts[i] for i in rows]
+        self.batch = (prompts, [self.prompt_rows[i].columns for i in rows])
+        return prompts
+
+    def measure_reward_norm(self) -> dict[str, float]:
+        """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
+        n = self.cfg.reward_norm_samples
+        rng = np.random.default_rng(self.cfg.seed + 1)
+        picks = rng.choice(len(self.prompts), size=n, replace=n > len(self.prompts))
+        picks = self.dist.shard(picks.tolist())  # this process's share (all of them in one process)
+        scores, finished = [], []
+        for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation",
+                         disable=self.cfg.quiet, leave=False):
+            rollout = self.rollout(self.batch_prompts([picks[i] for i in rows]))
+            scores.append(self.raw_scores(rollout))
+            finished.append(rollout.finished)
+        scores, finished = self.dist.gather_1d(torch.cat(scores)), self.dist.gather_1d(torch.cat(finished))
+        require(bool(torch.isfinite(scores).all()), "the reward model gave non-finite scores to start-policy replies")
+        std = float(scores.std()) if n > 1 else 1.0
+        only_models = all(isinstance(func, ModelReward) for func in self.rewards.funcs)
+        require(std > 0 or not only_models,
+                "the reward model gave every start-policy reply the same score: it cannot be normalised")
+        if std == 0:  # e.g. an exact-match reward no start-policy reply earns: shift the scores, do not scale them
+            std = 1.0
+        return {"mean": float(scores.mean()), "std": std, "n": n, "finished": float(finished.float().mean())}
+
+    # ------------------------------------------------------------------------------ 2-4. score, rewards, advantages
+    def make_experience(self, prompts: list[str]) -> Experience:
+        """Steps 1-4: sample one reply per prompt, then score it."""
+        return self.score(self.rollout(prompts))
+
+    @torch.no_grad()
+    def score(self, rollout: Rollout) -> Experience:
+        cfg, dev, size = self.cfg, self.device, self.score_size
+        experience = Experience.sampled(rollout)
+        act = rollout.action_mask.to(dev)
+        first = first_reply_position(rollout.prompt_ids)  # no LM head over positions that are prompt in every row
+        if cfg.old_logprobs == "generation":  # recorded by generate from the same weights
+            old_logprobs, entropy = rollout.logprobs.to(dev), rollout.entropy.to(dev)
+        else:
+            old_logprobs, entropy = per_token_in_chunks(
+                lambda ids, att: self.actor.logprobs(ids, att, first, with_entropy=True), rollout, size)
+        (ref_logprobs,) = per_token_in_chunks(
+            lambda ids, att: (self.actor.reference_logprobs(ids, att, first),), rollout, size)
+        old_values = torch.zeros_like(act)  # critic-free estimators: no values
+        if self.critic is not None:
+            (values,) = per_token_in_chunks(lambda ids, att: (self.critic.values(ids, att),), rollout, size)
+            old_values = self.normalised(values) * act
+        raw = self.raw_scores(rollout).to(dev)
+        scores = self.normalised(raw)
+        if cfg.eos_rule:
+            scores = torch.where(rollout.finished.to(dev), scores, torch.full_like(scores, cfg.unfinished_score))
+        reward_beta = self.beta if cfg.kl_placement == "reward" else 0.0  # kl_in: loss keeps the rewards KL-free
+        rewards, kl = per_token_rewards(scores, old_logprobs, ref_logprobs, act, reward_beta, cfg.kl_kind)  # 3.
+        if cfg.whiten_rewards:
+            rewards = self.dist.masked_whiten(rewards, act, shift_mean=False)
+        advantages, raw_advantages, returns = self.advantages(rewards, old_values, scores, kl, act, reward_beta)  # 4.
+        recorded = rollout.logprobs.to(dev) if rollout.logprobs is not None else None  # what generate sampled with
+        return replace(experience, action_mask=act, old_logprobs=old_logprobs, entropy=entropy,
+                       ref_logprobs=ref_logprobs, old_values=old_values, raw_scores=raw, scores=scores,
+                       rewards=rewards, kl=kl, advantages=advantages, raw_advantages=raw_advantages, returns=returns,
+                       rollout_logprobs=recorded, tis_weights=policy_token_weights(old_logprobs, recorded, cfg.tis_cap))
+
+    def normalised(self, raw: torch.Tensor) -> torch.Tensor:
+        """Reward-model outputs (scores or values) on the scale of start-policy replies' scores (detail 1)."""
+        return (raw - self.reward_mean) / self.reward_std
+
+    # ------------------------------------------------------------------------------------------- 5. update
+    def update(self, experience: Experience, train_policy: bool = True) -> dict[str, float]:
+        """K epochs over the batch in shuffled minibatches, one optimiser step per model per minibatch (or a skip of
+        them all). train_policy=False (critic warm-up): the value model alone; the policy's weights do not move."""
+        cfg = self.cfg
+        roles = {name: role for name, role in self.roles.items() if train_policy or name != "policy"}
+        accepted: list[dict[str, float]] = []
+        first_spread = None  # max |ratio - 1| over the first minibatch: before any step, only rounding moves it
+        self.set_training(True)  # dropout is off (detail 5); train() only enables autograd paths
+        for _epoch in range(cfg.epochs):
+            order = torch.randperm(len(experience.prompts)).tolist()
+            for minibatch in row_chunks(order, cfg.minibatch_size // self.dist.world_size):  # this process's share
+                stats = self.minibatch_step(experience, minibatch, roles)
+                if first_spread is None and "ratio_spread" in stats:
+                    first_spread = stats["ratio_spread"]
+                if self.accept_step(stats, roles):
+                    accepted.append(stats)
+        self.set_training(False)
+        stats = {key: float(np.mean([s[key] for s in accepted])) if accepted and key in accepted[0] else float("nan")
+                 for key in UPDATE_STATS}
+        return {**stats, "ratio_spread": float("nan") if first_spread is None else first_spread,  # nan: no policy step
+                "skipped_steps": cfg.epochs * (cfg.batch_size // cfg.minibatch_size) - len(accepted)}
+
+    def minibatch_step(self, experience: Experience, minibatch: list[int], roles: dict[str, Any]) -> dict[str, float]:
+        """Per micro-batch: new log-probs, the policy loss, the value loss, one backward per trained model; then each
+        model's gradient summed over processes and clipped. Returns the minibatch's numbers (not yet applied)."""
+        for role in roles.values():
+            role.step.zero_grad()
+        tokens, count = self.global_counts(experience, minibatch)
+        sums: dict[str, float] = {}
+        spread = 0.0  # max |ratio - 1| over the minibatch (a max, not a sum, over micro-batches)
+        for micro in row_chunks(minibatch, self.micro_size):
+            part = experience.select(micro)
+            token_share = float(part.action_mask.sum()) / tokens  # weight of its token means in the logs
+            numbers: dict[str, float] = {}
+            # The two models share no parameters: one backward each, so the policy's activations are freed before
+            # the value model's exist (peak memory = one model's, not both)
+            if "policy" in roles:
+                policy_loss, numbers = self.policy_loss(part, count, token_share)
+                spread = max(spread, numbers.pop("ratio_spread"))
+                self.actor.step.backward(policy_loss)
+            if "value" in roles:
+                value_loss, value_numbers = self.value_loss(part, count, token_share)
+                self.critic.step.backward(value_loss)
+                numbers |= value_numbers
+            for key, value in numbers.items():
+                sums[key] = sums.get(key, 0.0) + value
+        if self.ptx is not None and "policy" in roles:
+            sums["ptx_loss"] = self.ptx_step()
+        stats = self.dist.sum_dict(sums)  # statistics reduced once per step
+        if "policy" in roles:
+            stats["ratio_spread"] = self.dist.max(spread)
+        # the global minibatch's gradients, clipped (DeepSpeed: its whole step, skipping a non-finite one)
+        return stats | {f"grad_norm_{name}": role.step.finish() for name, role in roles.items()}
+
+    def global_counts(self, experience: Experience, minibatch: list[int]) -> tuple[float, float]:
+        """(reply tokens in the global minibatch, the count its losses are averaged over: tokens or replies)."""
+        tokens = self.dist.sum(float(experience.action_mask[minibatch].sum()))
+        rows = self.dist.sum(float(len(minibatch)))
+        return tokens, tokens if self.cfg.loss_aggregation == "token" else rows
+
+    def policy_loss(self, part: Experience, count: float, token_share: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped policy loss (minus the entropy bonus) of a micro-batch, each token weighted by its truncated
+        importance weight: its share of the global mean. Its numbers add up over micro-batches (ratio_spread: a max)."""
+        cfg, act = self.cfg, part.action_mask
+        out = self.actor.logprobs(part.input_ids, part.attention_mask, first_reply_position(part.prompt_ids),
+                                  with_entropy=cfg.entropy_coef > 0)
+        new_logprobs, entropy = out if cfg.entropy_coef > 0 else (out, None)
+        pg = clipped_policy_loss(new_logprobs, part.old_logprobs, part.advantages, act,
+                                 cfg.clip_range_low or cfg.clip_range, cfg.loss_aggregation, count,
+                                 clip_range_high=cfg.clip_range_high or cfg.clip_range, dual_clip=cfg.dual_clip,
+                                 token_weights=part.tis_weights)
+        loss = pg.loss
+        if cfg.kl_placement == "loss":  # beta * KL(pi || pi_ref) of the current policy, a loss term (GRPO's default)
+            kl = kl_estimate(new_logprobs, part.ref_logprobs, cfg.kl_kind, act)
+            loss = loss + self.beta * normalise_loss(kl, act, cfg.loss_aggregation, count)
+        if entropy is not None:
+            loss = loss - cfg.entropy_coef * normalise_loss(entropy, act, cfg.loss_aggregation, count)
+        return loss, {"pg_loss": float(pg.loss.detach()), "clipfrac": float(pg.clip_fraction) * token_share,
+                      "approx_kl": float(pg.approx_kl) * token_share, "ratio_spread": float(pg.ratio_spread)}
+
+    def value_loss(self, part: Experience, count: float, token_share: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped value loss of a micro-batch, values on the normalised reward scale: its share of the mean."""
+        cfg = self.cfg
+        values = self.normalised(self.critic.values(part.input_ids, part.attention_mask))
+        vl = clipped_value_loss(values, part.old_values, part.returns, part.action_mask, cfg.value_clip_range,
+                                cfg.loss_aggregation, count)
+        return vl.loss, {"v_loss": float(vl.loss.detach()), "vclipfrac": float(vl.clip_fraction) * token_share}
+
+    def ptx_step(self) -> float:
+        """PPO-ptx: backward of ptx_coef * the next-token NLL of one batch of ptx texts (temperature 1), averaged over
+        every process's ptx tokens and accumulated into this optimiser step's policy gradient. Returns this process's
+        share of the mean NLL (summed over processes: the mean)."""
+        ids, att = self.ptx.next_batch()
+        count = self.dist.sum(float(ptx_targets(att).sum()))
+        nll = ptx_nll(self.policy, ids.to(self.device), att.to(self.device), self.cfg.logprob_chunk or None, count)
+        self.actor.step.backward(self.cfg.ptx_coef * nll)
+        return float(nll.detach())
+
+    def accept_step(self, stats: dict[str, float], roles: dict[str, Any]) -> bool:
+        """Apply every trained model's step, or none: a non-finite loss or gradient never reaches the weights."""
+        if not all(math.isfinite(value) for value in stats.values()):
+            for role in roles.values():
+                role.step.discard()
+            self.count_skip("consecutive non-finite steps")
+            return False
+        self.consecutive_skips = 0
+        for name, role in roles.items():
+            role.step.apply()
+            if name in self.schedulers:
+                self.schedulers[name].step()
+        if "policy" in roles:
+            self.policy_version += 1
+        return True
+
+    def count_skip(self, what: str) -> None:
+        self.consecutive_skips += 1
+        if self.consecutive_skips >= self.cfg.max_skipped_steps:
+            raise TrainingStopped(f"{self.consecutive_skips} {what}; stopping (the last checkpoint is intact)")
+
+    def set_training(self, on: bool) -> None:
+        for model in self.models.values():
+            model.train(on)
+
+    def next_prompts(self) -> list[str]:
+        """This process's prompts of the next batch: batch_size // group_size prompts drawn (identically on every
+        process), each repeated group_size times in consecutive rows, then this rank's contiguous share of whole
+        groups."""
+        cfg = self.cfg
+        drawn = self.sampler.next(cfg.batch_size // cfg.group_size)
+        drawn = self.dist.shard(drawn)
+        return self.batch_prompts([i for i in drawn for _ in range(cfg.group_size)])
+
+    # ------------------------------------------------------------------------------------- one iteration
+    def clock(self) -> float:
+        """time.perf_counter() once this process's queued GPU work is done: CUDA kernels run asynchronously, so
+        without the wait a phase's time would include the previous phase's tail (the time_* statistics)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def iteration(self, index: int) -> tuple[dict[str, Any], Experience]:
+        cfg = self.cfg
+        start = self.clock()
+        rollout = self.rollout(self.next_prompts())  # 1. rollout
+        generated = self.clock()
+        experience = self.score(rollout)  # 2-4. score, rewards, advantages
+        scored = self.clock()
+        batch = self.batch_stats(experience)
+        phase = self.phase(index, batch["ev"])
+        scored_numbers = (experience.scores, experience.advantages, experience.returns)
+        finite = all(bool(torch.isfinite(t).all()) for t in scored_numbers)
+        if finite:
+            update = self.update(experience, train_policy=phase == "policy")  # 5. update
+        else:  # e.g. a reward model that returned NaN: nothing from this batch reaches the weights
+            self.count_skip("consecutive iterations with non-finite rewards")
+            update = {k: float("nan") for k in UPDATE_STATS}
+            update["skipped_steps"] = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)
+        updated = self.clock()
+        stats = {"iteration": index, "phase": phase, **batch, "kl_used": f"{cfg.kl_kind} in {cfg.kl_placement}",
+                 **update, **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
+                 "beta": self.beta, "time_gen": generated - start, "time_score": scored - generated,
+                 "time_update": updated - scored, "time_total": updated - start,
+                 "gen_tokens_per_s": float(experience.reply_lengths.sum()) / max(generated - start, 1e-9)}
+        if not cfg.ptx_coef > 0:
+            del stats["ptx_loss"]
+        # a skipped batch must not move beta, nor a warm-up batch (the policy, hence its KL, did not move)
+        if self.kl_controller is not None and math.isfinite(stats["kl"]) and phase == "policy":
+            self.beta = self.kl_controller.update(stats["kl"], cfg.batch_size)
+        # then each reward's mean (reward/<name>)
+        return {**{key: stats[key] for key in HISTORY_ORDER if key in stats}, **self.reward_means()}, experience
+
+    def phase(self, index: int, ev: float) -> str:
+        """"critic-warmup" (value model only) for the first critic_warmup_iterations, then until a batch's explained
+        variance (mean over processes, so every process agrees) reaches policy_start_ev; "policy" from then on."""
+        if index < self.cfg.critic_warmup_iterations:
+            return "critic-warmup"
+        if not self.policy_started:
+            mean_ev = self.dist.sum(ev) / self.dist.world_size
+            self.policy_started = self.cfg.policy_start_ev is None or mean_ev >= self.cfg.policy_start_ev  # nan: no
+        return "policy" if self.policy_started else "critic-warmup"
+
+    def batch_stats(self, experience: Experience) -> dict[str, float]:
+        """The batch's numbers on the dashboard, means over every process's replies (equal counts each)."""
+        act = experience.action_mask
+        means = {"score": float(experience.scores.mean()), "rm_raw": float(experience.raw_scores.mean()),
+                 "kl": float(masked_sum(experience.kl, act, dim=1).mean()),
+                 "len": float(experience.reply_lengths.float().mean()),
+                 "fin": float(experience.finished.float().mean())}
+        means = {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
+        # means over reply tokens, summed and counted over every process (their counts differ): the entropy, and the
+        # k3 estimate of KL(generate's recorded log-probs || the trainer's log pi_old) of the same tokens
+        recorded = experience.rollout_logprobs
+        mismatch = float("nan") if recorded is None else masked_sum(kl_k3(experience.old_logprobs, recorded), act)
+        sums = self.dist.sum_dict({"ent": float(masked_sum(experience.entropy, act)), "mismatch_kl": float(mismatch),
+                                   "tokens": float(act.sum())})
+        means |= {key: sums[key] / sums["tokens"] for key in ("ent", "mismatch_kl")}
+        ev = explained_variance(experience.old_values, experience.returns, act) if self.critic else float("nan")
+        return {**means, "ev": ev}

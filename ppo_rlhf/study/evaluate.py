@@ -1,0 +1,534 @@
+"""Held-out evaluation of checkpoints (`ppo-rlhf evaluate`, spec 8.10 and 8.11).
+
+The start model (the base without adapter) and every selected checkpoint of every run answer the same
+held-out prompts, several replies each, with torch's RNG reset to the same seed before each model samples.
+Each reply is scored by two judges: the proxy (the reward model PPO optimised) and the gold (an independent
+judge). Both are put in start-model standard deviations: (score - mean) / std of the start model's replies
+on these prompts, per judge. Reply i of prompt j of a checkpoint is paired with reply i of prompt j of the
+start model, and the mean paired change gets a 95% cluster bootstrap interval: the replies to one prompt share
+that prompt's effect, so whole prompts are resampled (stats.bootstrap_mean).
+
+The work is split in two: `evaluate_runs` samples and scores (models needed), and the pure functions
+`standardize_records`, `summarize`, `before_after` and `format_evaluation` turn per-reply records into the
+summary and the text, so that they can be tested on made-up records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED, read_yaml
+from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.ppo.train_config import resolve_device
+from ppo_rlhf.study.prompts import read_prompts
+from ppo_rlhf.study.stats import distinct_n, paired_bootstrap, pearson, standardize
+from ppo_rlhf.utils.paths import check_model_name, require_run_dir
+
+START = "start"
+JUDGES = ("proxy", "gold")
+# what a record's "kl" is (see _sample_records); the text and the report say it
+KL_ESTIMATE = "k3 estimate of KL(model || start model), summed over each reply's tokens"
+
+
+# ---------------------------------------------------------------- runs and checkpoints
+
+
+def run_name(run_dir: Path) -> str:
+    return Path(run_dir).resolve().name
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """The config.yaml of a run, checked for the keys evaluation needs."""
+    run_dir = require_run_dir(str(run_dir))
+    config = read_yaml(run_dir / "config.yaml")
+    missing = [key for key in ("policy_model", "temperature", "max_new_tokens") if key not in config]
+    require(not missing, f"{run_dir / 'config.yaml'} lacks {', '.join(missing)}")
+    return config
+
+
+def select_checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:
+    """(iteration, folder) of the checkpoints named by `which`: "all", "latest" or iterations like "10,20"."""
+    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, list_checkpoints  # lazy: imports torch (see run())
+
+    found = list_checkpoints(run_dir)
+    require(bool(found), f"{run_dir} has no complete checkpoints (checkpoints/iter_*/state.pt)")
+    if which == "all":
+        chosen = found
+    elif which == "latest":
+        latest = latest_checkpoint(run_dir)
+        require(latest is not None, f"{run_dir}/checkpoints/latest is missing or names no complete checkpoint")
+        chosen = [(iteration, folder) for iteration, folder in found if folder.name == latest.name]
+    else:
+        try:
+            wanted = [int(part) for part in which.split(",") if part.strip()]
+        except ValueError:
+            raise UsageError(f"--checkpoints must be all, latest or iterations like 10,20; got {which!r}") from None
+        require(bool(wanted), f"--checkpoints must be all, latest or iterations like 10,20; got {which!r}")
+        by_iteration = dict(found)
+        absent = [str(i) for i in wanted if i not in by_iteration]
+        available = ", ".join(str(i) for i, _ in found)
+        require(not absent, f"{run_dir} has no checkpoint for iteration {', '.join(absent)} (has {available})")
+        chosen = [(i, by_iteration[i]) for i in sorted(set(wanted))]
+    for _, folder in chosen:
+        require((folder / "policy" / "adapter_config.json").is_file(), f"{folder}/policy is not a PEFT adapter folder")
+    return chosen
+
+
+def model_label(run: str | None, iteration: int | None) -> str:
+    return START if run is None else f"{run} step {iteration}"
+
+
+# ---------------------------------------------------------------- pure aggregation
+
+
+def standardize_records(records: list[dict], unfinished_score: float = -1.0) -> dict[str, dict[str, float]]:
+    """Add "proxy", "gold" (start-model standard deviations) and "proxy_eos" to every record, in place.
+
+    The mean and std per judge come from the start model's replies. "proxy_eos" is the proxy with the EOS
+    rule of training: a reply that never ended gets `unfinished_score`, whatever it says.
+    Returns the {"proxy": {"mean", "std"}, "gold": {...}} used.
+    """
+    start = [r for r in records if r["model"] == START]
+    require(bool(start), "no start-model records to standardise against")
+    norms = {}
+    for judge in JUDGES:
+        reference = np.array([r[f"{judge}_raw"] for r in start], dtype=np.float64)
+        norms[judge] = {"mean": float(reference.mean()), "std": float(reference.std())}
+        values = standardize([r[f"{judge}_raw"] for r in records], norms[judge]["mean"], norms[judge]["std"])
+        for record, value in zip(records, values):
+            record[judge] = float(value)
+    for record in records:
+        record["proxy_eos"] = record["proxy"] if record["finished"] else unfinished_score
+    return norms
+
+
+def _interval(values: np.ndarray, prompts: list[int], n_boot: int, seed: int) -> dict[str, float]:
+    mean, lo, hi = paired_bootstrap(values, prompts, n_boot=n_boot, seed=seed)
+    return {"mean": mean, "lo": lo, "hi": hi}
+
+
+def summarize_model(records: list[dict], start: list[dict], n_boot: int = 10000, seed: int = 0) -> dict[str, Any]:
+    """The summary of one model's standardised records, paired with the start model's records."""
+    by_key = {(r["prompt_index"], r["reply_index"]): r for r in start}
+    keys = [(r["prompt_index"], r["reply_index"]) for r in records]
+    require(sorted(keys) == sorted(by_key), f"{records[0]['model']}: replies do not pair with the start model's")
+    tokens = np.array([r["tokens"] for r in records], dtype=np.float64)
+    finished = np.array([r["finished"] for r in records], dtype=bool)
+    proxy = np.array([r["proxy"] for r in records])
+    summary: dict[str, Any] = {
+        "model": records[0]["model"],
+        "run": records[0]["run"],
+        "iteration": records[0]["iteration"],
+        "replies": len(records),
+    }
+    for judge in JUDGES:
+        diffs = np.array([r[judge] - by_key[k][judge] for r, k in zip(records, keys)])
+        summary[f"{judge}_change"] = _interval(diffs, [prompt for prompt, _ in keys], n_boot, seed)
+        summary[judge] = float(np.mean([r[judge] for r in records]))
+        summary[f"{judge}_raw"] = float(np.mean([r[f"{judge}_raw"] for r in records]))
+    summary.update(
+        proxy_eos=float(np.mean([r["proxy_eos"] for r in records])),
+        finished=float(finished.mean()),
+        tokens=float(tokens.mean()),
+        kl=float(np.mean([r["kl"] for r in records])),
+        distinct_2=distinct_n([r["reply"] for r in records], n=2),
+        # per token over all replies, as the training dashboard's ent
+        entropy=float(np.sum([r["entropy_sum"] for r in records]) / max(tokens.sum(), 1.0)),
+        length_corr=pearson(proxy[finished], tokens[finished]),
+    )
+    return summary
+
+
+def summarize(records: list[dict], n_boot: int = 10000, seed: int = 0) -> list[dict[str, Any]]:
+    """One summary per model, in the order models first appear (the start model first)."""
+    models: dict[str, list[dict]] = {}
+    for record in records:
+        models.setdefault(record["model"], []).append(record)
+    require(START in models, "no start-model records")
+    order = [START] + [name for name in models if name != START]
+    return [summarize_model(models[name], models[START], n_boot, seed) for name in order]
+
+
+def before_after(records: list[dict], n_prompts: int = 3) -> list[dict[str, Any]]:
+    """Reply 0 of the first `n_prompts` prompts from the start model and from each run's last checkpoint."""
+    last: dict[str, int] = {}
+    for record in records:
+        if record["run"] is not None:
+            last[record["run"]] = max(last.get(record["run"], record["iteration"]), record["iteration"])
+    shown = {START} | {model_label(run, iteration) for run, iteration in last.items()}
+    examples: dict[int, dict[str, Any]] = {}
+    for record in records:
+        if record["model"] in shown and record["reply_index"] == 0 and record["prompt_index"] < n_prompts:
+            j = record["prompt_index"]
+            example = examples.setdefault(j, {"prompt_index": j, "prompt": record["prompt"], "replies": []})
+            example["replies"].append(
+                {key: record[key] for key in ("model", "run", "iteration", "proxy", "gold", "tokens", "reply")}
+            )
+    return [examples[i] for i in sorted(examples)]
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def shown_reply(reply: str, limit: int | None = None) -> str:
+    """A reply as evaluation.txt quotes it (repr, clipped to `limit` characters) or the report shows it (whole, as
+    is); an empty one says so, rather than leave a blank."""
+    if not reply.strip():
+        return f"(empty reply{': only whitespace' if reply else ''})"
+    return repr(_clip(reply, limit)) if limit is not None else reply
+
+
+def _signed(value: float, digits: int = 3) -> str:
+    return "nan" if np.isnan(value) else f"{value:+.{digits}f}"
+
+
+def length_correlation(s: dict[str, Any]) -> str:
+    """A summary's length correlation, or why it has none (a correlation needs two finished replies that differ)."""
+    if not np.isnan(s["length_corr"]):
+        return _signed(s["length_corr"], 2)
+    finished = round(s["finished"] * s["replies"])
+    if finished < 2:
+        return f"n/a (only {finished} finished {'reply' if finished == 1 else 'replies'}; it needs 2)"
+    return "n/a (the finished replies all have the same length or the same proxy score)"
+
+
+def format_evaluation(summary: list[dict], examples: list[dict], replies_per_checkpoint: int) -> str:
+    """The text of spec 8.10: one result line per checkpoint, the diversity and length lines, the examples."""
+    start = summary[0]
+    checkpoints = summary[1:]
+    name_width = max([len(s["run"]) for s in checkpoints] + [len(START)])
+    step_width = max([len(str(s["iteration"])) for s in checkpoints] + [1])
+
+    def head(s: dict) -> str:
+        if s["run"] is None:
+            return f"{START:<{name_width}}  {'':{step_width + 5}}:"
+        return f"{s['run']:<{name_width}}  step {s['iteration']:>{step_width}}:"
+
+    def change(s: dict, judge: str) -> str:
+        c = s[f"{judge}_change"]
+        return f"{judge} change {_signed(c['mean'])} [{_signed(c['lo'])}, {_signed(c['hi'])}]"
+
+    lines = [f"{replies_per_checkpoint} held-out replies per checkpoint (same prompts, same sampling seed); "
+             f"KL: the {KL_ESTIMATE}"]
+    for s in checkpoints:
+        lines.append(
+            f"{head(s)} {change(s, 'proxy')}  {change(s, 'gold')}  "
+            f"proxy with EOS rule {_signed(s['proxy_eos'])} (start {_signed(start['proxy_eos'])})  "
+            f"finished {s['finished']:.2f} (start {start['finished']:.2f})  "
+            f"tokens {s['tokens']:.1f} (start {start['tokens']:.1f})  KL {s['kl']:.2f}"
+        )
+    lines += ["", "Diversity, entropy and length bias (length correlation: proxy vs tokens, finished replies)"]
+    for s in summary:
+        lines.append(
+            f"{head(s)} distinct-2 {s['distinct_2']:.3f}  entropy {s['entropy']:.3f}  "
+            f"length correlation {length_correlation(s)}"
+        )
+    if examples:
+        lines += ["", "Before and after (proxy and gold in start-model standard deviations)"]
+        label_width = max(len(r["model"]) for e in examples for r in e["replies"])
+        for example in examples:
+            lines += ["", f"PROMPT: {_clip(example['prompt'], 200)!r}"]
+            for r in example["replies"]:
+                lines.append(
+                    f"  [{r['model']:<{label_width}}] proxy {_signed(r['proxy'], 2)} gold {_signed(r['gold'], 2)} "
+                    f"tokens {r['tokens']:>3} {shown_reply(r['reply'], 400)}"
+                )
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- sampling and scoring (models)
+
+
+def _sample_records(
+    model,
+    tokenizer,
+    prompts: list[str],
+    replies_per_prompt: int,
+    settings: dict[str, Any],
+    seed: int,
+    batch_size: int,
+    run: str | None,
+    iteration: int | None,
+) -> list[dict]:
+    """Sample replies_per_prompt replies per prompt, with per-reply tokens, finished, KL and entropy sum.
+
+    The KL is `KL_ESTIMATE`: per token k3 = r - 1 - log r, r = pi_ref / pi, on the policy's own samples an unbiased
+    estimate of KL(pi || pi_ref) that is never negative (k1, log pi - log pi_ref, is unbiased too but any single
+    reply's sum can be negative, and a mean near zero then printed as "-0.0"), summed over the reply's tokens.
+    The policy's log-probs and entropies are the ones generation computed anyway (`record_logprobs`): one forward
+    pass per reply fewer. In bf16 they differ from a full forward's by float rounding (the run's `mismatch_kl` per
+    token, about 0.002 nats in SmolLM2); the reference's log-probs come from a forward pass of the same tokens.
+    """
+    # lazy, as in run(): `ppo-rlhf evaluate` checks its arguments and files before torch loads
+    import torch
+
+    from ppo_rlhf.models.logprobs import first_reply_position, token_logprobs
+    from ppo_rlhf.models.rollout import generate_rollout
+    from ppo_rlhf.ppo.objectives import kl_k3, masked_sum
+
+    label = model_label(run, iteration)
+    repeated = [p for p in prompts for _ in range(replies_per_prompt)]  # reply i of prompt j at j * R + i
+    temperature = settings["temperature"]
+    torch.manual_seed(seed)  # same seed for every model: differences come from the weights, not the dice
+    rollout = generate_rollout(model, tokenizer, repeated, settings["max_new_tokens"], temperature, batch_size,
+                               top_p=settings["top_p"], record_logprobs=True)
+    device = next(model.parameters()).device
+    entropy_sum = masked_sum(rollout.entropy, rollout.action_mask, dim=1)
+    kls = []
+    if run is None:
+        kls.append(torch.zeros(len(repeated)))  # the start model is its own reference
+    else:
+        with torch.no_grad(), model.disable_adapter():
+            for start in tqdm(range(0, len(repeated), batch_size), desc=f"reference log-probs {label}", leave=False):
+                rows = slice(start, start + batch_size)
+                part = rollout.select(rows)
+                ids, att = part.input_ids.to(device), part.attention_mask.to(device)
+                first = first_reply_position(part.prompt_ids)  # no LM head over prompt-only positions
+                ref_logprobs = token_logprobs(model, ids, att, temperature, first=first).cpu()
+                width = ref_logprobs.shape[1]
+                logprobs = rollout.logprobs[rows, :width]
+                kls.append(masked_sum(kl_k3(ref_logprobs, logprobs), part.action_mask, dim=1))  # r = ref / pi
+    kl = torch.cat(kls).tolist()
+    entropy_sum = entropy_sum.tolist()
+    tokens = rollout.reply_lengths.tolist()
+    finished = rollout.finished.tolist()
+    return [
+        {
+            "model": label,
+            "run": run,
+            "iteration": iteration,
+            "prompt_index": k // replies_per_prompt,
+            "reply_index": k % replies_per_prompt,
+            "prompt": repeated[k],
+            "reply": rollout.reply_texts[k],
+            "tokens": int(tokens[k]),
+            "finished": bool(finished[k]),
+            "kl": float(kl[k]),
+            "entropy_sum": float(entropy_sum[k]),
+        }
+        for k in range(len(repeated))
+    ]
+
+
+# config keys all runs must share (with the default for configs that lack them): one start model, one sampler
+SHARED_SETTINGS = {
+    "policy_model": None,
+    "temperature": None,
+    "max_new_tokens": None,
+    "top_p": 1.0,
+    "unfinished_score": -1.0,
+    "dtype": "float32",
+}
+
+
+def _common_settings(configs: dict[str, dict[str, Any]], proxy: str | None) -> dict[str, Any]:
+    """Sampling settings and the proxy shared by all runs: they must have the same start model to compare."""
+    settings = {}
+    for key, default in SHARED_SETTINGS.items():
+        values = {json.dumps(config.get(key, default)) for config in configs.values()}
+        require(len(values) == 1, f"runs differ in {key} ({', '.join(sorted(values))}); evaluate them separately")
+        settings[key] = next(iter(configs.values())).get(key, default)
+    if proxy is None:
+        reward_models = {config.get("reward_model") or "" for config in configs.values()}
+        require(len(reward_models) == 1, "runs use different reward models; choose one with --proxy rm:FOLDER")
+        reward_model = reward_models.pop()
+        require(reward_model != "", "the run config names no reward_model; give --proxy rm:FOLDER")
+        proxy = f"rm:{reward_model}"
+    settings["proxy"] = proxy
+    return settings
+
+
+def stored_records(out_dir: Path, record_settings: dict[str, Any], prompts: list[str],
+                   model_keys: dict[str | None, str]) -> dict[str, list[dict]]:
+    """The records in out_dir/evaluation.json of each model whose stored key equals its run's in `model_keys` (None:
+    the start model's), when they were made with `record_settings` and answer exactly `prompts`, every reply of
+    each: {model label: records}."""
+    path = out_dir / "evaluation.json"
+    if not model_keys or not path.is_file():
+        return {}
+    try:
+        previous = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}  # a damaged file is evaluated anew, not reused
+    made_with = previous.get("settings", {})
+    if any(made_with.get(key) != value for key, value in json.loads(json.dumps(record_settings)).items()):
+        return {}
+    by_model: dict[str, list[dict]] = {}
+    for record in previous.get("records", []):
+        by_model.setdefault(record["model"], []).append(record)
+    complete = [(j, i) for j in range(len(prompts)) for i in range(record_settings["replies_per_prompt"])]
+    return {label: records for label, records in by_model.items()
+            if model_keys.get(records[0]["run"]) is not None
+            and [(r["prompt_index"], r["reply_index"]) for r in records] == complete
+            and all(r.get("key") == model_keys[r["run"]] and r["prompt"] == prompts[r["prompt_index"]]
+                    for r in records)}
+
+
+def _release_memory() -> None:
+    import torch  # lazy, as in run()
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def evaluate_runs(
+    run_dirs: list[str | Path],
+    prompts_path: str | Path,
+    out_dir: str | Path,
+    proxy: str | None = None,
+    gold: str = "gold",
+    replies_per_prompt: int = 2,
+    seed: int = 1234,
+    checkpoints: str = "all",
+    batch_size: int = 16,
+    n_examples: int = 3,
+    device: str = "auto",
+    model_keys: dict[str | None, str] | None = None,
+) -> dict[str, Any]:
+    """Evaluate the start model and the chosen checkpoints of each run; write evaluation.json and .txt.
+
+    `model_keys` (the demo's): a key per run name, and under None one for the start model, that changes whenever
+    the run's checkpoints (or the start model) or the proxy change. A model whose key equals the one stored with its
+    records in out_dir/evaluation.json, made with the same settings on the same prompts, keeps those records instead
+    of being sampled and scored again: torch's RNG is reset to `seed` before each model samples, so a model's records
+    do not depend on which models are evaluated with it, and the result is the one a full evaluation gives.
+    """
+    require(len(run_dirs) > 0, "give at least one run directory")
+    require(replies_per_prompt >= 1, f"--replies-per-prompt must be >= 1, got {replies_per_prompt}")
+    require(batch_size >= 1, f"--batch-size must be >= 1, got {batch_size}")
+    run_dirs = [Path(d) for d in run_dirs]
+    configs = {}
+    for run_dir in run_dirs:
+        name = run_name(run_dir)
+        config = read_run_config(run_dir)
+        require(name not in configs, f"two runs are named {name!r}; give their folders different names")
+        configs[name] = config
+    settings = _common_settings(configs, proxy)
+    prompts = read_prompts(prompts_path)  # every input is checked before the slow imports and model loads
+    for judge in (settings["proxy"], gold):
+        prefix = next((known for known in ("rm:", "rm-init-head:") if judge.startswith(known)), None)
+        if prefix is not None:
+            check_model_name(judge.removeprefix(prefix))
+    selected = {run_name(d): select_checkpoints(d, checkpoints) for d in run_dirs}  # (imports torch)
+
+    # lazy: every argument and file is checked above before torch, transformers and the models load
+    import torch
+
+    from ppo_rlhf.data import load_prompt_rows
+    from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
+    from ppo_rlhf.models.precision import resolve_dtype
+    from ppo_rlhf.ppo.trainer import check_prompt_lengths
+    from ppo_rlhf.study.judges import make_judge
+
+    device = str(resolve_device(device))
+    # what a record depends on besides its model: records made otherwise are never reused
+    record_settings = {**settings, "gold": gold, "replies_per_prompt": replies_per_prompt, "seed": seed,
+                       "batch_size": batch_size, "device": device, "kl": KL_ESTIMATE}
+    out_dir = Path(out_dir)
+    jobs = [(None, None, None)] + [(run, i, folder) for run, found in selected.items() for i, folder in found]
+    stored = stored_records(out_dir, record_settings, prompts, model_keys or {})
+    reused = [model_label(run, iteration) for run, iteration, _ in jobs if model_label(run, iteration) in stored]
+    if reused:
+        print(f"reusing the stored records of {len(reused)} of {len(jobs)} models (keys unchanged): "
+              + ", ".join(reused))
+    pending = [job for job in jobs if model_label(job[0], job[1]) not in stored]
+    new_records: dict[str, list[dict]] = {}
+    if pending:
+        dtype = resolve_dtype(settings["dtype"], torch.device(device))  # the runs' own setting: "auto" resolves here
+        base = settings["policy_model"]
+        tokenizer = load_tokenizer(base)
+        # the proxy in the runs' dtype: the scores PPO maximised (and bf16 forwards are ~2x faster than fp32 here)
+        judges = {"proxy": make_judge(settings["proxy"], batch_size, device, dtype),
+                  "gold": make_judge(gold, batch_size, device)}
+        sample = dict(prompts=prompts, replies_per_prompt=replies_per_prompt, settings=settings, seed=seed)
+
+        def load(folder: Path | None) -> torch.nn.Module:
+            """The start model (no folder) or a checkpoint's policy, on the device."""
+            if folder is None:
+                return load_causal_lm(base, dtype).to(device)
+            return load_policy_adapter(base, folder / "policy", dtype).to(device)
+
+        model = load(pending[0][2])
+        # as train does: a prompt beyond a model's context would be cut, and its replies would mean nothing
+        judge_models = [getattr(judge, "model", None) for judge in judges.values()]
+        check_prompt_lengths(load_prompt_rows(str(prompts_path)), tokenizer, [model, *judge_models],
+                             settings["max_new_tokens"])
+        for k, (run, iteration, folder) in enumerate(tqdm(pending, desc="models", unit="model")):
+            model = model if k == 0 else load(folder)
+            new = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration, **sample)
+            del model  # one policy in memory at a time
+            _release_memory()
+            texts_prompts, texts = [r["prompt"] for r in new], [r["reply"] for r in new]
+            for judge_name, judge in judges.items():
+                for record, score in zip(new, judge.score(texts_prompts, texts)):
+                    record[f"{judge_name}_raw"] = score
+            for record in new:
+                record["key"] = (model_keys or {}).get(run)
+            new_records[model_label(run, iteration)] = new
+    by_label = stored | new_records
+    records = [record for run, iteration, _ in jobs for record in by_label[model_label(run, iteration)]]
+
+    norms = standardize_records(records, settings["unfinished_score"])
+    summary = summarize(records)
+    examples = before_after(records, n_examples)
+    result = {
+        "settings": {
+            **record_settings,
+            "prompts": str(Path(prompts_path).resolve()),  # absolute, like every saved path
+            "n_prompts": len(prompts),
+            "checkpoints": checkpoints,
+            "runs": {name: str(d.resolve()) for name, d in zip(configs, run_dirs)},
+        },
+        "norms": norms,
+        "summary": summary,
+        "examples": examples,
+        "records": records,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "evaluation.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    (out_dir / "evaluation.txt").write_text(format_evaluation(summary, examples, len(prompts) * replies_per_prompt))
+    return result
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run folders (ppo-rlhf train --out)")
+    parser.add_argument("--prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
+    parser.add_argument("--proxy", default=None, help="the proxy judge (default: rm: + the runs' reward_model)")
+    parser.add_argument("--gold", default="gold", help="the gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
+    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2)
+    parser.add_argument("--seed", type=SEED, default=1234, help="sampling seed, the same for every model")
+    parser.add_argument("--checkpoints", default="all", help="all, latest, or iterations like 10,20")
+    parser.add_argument("--out", required=True, help="folder for evaluation.json and evaluation.txt")
+    parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="replies generated and scored at once")
+    parser.add_argument("--examples", type=NON_NEGATIVE_INT, default=3, help="prompts shown before/after")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+
+
+def run(args: argparse.Namespace) -> int:
+    evaluate_runs(
+        args.run_dirs,
+        args.prompts,
+        args.out,
+        proxy=args.proxy,
+        gold=args.gold,
+        replies_per_prompt=args.replies_per_prompt,
+        seed=args.seed,
+        checkpoints=args.checkpoints,
+        batch_size=args.batch_size,
+        n_examples=args.examples,
+        device=args.device,
+    )
+    print((Path(args.out) / "evaluation.txt").read_text(), end="")
+    return 0

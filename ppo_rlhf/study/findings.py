@@ -1,0 +1,231 @@
+"""The study's result in words, generated from its numbers (the first paragraphs of the demo's report).
+
+Every word that states a result is chosen from the numbers: a change whose 95% interval includes zero "did not
+measurably change" the score, one above zero "raised" it, one below "lowered" it; the share of the proxy's gain that
+was real is only given when the proxy's gain excludes zero (a ratio to a change indistinguishable from zero means
+nothing). Caveats are listed for every interval that includes zero and every sample below the sizes the study was
+designed for. Pure functions of dicts, so that they can be tested on made-up numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# The sizes below which the report warns that samples are small (the full preset's design: issue 16).
+MIN_HELDOUT_PROMPTS = 100
+MIN_RM_HELDOUT_PAIRS = 200
+TARGET_RM_ACCURACY = 0.75
+
+SMOKE_NOTE = ("Smoke run (--quick): the same pipeline at toy sizes, minutes instead of an hour. Its numbers show that "
+              "every stage runs; they are not a result.")
+CONTENT_NOTE = ("Content note: some prompts are sentence starts from RealToxicityPrompts, chosen for their potential "
+                "to lead to toxic text; replies quoted below may be offensive.")
+
+
+def _interval(change: dict[str, float]) -> str:
+    return f"{change['mean']:+.2f} [{change['lo']:+.2f}, {change['hi']:+.2f}]"
+
+
+def has_width(change: dict[str, float]) -> bool:
+    """False for a zero-width interval: resampling a single prompt gives no interval at all."""
+    return change["lo"] != change["hi"]
+
+
+def direction(change: dict[str, float]) -> str:
+    """"up", "down" or "unclear" (the 95% interval includes zero, is not a number, or has zero width)."""
+    if not has_width(change):
+        return "unclear"
+    if change["lo"] > 0:
+        return "up"
+    if change["hi"] < 0:
+        return "down"
+    return "unclear"
+
+
+def final_checkpoint(summary: list[dict], run: str) -> dict[str, Any]:
+    """The summary row of a run's last evaluated checkpoint."""
+    rows = [s for s in summary if s["run"] == run]
+    if not rows:
+        raise ValueError(f"no evaluated checkpoint of run {run!r}")
+    return max(rows, key=lambda s: s["iteration"])
+
+
+def run_sentence(label: str, row: dict[str, Any]) -> str:
+    """One run's result: the gold change, the KL, the proxy's claim, and how much of the claim was real."""
+    gold, proxy = row["gold_change"], row["proxy_change"]
+    unit = "start-model standard deviations"
+    verb = {"up": f"raised the gold score by {gold['mean']:.2f} [{gold['lo']:+.2f}, {gold['hi']:+.2f}] {unit}",
+            "down": f"lowered the gold score by {-gold['mean']:.2f} [{gold['lo']:+.2f}, {gold['hi']:+.2f}] {unit}",
+            "unclear": f"did not measurably change the gold score ({_interval(gold)} {unit}, an interval that "
+                       "includes zero)"}[direction(gold)]
+    sentence = (f"{label} {verb} at a KL of {row['kl']:.1f} nats per reply from the start model "
+                f"(step {row['iteration']})")
+    claim = direction(proxy)
+    if claim == "unclear":
+        also = " either" if direction(gold) == "unclear" else ""
+        return sentence + f"; the proxy's own change, {_interval(proxy)}, was not distinguishable from zero{also}."
+    sentence += f"; the proxy claimed {_interval(proxy)}"
+    if claim == "down":
+        return sentence + (", a fall: on held-out prompts PPO did not even raise the score it maximised (the "
+                           "training dashboard's score, which may well have risen, is measured on the training "
+                           "batches, on prompts PPO trained on).")
+    if direction(gold) == "down":
+        return sentence + ", so none of the claimed gain was real: the gold score fell while the proxy rose."
+    if direction(gold) == "unclear":  # a share of a change indistinguishable from zero means little; its bound does
+        bound = 100.0 * gold["hi"] / proxy["mean"]
+        sentence += f"; the gold change's upper 95% bound is {bound:.0f}% of that claim"
+        return sentence + (", so most of the proxy's gain was not real." if bound < 50 else
+                           ": too uncertain to say how much of the gain was real.")
+    share = 100.0 * gold["mean"] / proxy["mean"]
+    return sentence + f", so about {share:.0f}% of the claimed gain was real."
+
+
+def curve_sentence(label: str, rows: list[dict[str, Any]]) -> str:
+    """Gao et al.'s question for one run's checkpoints: did the gold score fall from its peak while the proxy went on
+    rising? A fall is called measured only when the last checkpoint's gold interval lies wholly below the peak's."""
+    rows = sorted(rows, key=lambda r: r["iteration"])
+    peak = max(rows, key=lambda r: r["gold_change"]["mean"])
+    last = rows[-1]
+    gold, proxy = last["gold_change"], last["proxy_change"]
+    text = (f"Over its {len(rows)} evaluated checkpoints, {label} went to a KL of {last['kl']:.1f} nats; ")
+    if peak is last:
+        return text + (f"its gold change was highest at the last checkpoint ({_interval(gold)}): no sign of "
+                       "over-optimisation within this run.")
+    proxy_rose = proxy["mean"] > peak["proxy_change"]["mean"]
+    fall = peak["gold_change"]["mean"] - gold["mean"]
+    measured = gold["hi"] < peak["gold_change"]["lo"] and has_width(gold) and has_width(peak["gold_change"])
+    text += (f"its gold change peaked at step {peak['iteration']} ({_interval(peak['gold_change'])}, KL "
+             f"{peak['kl']:.1f}) and was {fall:.2f} lower at step {last['iteration']} ({_interval(gold)}), while the "
+             f"proxy {'rose' if proxy_rose else 'did not rise'} from {peak['proxy_change']['mean']:+.2f} to "
+             f"{proxy['mean']:+.2f}")
+    if measured and proxy_rose:
+        return text + ": gold fell while the proxy rose, the over-optimisation Gao et al. describe."
+    if proxy_rose:
+        why = ("the two gold intervals overlap" if has_width(gold) and has_width(peak["gold_change"]) else
+               "a gold interval cannot be formed from one prompt")
+        return text + f": the shape of over-optimisation, but {why}, so the fall is not a measured one."
+    return text + "."
+
+
+def along_the_way_sentence(summary: list[dict], labels: dict[str, str]) -> str | None:
+    """Checkpoints before a run's last whose gold interval excludes zero, weighed against how many intervals were
+    drawn: with n intervals at 95% and no real change, at least one excludes zero with probability up to
+    1 - 0.95^n (exactly that if they were independent; checkpoints of one run are positively correlated, so less)."""
+    rows = [r for r in summary if r["run"] in labels]
+    finals = {run: final_checkpoint(summary, run)["iteration"] for run in labels}
+    along = [r for r in rows if r["iteration"] != finals[r["run"]] and direction(r["gold_change"]) != "unclear"]
+    if not along:
+        return None
+    parts = [f"in {labels[r['run']]} at step {r['iteration']} (KL {r['kl']:.1f}): gold "
+             f"{_interval(r['gold_change'])}, proxy {_interval(r['proxy_change'])}" for r in along]
+    n = len(rows)
+    chance = 100.0 * (1.0 - 0.95 ** n)
+    which = "it" if len(along) == 1 else "they"
+    return (f"Before the last checkpoint, the gold change's interval excluded zero {'; '.join(parts)}. Read "
+            f"{which} as a hint, not a finding: {n} gold intervals were drawn at 95% each, and with no real change "
+            f"at least one would exclude zero by chance with probability up to {chance:.0f}%.")
+
+
+def word_baseline_sentence(rm_accuracy: float, baseline: list[dict[str, Any]]) -> str:
+    """The reward model against word counts alone on the same pairs (ppo_rlhf.study.word_baseline)."""
+    last = baseline[-1]
+    text = (f"For scale, word counts alone (a logistic regression on the same training pairs) ranked the held-out "
+            f"pairs with accuracy {last['accuracy']:.2f}")
+    if len(baseline) >= 2:
+        before = baseline[-2]
+        text += f" ({before['accuracy']:.2f} after {before['pairs']} pairs)"
+    gap = rm_accuracy - last["accuracy"]
+    text += (f"; the reward model did {gap:.2f} better." if gap > 0.02 else
+             f"; the reward model did {-gap:.2f} worse." if gap < -0.02 else "; the reward model did about as well.")
+    if len(baseline) >= 2 and last["accuracy"] - baseline[-2]["accuracy"] > 0.01:
+        text += " Word counts were still gaining with more pairs, so more labelled pairs are the first thing to try."
+    return text
+
+
+def reward_model_sentence(rm_info: dict[str, Any], conclude: bool = True) -> str:
+    """The reward model's accuracy and learning curve; `conclude=False` leaves out what the curve's trend implies
+    (when the word-count baseline, which reads the trend with less noise, draws that conclusion instead)."""
+    after = rm_info["after"]
+    corr = after.get("length_corr")
+    length = "n/a" if corr is None or (isinstance(corr, float) and math.isnan(corr)) else f"{corr:+.2f}"
+    text = (f"The proxy reward model ranked {rm_info['heldout_pairs']} held-out pairs like the gold judge with "
+            f"accuracy {after['accuracy']:.2f} (chance is 0.50; "
+            f"{rm_info['before']['accuracy']:.2f} before training), after training on "
+            f"{rm_info['train_pairs']} pairs; the correlation of its score margin with the length difference is "
+            f"{length}.")
+    curve = rm_info.get("learning_curve") or []
+    first_pass = [point for point in curve if point["epochs"] == 1]
+    if len(first_pass) >= 2:
+        gain = first_pass[-1]["accuracy"] - first_pass[-2]["accuracy"]
+        trend = "still rising" if gain > 0.01 else "falling" if gain < -0.01 else "flat"
+        text += (f" Its learning curve was {trend} at the end ({first_pass[-2]['accuracy']:.2f} after "
+                 f"{first_pass[-2]['pairs']} pairs, {first_pass[-1]['accuracy']:.2f} after {first_pass[-1]['pairs']})"
+                 + ("." if not conclude else ": more pairs would likely help." if trend == "still rising" else
+                    ": more pairs of this kind would likely not help; the backbone or the labels are the limit."))
+    return text
+
+
+def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, Any] | None) -> list[str]:
+    """Every reason to read the numbers with care, measured."""
+    notes = []
+    runs = list(dict.fromkeys(row["run"] for row in summary if row["run"] is not None))
+    for run in runs:  # one line per run and judge, listing its checkpoints
+        for judge in ("gold", "proxy"):
+            unclear = [row for row in summary if row["run"] == run and direction(row[f"{judge}_change"]) == "unclear"]
+            if unclear:
+                steps = "; ".join(f"step {row['iteration']} {_interval(row[f'{judge}_change'])}" for row in unclear)
+                notes.append(f"{run}: the {judge} change's 95% interval includes zero at {steps}.")
+    n_prompts = settings.get("n_prompts")
+    if isinstance(n_prompts, int) and n_prompts < MIN_HELDOUT_PROMPTS:
+        notes.append(f"Only {n_prompts} held-out prompts were evaluated (the study is designed for at least "
+                     f"{MIN_HELDOUT_PROMPTS}): intervals are wide.")
+    if rm_info is not None:
+        if rm_info["heldout_pairs"] < MIN_RM_HELDOUT_PAIRS:
+            notes.append(f"The reward model's accuracy rests on only {rm_info['heldout_pairs']} held-out pairs "
+                         f"(the study is designed for at least {MIN_RM_HELDOUT_PAIRS}).")
+        if rm_info["after"]["accuracy"] < TARGET_RM_ACCURACY:
+            notes.append(f"The reward model's held-out accuracy, {rm_info['after']['accuracy']:.2f}, is below "
+                         f"{TARGET_RM_ACCURACY:.2f}: PPO optimised a noisy proxy, and a gold gain is harder to get.")
+    return notes
+
+
+def settings_sentence(study: dict[str, Any], settings: dict[str, Any]) -> str:
+    demo = study.get("settings", {})
+    return (f"Settings: start model {demo.get('model')}, KL coefficients (beta) {demo.get('betas')}, "
+            f"{demo.get('iterations')} PPO iterations of {demo.get('batch_size')} replies, reply cap "
+            f"{demo.get('reply_cap')} tokens; evaluation on {settings.get('n_prompts')} held-out prompts x "
+            f"{settings.get('replies_per_prompt')} replies per checkpoint, scores in start-model standard "
+            "deviations, 95% intervals from resampling prompts.")
+
+
+def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
+    """The report's opening paragraphs: the result of each run, the reward model, the settings.
+
+    `study` has "runs" ({run name: beta}, the headline run first), "rm_info" (or None) and "settings" (the demo's).
+    """
+    summary, settings = evaluation["summary"], evaluation.get("settings", {})
+    results = []
+    for name, beta in study["runs"].items():
+        label = f"PPO (beta {beta:g})" if beta else "PPO without a KL penalty (beta 0)"
+        results.append(run_sentence(label, final_checkpoint(summary, name)))
+    paragraphs = [" ".join(results)]
+    labels = {name: f"the beta {beta:g} run" if beta else "the run without a KL penalty"
+              for name, beta in study["runs"].items()}
+    curves = []
+    for name, label in labels.items():
+        rows = [s for s in summary if s["run"] == name]
+        if len(rows) >= 2:
+            curves.append(curve_sentence(label, rows))
+    along = along_the_way_sentence(summary, labels)
+    if along:
+        curves.append(along)
+    if curves:
+        paragraphs.append(" ".join(curves))
+    if study.get("rm_info") is not None:
+        text = reward_model_sentence(study["rm_info"], conclude=not study.get("word_baseline"))
+        if study.get("word_baseline"):
+            text += " " + word_baseline_sentence(study["rm_info"]["after"]["accuracy"], study["word_baseline"])
+        paragraphs.append(text)
+    paragraphs.append(settings_sentence(study, settings))
+    return paragraphs

@@ -1,0 +1,221 @@
+"""Synthetic preference pairs (`ppo-rlhf pairs`): the Gao et al. (2022) set-up.
+
+The starting policy samples several replies per prompt, a gold judge scores each, and every two replies of a
+prompt whose gold scores differ by more than --min-margin become a pair, the better one "chosen". K replies give
+K(K-1)/2 pairs for K generations, so labels are cheap (the judge is a lexicon, sampling is the cost), and the
+margin drops near-ties whose label is mostly the judge's noise. A proxy reward model trained on these labels
+(reward_model.py) is what PPO optimises, and the same gold judge later measures how much of PPO's gain is real.
+Replies cut off at --reply-cap are never paired, since a reward model is only ever read at a closing EOS and the
+EOS rule of PPO scores cut-off replies itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import NamedTuple
+
+from tqdm import tqdm
+
+from ppo_rlhf.config import NON_NEGATIVE, POSITIVE_FLOAT, POSITIVE_INT, SEED, Checked
+from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.ppo.train_config import DTYPE_NAMES
+from ppo_rlhf.study.prompts import message_text, read_jsonl, read_prompts, write_jsonl
+from ppo_rlhf.utils.paths import check_model_name
+
+PAIR_FIELDS = ("prompt", "chosen", "rejected", "score_chosen", "score_rejected")
+
+
+def pair_from_record(record: dict, where: str) -> dict:
+    """{"prompt", "chosen", "rejected"} strings from a record whose replies are strings or chat-message lists
+    (UltraFeedback binarized: the last assistant message; the prompt, if absent, is the last user message)."""
+    chosen = message_text(record.get("chosen"), "assistant")
+    rejected = message_text(record.get("rejected"), "assistant")
+    for field, text in (("chosen", chosen), ("rejected", rejected)):
+        require(text is not None, f'{where}: "{field}" must be a string or chat messages with an assistant turn')
+    prompt = record.get("prompt")
+    if prompt is None:
+        prompt = message_text(record.get("chosen"), "user")
+    require(isinstance(prompt, str) and prompt.strip() != "", f'{where}: needs a non-empty "prompt" string')
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+
+def read_pairs(path: str | Path) -> list[dict]:
+    """Pairs of a JSONL file; the optional scores, if present, must be numbers."""
+    pairs = []
+    for number, row in read_jsonl(path):
+        where = f"{path}:{number}"
+        pair = pair_from_record(row, where)
+        for field in ("score_chosen", "score_rejected"):
+            if field in row:
+                value = row[field]
+                is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                require(is_number, f'{where}: "{field}" must be a number')
+                pair[field] = float(value)
+        pairs.append(pair)
+    return pairs
+
+
+@dataclass
+class Replies:
+    """Judged start-policy replies, `k` per prompt: reply j of prompts[i] is row k*i + j of each list."""
+
+    prompts: list[str]
+    k: int
+    texts: list[str]
+    lengths: list[int]  # in tokens
+    finished: list[bool]  # ended with EOS within the reply cap
+    scores: list[float]  # the judge's
+    judge: str
+
+
+class Pairing(NamedTuple):
+    rows: list[dict]  # PAIR_FIELDS of each pair
+    close: int  # candidate pairs skipped: gold scores within min_margin
+    cut_off: int  # candidate pairs skipped: a reply did not finish
+    chosen_longer: int  # pairs whose chosen reply has more tokens
+
+
+def sample_replies(
+    prompts: list[str],
+    model: str = "smollm2",
+    judge_spec: str = "gold",
+    reply_cap: int = 128,
+    temperature: float = 0.7,
+    seed: int = 0,
+    batch_size: int = 16,
+    replies_per_prompt: int = 2,
+    dtype: str = "auto",
+) -> Replies:
+    """Sample replies_per_prompt replies per prompt from the starting policy (on the CPU, seeded) and judge each."""
+    require(bool(prompts), "no prompts to sample replies for")
+    require(reply_cap >= 1 and temperature > 0, "--reply-cap must be >= 1 and --temperature > 0")
+    require(batch_size >= 1, f"batch size must be >= 1, got {batch_size}")
+    require(replies_per_prompt >= 1, f"--replies-per-prompt must be >= 1, got {replies_per_prompt}")
+    check_model_name(model)
+    # lazy: `ppo-rlhf pairs` checks its arguments and files (above) before torch and transformers load
+    import torch
+
+    from ppo_rlhf.models.loading import load_causal_lm, load_tokenizer
+    from ppo_rlhf.models.precision import resolve_dtype
+    from ppo_rlhf.models.rollout import generate_rollout
+    from ppo_rlhf.study.judges import make_judge
+
+    judge = make_judge(judge_spec)
+    tokenizer = load_tokenizer(model)
+    policy = load_causal_lm(model, resolve_dtype(dtype, torch.device("cpu")))  # sampling runs on the CPU here
+
+    torch.manual_seed(seed)
+    k = replies_per_prompt
+    repeated = [p for p in prompts for _ in range(k)]  # rows k*i .. k*i+k-1 answer prompt i
+    texts, lengths, finished = [], [], []
+    for start in tqdm(range(0, len(repeated), batch_size), desc="sampling replies", unit="batch"):
+        rollout = generate_rollout(policy, tokenizer, repeated[start : start + batch_size], reply_cap, temperature)
+        texts += rollout.reply_texts
+        lengths += rollout.reply_lengths.tolist()
+        finished += rollout.finished.tolist()
+    return Replies(list(prompts), k, texts, lengths, finished, judge.score(repeated, texts), judge.name)
+
+
+def pair_replies(replies: Replies, min_margin: float) -> Pairing:
+    """Every two finished replies of a prompt whose scores differ by more than min_margin, the better one chosen."""
+    k, texts, scores, lengths, finished = replies.k, replies.texts, replies.scores, replies.lengths, replies.finished
+    rows, close, unfinished, chosen_longer = [], 0, 0, 0
+    for i, prompt in enumerate(replies.prompts):
+        for a, b in combinations(range(k * i, k * i + k), 2):
+            if not (finished[a] and finished[b]):
+                unfinished += 1
+                continue
+            if abs(scores[a] - scores[b]) <= min_margin:  # with margin 0: a tie, no preference at all
+                close += 1
+                continue
+            win, lose = (a, b) if scores[a] > scores[b] else (b, a)
+            chosen_longer += lengths[win] > lengths[lose]
+            rows.append(dict(zip(PAIR_FIELDS, (prompt, texts[win], texts[lose], scores[win], scores[lose]))))
+    return Pairing(rows, close, unfinished, chosen_longer)
+
+
+def make_pairs(
+    prompts: list[str] | str | Path,
+    out_path: str | Path,
+    model: str = "smollm2",
+    judge_spec: str = "gold",
+    reply_cap: int = 128,
+    temperature: float = 0.7,
+    seed: int = 0,
+    batch_size: int = 16,
+    replies_per_prompt: int = 2,
+    min_margin: float = 0.0,
+    dtype: str = "auto",
+) -> dict:
+    """Sample replies_per_prompt replies per prompt, pair every two whose gold scores differ by more than
+    min_margin, write the pairs JSONL; return the counts."""
+    if not isinstance(prompts, list):
+        prompts = read_prompts(prompts)
+    require(bool(prompts), "no prompts to make pairs from")
+    require(replies_per_prompt >= 2, f"--replies-per-prompt must be >= 2 to make a pair, got {replies_per_prompt}")
+    require(min_margin >= 0, f"--min-margin must be >= 0, got {min_margin}")
+    replies = sample_replies(prompts, model, judge_spec, reply_cap, temperature, seed, batch_size, replies_per_prompt,
+                             dtype)
+    rows, close, unfinished, chosen_longer = pair_replies(replies, min_margin)
+    if not rows:
+        raise UsageError(f"no usable pair among {counted(len(prompts), 'prompt')} ({close} ties or within --min-margin "
+                         f"{min_margin:g}, {unfinished} with a cut-off reply)")
+    write_jsonl(out_path, rows)
+    k = replies_per_prompt
+    return {
+        "judge": replies.judge,
+        "prompts": len(prompts),
+        "replies_per_prompt": k,
+        "min_margin": min_margin,
+        "candidate_pairs": len(prompts) * k * (k - 1) // 2,
+        "pairs": len(rows),
+        "close": close,
+        "cut_off": unfinished,
+        "finished_replies": sum(replies.finished) / len(replies.finished),
+        "mean_score_chosen": sum(r["score_chosen"] for r in rows) / len(rows),
+        "mean_score_rejected": sum(r["score_rejected"] for r in rows) / len(rows),
+        "chosen_longer_fraction": chosen_longer / len(rows),  # the length bias the labels carry
+    }
+
+
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """`1 prompt`, `3 prompts`; `1 reply`, `2 replies` (given the irregular plural)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def summary_line(info: dict) -> str:
+    """The counts of `make_pairs` in words, one line (for `ppo-rlhf pairs` and the demo)."""
+    return (f"pairs: {info['pairs']} from {counted(info['prompts'], 'prompt')} x "
+            f"{counted(info['replies_per_prompt'], 'reply', 'replies')} "
+            f"({info['close']} with a gold margin <= {info['min_margin']:g} and {info['cut_off']} with a cut-off reply "
+            f"skipped); {info['judge']} judge scores chosen {info['mean_score_chosen']:+.3f}, rejected "
+            f"{info['mean_score_rejected']:+.3f}; chosen reply longer in {info['chosen_longer_fraction']:.0%}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", required=True, help='a {"prompt": ...} JSONL file (e.g. OUT/train.jsonl)')
+    parser.add_argument("--out", required=True, help="output pairs JSONL")
+    parser.add_argument("--model", default="smollm2", help="the starting policy that samples the replies")
+    parser.add_argument("--judge", default="gold", help="vader | nontoxic | gold | rm:PATH_OR_HUB_ID")
+    parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128, help="longest reply in tokens")
+    parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=0.7)
+    parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="replies sampled at once")
+    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2, help="replies sampled per prompt; "
+                        "every two of them can make a pair")
+    parser.add_argument("--min-margin", type=Checked(float, NON_NEGATIVE), default=0.0,
+                        help="keep a pair only when the gold scores differ by more than this")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
+                        help="the sampler's weights (auto: bfloat16 where the CPU has it natively)")
+
+
+def run(args: argparse.Namespace) -> int:
+    info = make_pairs(
+        args.prompts, args.out, args.model, args.judge, args.reply_cap, args.temperature, args.seed, args.batch_size,
+        args.replies_per_prompt, args.min_margin, args.dtype,
+    )
+    print(f"wrote {args.out}; {summary_line(info)}")
+    return 0

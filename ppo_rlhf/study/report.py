@@ -1,0 +1,459 @@
+"""Plots and a report page for training runs and an evaluation (`ppo-rlhf report`).
+
+From each RUN_DIR/history.jsonl: the dashboard of spec 8.9/8.11 over iterations, one line per run, and a table
+of its averages over the first and the last five iterations (as in spec 8.10). From EVAL_DIR/evaluation.json
+(`ppo-rlhf evaluate`): gold and proxy change against KL to the start model, the over-optimisation picture of
+Gao et al. (2022), the summary table and the before/after examples. The page is written twice from the same
+blocks: report.md (next to the PNGs) and report.html (self-contained, images inline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.study.dashboard import DASHBOARD
+from ppo_rlhf.study.evaluate import length_correlation, shown_reply
+
+if TYPE_CHECKING:  # matplotlib is imported by the functions that draw: `ppo-rlhf report --help` answers without it
+    from matplotlib.figure import Figure
+
+EDGE_ITERATIONS = 5  # "first five and last five iterations"
+
+# A page is a list of blocks, rendered to Markdown and to HTML:
+# ("h2", text) | ("p", text) | ("table", header, rows) | ("img", file name, caption) | ("pre", text)
+Block = tuple
+
+
+# ---------------------------------------------------------------- reading
+
+
+def read_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The per-iteration dashboard dicts of a run (NaN allowed, as dashboard.history_line writes them)."""
+    run_dir = Path(run_dir)
+    require(not run_dir.is_file(), f"{run_dir} is a file, not a run directory")
+    require(run_dir.is_dir(), f"run directory {run_dir} not found")
+    path = run_dir / "history.jsonl"
+    require(path.is_file(), f"{run_dir} has no history.jsonl")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise UsageError(f"{path}:{number}: not valid JSON") from None
+    require(bool(rows), f"{path} is empty")
+    return rows
+
+
+def machine_sentence(run_dirs: list[Path]) -> str | None:
+    """What each run's settings resolved to on its machine (run_info.json, written by `train` at its latest start):
+    "ppo: dtype auto -> float32 (no AVX512-BF16/AMX-BF16 on this CPU), 2 threads, device cpu"; None if no run has it."""
+    parts = []
+    for run_dir in run_dirs:
+        try:
+            info = json.loads((run_dir / "run_info.json").read_text())
+            parts.append(f"{run_dir.resolve().name}: dtype {info['dtype_note']}, {info['threads']} threads, device "
+                         f"{info['device']}")
+        except (OSError, ValueError, KeyError, TypeError):  # older runs have none; the report does not need it
+            continue
+    return "Run settings on their machine: " + "; ".join(parts) + "." if parts else None
+
+
+def read_evaluation(eval_dir: Path) -> dict[str, Any]:
+    path = Path(eval_dir) / "evaluation.json"
+    require(path.is_file(), f"{path} not found (write it with ppo-rlhf evaluate --out {eval_dir})")
+    try:
+        evaluation = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise UsageError(f"{path}: not valid JSON") from None
+    is_evaluation = isinstance(evaluation, dict) and "summary" in evaluation
+    require(is_evaluation, f"{path} has no summary; is it from ppo-rlhf evaluate?")
+    return evaluation
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+# ---------------------------------------------------------------- plots
+
+
+# What each dashboard number is, in words, and its unit (the y-axis label); keys as in dashboard.DASHBOARD.
+PANELS: dict[str, tuple[str, str]] = {
+    "score": ("Reward score (normalised, EOS rule)", "start-policy sd"),
+    "rm_raw": ("Reward score, raw", "reward-model units"),
+    "kl": ("KL from the reference policy", "nats per reply"),
+    "len": ("Reply length", "tokens"),
+    "fin": ("Replies that ended with EOS", "share of replies"),
+    "ent": ("Policy entropy", "nats per token"),
+    "clipfrac": ("Tokens with the policy ratio clipped", "share of tokens"),
+    "approx_kl": ("Policy change per update", "approx. KL, nats per token"),
+    "v_loss": ("Value model loss", "(score sd)²"),
+    "ev": ("Value model: explained variance", "fraction (1 = perfect)"),
+    "vclipfrac": ("Tokens with the value update clipped", "share of tokens"),
+}
+
+# Lines of different runs can coincide (the same seed gives the same first iterations): each run gets its own
+# hollow marker and dash pattern, so that every run stays visible under the others and in the legend.
+MARKERS = ("o", "s", "^", "D", "v", "P")
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def run_style(k: int) -> dict[str, Any]:
+    return {"marker": MARKERS[k % len(MARKERS)], "linestyle": LINESTYLES[k % len(LINESTYLES)],
+            "markerfacecolor": "none", "markersize": 5 + 2 * (k % 3)}
+
+
+def dashboard_figure(histories: dict[str, list[dict]]) -> Figure:
+    """One panel per dashboard number, iterations on x, one line per run; the legend in the spare panel."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    columns = 3  # panels wide enough to read at the page's width
+    panels = math.ceil((len(DASHBOARD) + 1) / columns) * columns  # one more for the legend
+    figure = Figure(figsize=(4.2 * columns, 3.2 * panels // columns), layout="constrained")
+    axes = figure.subplots(panels // columns, columns, squeeze=False).ravel()
+    for axis, (key, label, _) in zip(axes, DASHBOARD):
+        title, unit = PANELS[key]
+        logged = False
+        iterations: list[int] = []
+        for k, (name, history) in enumerate(histories.items()):
+            x = [row.get("iteration", i) for i, row in enumerate(history)]
+            y = [_number(row.get(key)) for row in history]
+            logged |= not all(math.isnan(v) for v in y)
+            iterations += x
+            axis.plot(x, y, label=name, **run_style(k))
+        if not logged:  # e.g. the value model's numbers of critic-free runs: say so rather than leave a blank panel
+            axis.text(0.5, 0.5, "not logged by these runs", transform=axis.transAxes, ha="center", va="center")
+            axis.set_xlim(min(iterations), max(iterations))  # NaN lines set no limits: the runs' iterations do
+            axis.set_yticks([])
+        axis.set_title(f"{title} [{label}]", fontsize=10)
+        axis.set_ylabel(unit)
+        axis.set_xlabel("iteration")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.ticklabel_format(axis="y", useOffset=False)  # "+5.689" above the axis is easy to miss: full numbers
+        axis.grid(alpha=0.3)
+    for axis in axes[len(DASHBOARD) :]:
+        axis.set_axis_off()
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[len(DASHBOARD)].legend(handles, labels, loc="center", title="run", fontsize=11, title_fontsize=11)
+    return figure
+
+
+JUDGE_TITLES = {
+    "gold": "Gold judge (not trained on): change from the start model",
+    "proxy": "Proxy (the reward model PPO maximised): change from the start model",
+}
+
+
+def overoptimisation_figure(summary: list[dict]) -> Figure:
+    """Gold and proxy change (95% bootstrap intervals over prompts) against KL to the start model, one series per
+    run, each point labelled with its iteration.
+
+    Every series starts at the start model, (0, 0): Gao et al.'s picture is gold rising with KL and then
+    falling while the proxy keeps rising. The two panels share both axes, so that the gap between what the proxy
+    claimed and what the gold judge saw reads off at any KL.
+    """
+    from matplotlib.figure import Figure
+
+    start = next(s for s in summary if s["run"] is None)
+    runs: dict[str, list[dict]] = {}
+    for s in summary:
+        if s["run"] is not None:
+            runs.setdefault(s["run"], []).append(s)
+    figure = Figure(figsize=(12, 4.6), layout="constrained")
+    axes = figure.subplots(1, 2, sharex=True, sharey=True)
+    for axis, judge in zip(axes, ("gold", "proxy")):
+        for k, (name, points) in enumerate(runs.items()):
+            points = [start] + sorted(points, key=lambda s: s["iteration"])
+            changes = [s[f"{judge}_change"] for s in points]
+            means = [c["mean"] for c in changes]
+            errors = [[m - c["lo"] for m, c in zip(means, changes)], [c["hi"] - m for m, c in zip(means, changes)]]
+            kls = [s["kl"] for s in points]
+            axis.errorbar(kls, means, yerr=errors, capsize=3, label=name, **run_style(k))
+            for s, x, y in zip(points[1:], kls[1:], means[1:]):
+                axis.annotate(f"it {s['iteration']}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        axis.annotate("start model", (start["kl"], 0.0), textcoords="offset points", xytext=(5, -12), fontsize=8)
+        axis.axhline(0.0, color="grey", linewidth=0.8)
+        axis.set_xlabel("KL to the start model (nats per reply)")
+        axis.set_ylabel("score change (start-model sd)")
+        axis.set_title(JUDGE_TITLES[judge], fontsize=10)
+        axis.grid(alpha=0.3)
+        axis.legend(title="run (bars: 95% interval)", fontsize=9, title_fontsize=9)
+    axes[1].yaxis.set_tick_params(labelleft=True)  # shared, but each panel keeps its numbers
+    return figure
+
+
+def learning_curve_figure(curve: list[dict]) -> Figure:
+    """The reward model's held-out accuracy against the training pairs it had seen (first pass; a later epoch is
+    a separate point), with chance and the study's 75% target drawn in."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    from ppo_rlhf.study.findings import TARGET_RM_ACCURACY
+
+    figure = Figure(figsize=(6.4, 4.0), layout="constrained")
+    axis = figure.subplots()
+    first = [point for point in curve if point["epochs"] <= 1]
+    axis.plot([p["pairs"] for p in first], [p["accuracy"] for p in first], marker="o", label="first pass")
+    for point in curve:
+        if point["epochs"] > 1:
+            axis.plot([point["pairs"]], [point["accuracy"]], marker="s", linestyle="none",
+                      label=f"after {point['epochs']} epochs")
+    axis.axhline(0.5, color="grey", linewidth=0.8, linestyle=":", label="chance")
+    axis.axhline(TARGET_RM_ACCURACY, color="grey", linewidth=0.8, linestyle="--", label="target")
+    axis.set_xlabel("training pairs seen")
+    # two lines: in one, the label is longer than the axis is high, and the figure cuts both of its ends off
+    axis.set_ylabel("held-out accuracy\n(share of pairs ranked like the gold judge)")
+    axis.set_title("Does the reward model learn the gold judge's preferences?", fontsize=10)
+    axis.set_ylim(-0.04, 1.04)  # an accuracy of 0 or 1 drawn on the frame would hide in it: a margin around [0, 1]
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # pairs are counted
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=9)
+    return figure
+
+# ---------------------------------------------------------------- tables
+
+
+def _fmt(value: Any, spec: str) -> str:
+    number = _number(value)
+    return "nan" if math.isnan(number) else format(number, spec)
+
+
+def history_table(histories: dict[str, list[dict]]) -> tuple[list[str], list[list[str]]]:
+    """Each run's dashboard averaged over its first and its last EDGE_ITERATIONS iterations; one row, over all of
+    them, for a run too short to have two such spans that do not overlap (they would repeat each other)."""
+    header = ["run", "iterations"] + [label for _, label, _ in DASHBOARD]
+    rows = []
+    for name, history in histories.items():
+        edges = [("first", history[:EDGE_ITERATIONS]), ("last", history[-EDGE_ITERATIONS:])]
+        if len(history) < 2 * EDGE_ITERATIONS:
+            edges = [("all", history)]
+        for which, part in edges:
+            cells = [name, f"{which} {len(part)}"]
+            for key, _, spec in DASHBOARD:
+                values = [v for v in (_number(row.get(key)) for row in part) if not math.isnan(v)]
+                cells.append(spec.format(sum(values) / len(values)).strip() if values else "nan")
+            rows.append(cells)
+    return header, rows
+
+
+def evaluation_table(summary: list[dict]) -> tuple[list[str], list[list[str]]]:
+    header = ["model", "proxy change [95% CI]", "gold change [95% CI]", "proxy with EOS rule", "finished",
+              "tokens", "KL", "distinct-2", "entropy", "length corr"]
+
+    def interval(c: dict) -> str:
+        return f"{_fmt(c['mean'], '+.3f')} [{_fmt(c['lo'], '+.3f')}, {_fmt(c['hi'], '+.3f')}]"
+
+    rows = [
+        [s["model"], interval(s["proxy_change"]), interval(s["gold_change"]), _fmt(s["proxy_eos"], "+.3f"),
+         _fmt(s["finished"], ".2f"), _fmt(s["tokens"], ".1f"), _fmt(s["kl"], ".2f"), _fmt(s["distinct_2"], ".3f"),
+         _fmt(s["entropy"], ".3f"), length_correlation(s)]
+        for s in summary
+    ]
+    return header, rows
+
+
+def example_table(example: dict) -> tuple[list[str], list[list[str]]]:
+    header = ["model", "proxy", "gold", "tokens", "reply"]
+    rows = [[r["model"], _fmt(r["proxy"], "+.2f"), _fmt(r["gold"], "+.2f"), str(r["tokens"]), shown_reply(r["reply"])]
+            for r in example["replies"]]
+    return header, rows
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _md_text(text: str) -> str:
+    # replies are arbitrary text: keep "<tag>" from being read as HTML by a Markdown viewer
+    return html.escape(text, quote=False)
+
+
+def _md_cell(text: str) -> str:
+    return _md_text(text).replace("|", "\\|").replace("\n", "<br>")
+
+
+def render_markdown(title: str, blocks: list[Block]) -> str:
+    lines = [f"# {title}", ""]
+    for block in blocks:
+        kind = block[0]
+        if kind == "h2":
+            lines += [f"## {block[1]}", ""]
+        elif kind == "p":
+            lines += [_md_text(block[1]), ""]
+        elif kind == "table":
+            header, rows = block[1], block[2]
+            lines.append("| " + " | ".join(header) + " |")
+            lines.append("|" + "---|" * len(header))
+            lines += ["| " + " | ".join(_md_cell(cell) for cell in row) + " |" for row in rows]
+            lines.append("")
+        elif kind == "img":
+            lines += [f"![{block[2]}]({block[1]})", ""]
+        elif kind == "pre":
+            lines += ["```", block[1].rstrip("\n"), "```", ""]
+    return "\n".join(lines)
+
+
+STYLE = """body { font-family: sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
+td { white-space: pre-wrap; } img { max-width: 100%; } pre { background: #f6f6f6; padding: 1em; overflow-x: auto; }"""
+
+
+def render_html(title: str, blocks: list[Block], image_dir: Path) -> str:
+    """A self-contained page: the PNGs are inlined as base64 data URIs."""
+    escape = html.escape
+    parts = [f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{escape(title)}</title>",
+             f"<style>{STYLE}</style></head><body>", f"<h1>{escape(title)}</h1>"]
+    for block in blocks:
+        kind = block[0]
+        if kind == "h2":
+            parts.append(f"<h2>{escape(block[1])}</h2>")
+        elif kind == "p":
+            parts.append(f"<p>{escape(block[1])}</p>")
+        elif kind == "table":
+            header, rows = block[1], block[2]
+            parts.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>")
+            parts += ["<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in row) + "</tr>" for row in rows]
+            parts.append("</table>")
+        elif kind == "img":
+            data = base64.b64encode((image_dir / block[1]).read_bytes()).decode("ascii")
+            parts.append(f"<figure><img src='data:image/png;base64,{data}' alt='{escape(block[2])}'>"
+                         f"<figcaption>{escape(block[2])}</figcaption></figure>")
+        elif kind == "pre":
+            parts.append(f"<pre>{escape(block[1])}</pre>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------- the report
+
+
+def shown_spec(spec: Any, out_dir: Path) -> str:
+    """A judge or model as the page names it: an absolute local path (the evaluation saves them so) relative to the
+    report's folder, so that the page reads the same wherever the study's folder is."""
+    text = str(spec)
+    prefix = next((p for p in ("rm:", "rm-init-head:") if text.startswith(p)), "")
+    path = text.removeprefix(prefix)
+    return prefix + (os.path.relpath(path, out_dir.resolve()) if Path(path).is_absolute() else path)
+
+
+def _evaluation_blocks(evaluation: dict[str, Any], out_dir: Path) -> list[Block]:
+    summary = evaluation["summary"]
+    settings = evaluation.get("settings", {})
+    blocks: list[Block] = [("h2", "Scores on held-out prompts, against the start model")]
+    if settings:
+        kl = f" KL: the {settings['kl']}." if "kl" in settings else ""  # (evaluations before issue 29 do not say)
+        proxy, gold = (shown_spec(settings.get(judge), out_dir) for judge in ("proxy", "gold"))
+        blocks.append(("p", f"{settings.get('n_prompts')} held-out prompts x {settings.get('replies_per_prompt')} "
+                            f"replies per model, sampling seed {settings.get('seed')}; proxy {proxy}, gold {gold}"
+                            ". Scores in start-model standard deviations; changes are paired with the start model's "
+                            "reply to the same prompt; their 95% intervals resample prompts (all replies of a drawn "
+                            f"prompt together).{kl}"))
+    blocks.append(("table", *evaluation_table(summary)))
+    if any(s["run"] is not None for s in summary):
+        overoptimisation_figure(summary).savefig(out_dir / "overoptimisation.png", dpi=100)
+        blocks.append(("img", "overoptimisation.png", "gold and proxy change against KL to the start model, every "
+                       "evaluated checkpoint of every run (bars: 95% intervals over prompts)"))
+    examples = evaluation.get("examples", [])
+    if examples:
+        blocks.append(("h2", "Example replies, before and after training"))
+        for example in examples:
+            blocks.append(("p", f"PROMPT: {example['prompt']}"))
+            blocks.append(("table", *example_table(example)))
+    return blocks
+
+
+def _study_blocks(study: dict[str, Any], evaluation: dict[str, Any] | None, out_dir: Path) -> list[Block]:
+    """The demo's opening: the smoke-run note, the result in words, the content note, the caveats, the reward
+    model's learning curve."""
+    from ppo_rlhf.study.findings import CONTENT_NOTE, SMOKE_NOTE, caveats, headline
+
+    blocks: list[Block] = []
+    if study.get("quick"):
+        blocks.append(("p", SMOKE_NOTE))
+    if evaluation is not None:
+        blocks += [("h2", "The result")] + [("p", text) for text in headline(evaluation, study)]
+    if study.get("realtoxicityprompts"):  # after the result, before any quoted reply
+        blocks.append(("p", CONTENT_NOTE))
+    notes = [] if evaluation is None else caveats(evaluation["summary"], evaluation.get("settings", {}),
+                                                  study.get("rm_info"))
+    if notes:
+        blocks += [("h2", "Read with care")] + [("p", note) for note in notes]
+    rm_info = study.get("rm_info")
+    if rm_info is not None and rm_info.get("learning_curve"):
+        learning_curve_figure(rm_info["learning_curve"]).savefig(out_dir / "learning_curve.png", dpi=100)
+        rows = [[str(p["pairs"]), str(p["epochs"]), _fmt(p["accuracy"], ".3f"), _fmt(p["mean_margin"], "+.3f"),
+                 _fmt(p["length_corr"], "+.2f")] for p in rm_info["learning_curve"]]
+        blocks += [("h2", "The reward model: how well it learned the gold judge"),
+                   ("img", "learning_curve.png", f"held-out accuracy on {rm_info['heldout_pairs']} pairs of prompts "
+                                                 "it never trained on, against the training pairs seen"),
+                   ("table", ["training pairs seen", "epochs", "held-out accuracy", "mean margin",
+                              "margin-length correlation"], rows)]
+    return blocks
+
+
+def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_dir: str | Path,
+                 study: dict[str, Any] | None = None) -> Path:
+    """Write the PNGs, report.md and report.html into out_dir; return the path of report.html.
+
+    `study` (from the demo) opens the page with the result in words (see findings.headline for its keys, plus
+    "quick" and "realtoxicityprompts") and the reward model's learning curve."""
+    require(bool(run_dirs) or eval_dir is not None, "give at least one RUN_DIR or --eval EVAL_DIR")
+    histories: dict[str, list[dict]] = {}
+    for run_dir in map(Path, run_dirs):
+        name = run_dir.resolve().name
+        require(name not in histories, f"two runs are named {name!r}; give their folders different names")
+        histories[name] = read_history(run_dir)
+    evaluation = read_evaluation(Path(eval_dir)) if eval_dir is not None else None
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    blocks: list[Block] = [] if study is None else _study_blocks(study, evaluation, out_dir)
+    if histories:
+        dashboard_figure(histories).savefig(out_dir / "dashboard.png", dpi=100)
+        blocks += [
+            ("h2", "How training went, iteration by iteration"),
+            ("img", "dashboard.png", "the dashboard over iterations, one line per run; [brackets]: the name in "
+                                     "history.jsonl and the table below"),
+            ("table", *history_table(histories)),
+        ]
+        machines = machine_sentence(list(map(Path, run_dirs)))
+        blocks += [("p", machines)] if machines else []
+    if evaluation is not None:
+        blocks += _evaluation_blocks(evaluation, out_dir)
+    for run_dir in map(Path, run_dirs):
+        table = run_dir / "token_table.txt"
+        if table.is_file():
+            blocks += [("h2", f"Per-token table: {run_dir.resolve().name}"), ("pre", table.read_text())]
+
+    if study is not None:
+        title = "What PPO against a learned reward model really gained" + (" (smoke run)" if study.get("quick") else "")
+    else:
+        title = "PPO report: " + ", ".join(histories) if histories else "PPO evaluation report"
+    (out_dir / "report.md").write_text(render_markdown(title, blocks))
+    page = out_dir / "report.html"
+    page.write_text(render_html(title, blocks, out_dir))
+    return page
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="training run folders (with history.jsonl)")
+    parser.add_argument("--eval", dest="eval_dir", metavar="EVAL_DIR", help="a ppo-rlhf evaluate --out folder")
+    parser.add_argument("--out", required=True, metavar="REPORT_DIR",
+                        help="folder for the PNGs, report.md, report.html")
+
+
+def run(args: argparse.Namespace) -> int:
+    page = write_report(args.run_dirs, args.eval_dir, args.out)
+    print(f"wrote {page}")
+    return 0

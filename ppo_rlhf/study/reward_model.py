@@ -1,0 +1,368 @@
+"""Bradley-Terry reward-model training (`ppo-rlhf reward-model train`).
+
+The reward model is a sequence classifier built on the policy's own backbone and tokenizer, with LoRA on
+the seven linear layers of every block and a trainable one-output score head. Each (prompt, reply) is
+chat-formatted and scored at the reply's closing EOS by scores.reward_inputs / reward_scores, the exact
+functions PPO scores with, so training and use read the same position. The loss is
+
+    -log sigmoid(r(x, chosen) - r(x, rejected))
+
+and the output folder is a PEFT adapter (LoRA + score head) that models.load_sequence_classifier loads.
+
+Held-out accuracy is measured on a held-out share of the pairs, or on a separate pairs file (pairs of prompts the
+model never trained on, as the demo makes them). The learning curve, held-out accuracy after the first 1/8, 1/4,
+1/2 and all of the training pairs of the first pass (and after each later epoch), is measured inside the one training
+run rather than by training once per size: the same curve's shape for a fraction of the compute. It says whether
+more pairs would help (still rising) or the backbone is the limit (flat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked, FieldType
+from ppo_rlhf.errors import require
+from ppo_rlhf.ppo.train_config import DTYPE_NAMES, resolve_device
+from ppo_rlhf.study.pairs import pair_from_record, read_pairs
+from ppo_rlhf.study.prompts import load_hf_dataset
+from ppo_rlhf.study.stats import pearson
+from ppo_rlhf.utils.files import atomic_directory
+from ppo_rlhf.utils.paths import check_model_name
+
+if TYPE_CHECKING:  # torch, transformers and the models are imported where used: `reward-model train` checks its
+    import torch  # files before they load
+
+
+def load_pair_source(source: str) -> list[dict]:
+    """Pairs of a JSONL file or of `hf:DATASET[:SPLIT]` (e.g. hf:HuggingFaceH4/ultrafeedback_binarized:train_prefs)."""
+    if not source.startswith("hf:"):
+        return read_pairs(source)
+    name, split = (source.removeprefix("hf:").split(":") + ["train"])[:2]
+    require(bool(name), f"no dataset name in {source!r}; use hf:DATASET[:SPLIT]")
+    dataset = load_hf_dataset(name, split)
+    rows = enumerate(tqdm(dataset, desc="reading pairs"))
+    return [pair_from_record(row, f"{name}[{split}] row {i}") for i, row in rows]
+
+
+def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(r_chosen [B], r_rejected [B], len(chosen) - len(rejected) in tokens [B]) in one forward pass.
+
+    Each distinct (prompt, reply) conversation is scored once however many pairs it is in: K replies of a prompt
+    make up to K(K-1)/2 pairs from K forward passes instead of K(K-1) (InstructGPT trains on all comparisons of
+    a prompt as one batch element for this reason).
+    """
+    import torch
+
+    from ppo_rlhf.models.scores import reward_inputs, reward_scores
+
+    conversations = [(p["prompt"], p["chosen"]) for p in pairs] + [(p["prompt"], p["rejected"]) for p in pairs]
+    distinct = list(dict.fromkeys(conversations))
+    row = {conversation: k for k, conversation in enumerate(distinct)}
+    input_ids, attention_mask = reward_inputs(tokenizer, [c[0] for c in distinct], [c[1] for c in distinct])
+    device = next(model.parameters()).device
+    scores = reward_scores(model, input_ids.to(device), attention_mask.to(device))
+    lengths = attention_mask.sum(dim=1)
+    index = torch.tensor([row[c] for c in conversations])
+    n = len(pairs)
+    chosen, rejected = index[:n], index[n:]
+    return scores[chosen.to(device)], scores[rejected.to(device)], lengths[chosen] - lengths[rejected]
+
+
+def pair_order(pairs: list[dict], generator: torch.Generator, shuffle_pairs: bool) -> list[int]:
+    """One epoch's order of the pairs: prompt_order, or with shuffle_pairs every pair on its own (a batch then mixes
+    prompts: more distinct replies to score per pair, and no batch dominated by one prompt's replies)."""
+    import torch
+
+    return torch.randperm(len(pairs), generator=generator).tolist() if shuffle_pairs else prompt_order(pairs, generator)
+
+
+def prompt_order(pairs: list[dict], generator: torch.Generator) -> list[int]:
+    """Pair indices in a random order of prompts, the pairs of one prompt together (in random order too), so that
+    a batch holds several pairs of a prompt and pair_scores scores each of their replies once."""
+    import torch
+
+    groups: dict[str, list[int]] = {}
+    for k, pair in enumerate(pairs):
+        groups.setdefault(pair["prompt"], []).append(k)
+    members = list(groups.values())
+    order = []
+    for g in torch.randperm(len(members), generator=generator).tolist():
+        order += [members[g][i] for i in torch.randperm(len(members[g]), generator=generator).tolist()]
+    return order
+
+
+def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int]:
+    """The longer of each pair's two conversations, in tokens."""
+    from ppo_rlhf.models.scores import reward_inputs
+
+    longest = []
+    for start in tqdm(range(0, len(pairs), chunk), desc="tokenizing pairs", leave=False):
+        part = pairs[start : start + chunk]
+        prompts = [p["prompt"] for p in part]
+        replies = [p["chosen"] for p in part] + [p["rejected"] for p in part]
+        _, mask = reward_inputs(tokenizer, prompts + prompts, replies)
+        lengths = mask.sum(dim=1).tolist()
+        longest += [max(a, b) for a, b in zip(lengths[: len(part)], lengths[len(part) :])]
+    return longest
+
+
+def pair_margins(model, tokenizer, pairs: list[dict], batch_size: int) -> tuple[list[float], list[int]]:
+    """(r_chosen - r_rejected, len(chosen) - len(rejected)) of every pair, in their order; the model in eval mode."""
+    import torch
+
+    model.eval()
+    margins, length_gaps = [], []
+    for start in range(0, len(pairs), batch_size):
+        with torch.no_grad():
+            chosen, rejected, gap = pair_scores(model, tokenizer, pairs[start : start + batch_size])
+        margins += (chosen - rejected).tolist()
+        length_gaps += gap.tolist()
+    return margins, length_gaps
+
+
+def evaluate_pairs(model, tokenizer, pairs: list[dict], batch_size: int) -> dict:
+    """Pair accuracy, mean margin, and the length bias: corr(len(chosen) - len(rejected), r_chosen - r_rejected)."""
+    return margin_summary(*pair_margins(model, tokenizer, pairs, batch_size))
+
+
+def margin_summary(margins: list[float], length_gaps: list[int]) -> dict:
+    """evaluate_pairs' numbers from the margins and length differences of the pairs."""
+    corr = pearson(length_gaps, margins)
+    return {
+        "accuracy": sum(m > 0 for m in margins) / len(margins),
+        "mean_margin": sum(margins) / len(margins),
+        "length_corr": None if corr != corr else corr,  # nan (constant lengths) -> null in JSON
+    }
+
+
+CURVE_FRACTIONS = (0.125, 0.25, 0.5)  # of the training pairs, during the first pass; all pairs are always measured
+
+
+def curve_steps(n_train: int, batch_size: int) -> dict[int, int]:
+    """{optimiser step (1-based) of the first epoch: training pairs seen after it} for the learning curve's points
+    (CURVE_FRACTIONS and the end of the pass); a fraction too small for one batch has no point."""
+    steps = {}
+    for fraction in CURVE_FRACTIONS:
+        seen = round(fraction * n_train)
+        if seen >= batch_size:  # at least one full step
+            steps[-(-seen // batch_size)] = min(n_train, -(-seen // batch_size) * batch_size)
+    steps[-(-n_train // batch_size)] = n_train
+    return steps
+
+
+def save_atomically(model, tokenizer, info: dict, out_dir: Path) -> None:
+    """Write the adapter folder under a temporary name and rename it into place."""
+    with atomic_directory(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "rm_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        (tmp / "learning_curve.json").write_text(json.dumps(info["learning_curve"], indent=1) + "\n")
+
+
+def train_reward_model(
+    pairs_source: str | Path,
+    base: str = "smollm2",
+    out_dir: str | Path = "rm",
+    epochs: int = 2,
+    lr: float = 1e-4,
+    batch_size: int = 8,
+    lora_rank: int = 16,
+    lora_layers: int = 0,
+    heldout_fraction: float = 0.1,
+    seed: int = 0,
+    max_length: int = 512,
+    device: str | None = None,
+    heldout_source: str | Path | None = None,
+    dtype: str = "auto",
+    shuffle_pairs: bool = False,
+    on_heldout: Callable[[dict, list[dict], list[float]], None] | None = None,
+) -> dict:
+    """Train on the pairs, write OUT (adapter + score head + tokenizer + rm_info.json + learning_curve.json);
+    return rm_info. With heldout_source, every pair of it is held out and every pair of pairs_source trains.
+
+    shuffle_pairs: batches of pairs in random order rather than whole prompts' pairs together (pair_order).
+    on_heldout(point, heldout_pairs, margins) is called at every held-out measurement (each learning-curve point:
+    before training, during the first pass, after each epoch) with the margin of every held-out pair, for callers
+    that want more than the accuracy (bench/rm_search.py's prompt-clustered intervals)."""
+    require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
+    require(lr > 0, f"--lr must be > 0, got {lr}")
+    require(0 < heldout_fraction < 1, f"--heldout-fraction must be in (0, 1), got {heldout_fraction}")
+    started = time.time()
+    pairs = load_pair_source(str(pairs_source))
+    given = None if heldout_source is None else load_pair_source(str(heldout_source))
+    check_model_name(base)
+    # lazy: the files and the model name are checked above, before torch and transformers load
+    import torch
+    import torch.nn.functional as F
+
+    from ppo_rlhf.models.loading import (
+        LoraSettings,
+        add_value_lora,
+        count_parameters,
+        load_sequence_classifier,
+        load_tokenizer,
+        resolve_model_path,
+    )
+    from ppo_rlhf.models.precision import dtype_name, resolve_dtype
+
+    tokenizer = load_tokenizer(base)
+
+    def fitting(pairs: list[dict]) -> list[dict]:
+        # A cut-off conversation would lose its closing EOS, the token the score is read at: drop, don't truncate.
+        return [p for p, n in zip(pairs, sequence_lengths(tokenizer, pairs)) if n <= max_length]
+
+    usable = fitting(pairs)
+    random.Random(seed).shuffle(usable)
+    if given is None:
+        require(len(usable) >= 2, f"{len(usable)} of {len(pairs)} pairs fit in --max-length {max_length}; need 2")
+        n_heldout = max(1, round(heldout_fraction * len(usable)))
+        require(len(usable) - n_heldout >= 1, f"no training pairs left after holding out {n_heldout} of {len(usable)}")
+        heldout, train = usable[:n_heldout], usable[n_heldout:]
+        dropped = len(pairs) - len(usable)
+    else:
+        heldout, train = fitting(given), usable
+        require(len(train) >= 1, f"none of {len(pairs)} pairs fits in --max-length {max_length}")
+        require(len(heldout) >= 1, f"none of {len(given)} held-out pairs fits in --max-length {max_length}")
+        dropped = len(pairs) + len(given) - len(train) - len(heldout)
+
+    torch.manual_seed(seed)  # the fresh score head is random
+    device = resolve_device(device or "auto")
+    # a half dtype stores the frozen backbone in it; LoRA and the score head (what is saved) train in fp32
+    frozen_dtype = resolve_dtype(dtype, device)
+    model = add_value_lora(load_sequence_classifier(base, frozen_dtype, init_score_head=True),  # trained below
+                           LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank, top_layers=lora_layers))
+    model.to(device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
+
+    def measure(pairs_seen: int, epochs_done: int) -> dict:
+        margins, length_gaps = pair_margins(model, tokenizer, heldout, batch_size)
+        point = {"pairs": pairs_seen, "epochs": epochs_done, **margin_summary(margins, length_gaps)}
+        if on_heldout is not None:
+            on_heldout(point, heldout, margins)
+        model.train()
+        return point
+
+    curve = [measure(0, 0)]
+    before = {key: value for key, value in curve[0].items() if key not in ("pairs", "epochs")}
+
+    generator = torch.Generator().manual_seed(seed)
+    epoch_losses = []
+    curve_at = curve_steps(len(train), batch_size)
+    for epoch in range(epochs):
+        model.train()
+        order = pair_order(train, generator, shuffle_pairs)
+        total, correct, seen = 0.0, 0, 0
+        bar = tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
+        for step, start in enumerate(bar, start=1):
+            batch = [train[i] for i in order[start : start + batch_size]]
+            chosen, rejected, _ = pair_scores(model, tokenizer, batch)
+            loss = -F.logsigmoid((chosen - rejected).float()).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            total += loss.item() * len(batch)
+            correct += int((chosen > rejected).sum())
+            seen += len(batch)
+            bar.set_postfix(loss=f"{total / seen:.4f}", acc=f"{correct / seen:.3f}")
+            if epoch == 0 and step in curve_at:  # the last step of the first pass is one of them
+                curve.append(measure(curve_at[step], 1))
+        epoch_losses.append(total / seen)
+        if epoch > 0:
+            curve.append(measure(len(train), epoch + 1))
+    after = {key: curve[-1][key] for key in before}
+
+    # The adapter must name the folder its weights apply to, not an alias like "smollm2".
+    model.peft_config["default"].base_model_name_or_path = resolve_model_path(base)
+    info = {
+        "base": base,
+        "base_path": resolve_model_path(base),
+        "pairs_source": str(pairs_source) if str(pairs_source).startswith("hf:") else str(Path(pairs_source).resolve()),
+        "pairs": len(pairs),
+        "dropped_too_long": dropped,
+        "heldout_source": None if heldout_source is None else str(Path(heldout_source).resolve()),
+        "train_pairs": len(train),
+        "heldout_pairs": len(heldout),
+        "epochs": epochs,
+        "lr": lr,
+        "batch_size": batch_size,
+        "lora_rank": lora_rank,
+        "lora_layers": lora_layers or "all",
+        "shuffle_pairs": shuffle_pairs,
+        "max_length": max_length,
+        "seed": seed,
+        "dtype": dtype_name(frozen_dtype),
+        "trainable_parameters": count_parameters(model)[0],
+        "train_loss": epoch_losses,
+        "before": before,
+        "after": after,
+        "learning_curve": curve,
+        "seconds": round(time.time() - started, 1),
+    }
+    save_atomically(model, tokenizer, info, Path(out_dir))
+    return info
+
+
+def summary_line(info: dict) -> str:
+    """The result of a training in words, one line (for `reward-model train` and the demo)."""
+    before, after = info["before"], info["after"]
+    corr = "n/a (equal lengths)" if after["length_corr"] is None else f"{after['length_corr']:+.2f}"
+    return (f"reward model: held-out accuracy {after['accuracy']:.2f} on {info['heldout_pairs']} pairs "
+            f"({before['accuracy']:.2f} before training, {info['train_pairs']} training pairs), "
+            f"score-length correlation {corr}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    train = actions.add_parser("train", help="train a reward model on preference pairs")
+    train.add_argument("--pairs", required=True, help="pairs JSONL (ppo-rlhf pairs) or hf:DATASET[:SPLIT]")
+    train.add_argument("--base", default="smollm2", help="backbone and tokenizer (the policy's)")
+    train.add_argument("--out", required=True, help="output folder (PEFT adapter + score head + tokenizer)")
+    train.add_argument("--epochs", type=POSITIVE_INT, default=2)
+    train.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-4)
+    train.add_argument("--batch-size", type=POSITIVE_INT, default=8, help="pairs per step")
+    train.add_argument("--lora-rank", type=POSITIVE_INT, default=16)
+    train.add_argument("--lora-layers", type=Checked(int, Bounds(low=0)), default=0,
+                       help="LoRA on the last N blocks only (0: every block); backward stops there, so fewer is faster")
+    train.add_argument("--shuffle-pairs", action="store_true",
+                       help="batches of pairs in random order (default: a prompt's pairs together, each reply scored "
+                            "once per step)")
+    train.add_argument("--heldout-fraction", type=Checked(float, Bounds(0, 1, low_open=True, high_open=True)),
+                       default=0.1, help="pairs kept out to measure accuracy")
+    train.add_argument("--seed", type=SEED, default=0)
+    train.add_argument("--max-length", type=POSITIVE_INT, default=512, help="longer conversations are dropped, not cut")
+    train.add_argument("--heldout-pairs", default=None,
+                       help="a pairs JSONL held out whole (pairs of other prompts); then --heldout-fraction is unused")
+    train.add_argument("--dtype", type=Checked(FieldType(str, choices=DTYPE_NAMES)), default="auto",
+                       help="frozen backbone's dtype (auto: bfloat16 where the hardware has it natively; LoRA and "
+                            "head fp32)")
+
+
+def run(args: argparse.Namespace) -> int:
+    info = train_reward_model(
+        args.pairs,
+        base=args.base,
+        out_dir=args.out,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        lora_rank=args.lora_rank,
+        lora_layers=args.lora_layers,
+        heldout_fraction=args.heldout_fraction,
+        seed=args.seed,
+        max_length=args.max_length,
+        heldout_source=args.heldout_pairs,
+        dtype=args.dtype,
+        shuffle_pairs=args.shuffle_pairs,
+    )
+    print(f"wrote {args.out}; {summary_line(info)}")
+    return 0

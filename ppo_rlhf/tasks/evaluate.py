@@ -1,0 +1,117 @@
+"""Held-out accuracy on a verifiable task (ppo_rlhf.tasks.arithmetic): the start policy and a run's checkpoints answer
+the same held-out problems, `replies_per_prompt` replies each, with torch's RNG reset to the same seed before each model
+samples (as `ppo-rlhf evaluate` does, whose sampling this reuses: KL to the start model and lengths come with it).
+
+Every reply is checked exactly (`tasks.exact_match`; `tasks.answer_format` for the format share). A model's accuracy
+gets a 95% prompt-level (cluster) bootstrap interval, and its change from the start model a paired one: reply i of
+problem j against the start model's reply i of problem j, whole problems resampled (`stats.bootstrap_mean`).
+
+`summarize_task` is pure (tested on made-up records); `task_records` and `evaluate_task_runs` sample (models needed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ppo_rlhf.errors import require
+from ppo_rlhf.study.evaluate import START, read_run_config, run_name, select_checkpoints
+from ppo_rlhf.study.stats import bootstrap_mean, paired_bootstrap
+from ppo_rlhf.tasks.arithmetic import answer_format, exact_match, problems
+
+
+def task_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], replies_per_prompt: int, seed: int,
+                 batch_size: int, run: str | None = None, iteration: int | None = None) -> list[dict]:
+    """`evaluate`'s per-reply records (prompt/reply indices, reply, tokens, finished, kl) of one model on the task's
+    rows ({"prompt", "answer"}), each with "correct" and "formatted" (1.0 or 0.0). `settings`: temperature,
+    max_new_tokens, top_p of the run."""
+    from ppo_rlhf.study.evaluate import _sample_records  # lazy: imports torch
+
+    records = _sample_records(model, tokenizer, [row["prompt"] for row in rows], replies_per_prompt, settings, seed,
+                              batch_size, run, iteration)
+    replies = [record["reply"] for record in records]
+    answers = [rows[record["prompt_index"]]["answer"] for record in records]
+    prompts = [record["prompt"] for record in records]
+    for record, correct, formatted in zip(records, exact_match(prompts, replies, [], answers),
+                                          answer_format(prompts, replies, [])):
+        record.update(correct=correct, formatted=formatted)
+    return records
+
+
+def _interval(values: np.ndarray, prompts: list[int], n_boot: int, seed: int, paired: bool = False) -> dict:
+    mean, lo, hi = (paired_bootstrap if paired else bootstrap_mean)(values, prompts, n_boot=n_boot, seed=seed)
+    return {"mean": mean, "lo": lo, "hi": hi}
+
+
+def summarize_task(records: list[dict], n_boot: int = 10000, seed: int = 0) -> list[dict[str, Any]]:
+    """One summary per model, the start model first: accuracy and its change from the start (95% prompt-level
+    intervals), format share, finished share, mean reply tokens, mean KL to the start model (nats per reply)."""
+    start = {(r["prompt_index"], r["reply_index"]): r for r in records if r["model"] == START}
+    require(bool(start), "no start-model records to compare against")
+    summaries = []
+    for label in dict.fromkeys(r["model"] for r in records):  # in first-seen order
+        rows = [r for r in records if r["model"] == label]
+        keys = [(r["prompt_index"], r["reply_index"]) for r in rows]
+        require(sorted(keys) == sorted(start), f"{label}: replies do not pair with the start model's")
+        prompts = [prompt for prompt, _ in keys]
+        correct = np.array([r["correct"] for r in rows], dtype=np.float64)
+        change = correct - np.array([start[key]["correct"] for key in keys])
+        summaries.append({
+            "model": label, "run": rows[0]["run"], "iteration": rows[0]["iteration"], "replies": len(rows),
+            "problems": len(set(prompts)),
+            "accuracy": _interval(correct, prompts, n_boot, seed),
+            "accuracy_change": _interval(change, prompts, n_boot, seed, paired=True),
+            "formatted": float(np.mean([r["formatted"] for r in rows])),
+            "finished": float(np.mean([r["finished"] for r in rows])),
+            "tokens": float(np.mean([r["tokens"] for r in rows])),
+            "kl": float(np.mean([r["kl"] for r in rows])),
+        })
+    return summaries
+
+
+# config keys every evaluated run must share (with the default for configs that lack them): one start, one sampler
+SHARED = {"policy_model": None, "temperature": None, "max_new_tokens": None, "top_p": 1.0, "dtype": "float32"}
+
+
+def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | None = 200,
+                       replies_per_prompt: int = 1, checkpoints: str = "all", seed: int = 1234, batch_size: int = 32,
+                       device: str = "auto") -> dict[str, Any]:
+    """The start policy and the chosen checkpoints of each run (e.g. PPO, RLOO and GRPO from one start) on
+    `n_heldout` held-out problems of `level` (None: all), in the runs' dtype, temperature and reply cap, which they
+    must share. Returns {"settings", "summary", "records"}; writes nothing."""
+    require(len(run_dirs) > 0, "give at least one run directory")
+    require(replies_per_prompt >= 1, f"replies_per_prompt must be >= 1, got {replies_per_prompt}")
+    require(batch_size >= 1, f"batch_size must be >= 1, got {batch_size}")
+    runs = {run_name(Path(d)): Path(d) for d in run_dirs}
+    require(len(runs) == len(run_dirs), "two runs have the same folder name; give them different names")
+    configs = {name: read_run_config(d) for name, d in runs.items()}
+    settings = {}
+    for key, default in SHARED.items():
+        values = {repr(config.get(key, default)) for config in configs.values()}
+        require(len(values) == 1, f"the runs differ in {key} ({', '.join(sorted(values))}); evaluate them apart")
+        settings[key] = next(iter(configs.values())).get(key, default)
+    selected = {name: select_checkpoints(d, checkpoints) for name, d in runs.items()}
+    rows = problems(level, "heldout", n_heldout)  # all checked before torch and the models load
+
+    from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
+    from ppo_rlhf.models.precision import resolve_dtype
+    from ppo_rlhf.ppo.train_config import resolve_device
+
+    torch_device = resolve_device(device)
+    dtype = resolve_dtype(settings["dtype"], torch_device)
+    base = settings["policy_model"]
+    tokenizer = load_tokenizer(base)
+    records: list[dict] = []
+    jobs = [(None, None, None)] + [(name, i, folder) for name, found in selected.items() for i, folder in found]
+    for name, iteration, folder in jobs:
+        model = (load_causal_lm(base, dtype) if folder is None else
+                 load_policy_adapter(base, folder / "policy", dtype)).to(torch_device)
+        records += task_records(model, tokenizer, rows, settings, replies_per_prompt, seed, batch_size, name,
+                                iteration)
+        del model  # one policy in memory at a time
+    return {"settings": {**settings, "level": level, "n_heldout": len(rows), "replies_per_prompt": replies_per_prompt,
+                         "seed": seed, "runs": {name: str(d.resolve()) for name, d in runs.items()},
+                         "checkpoints": checkpoints},
+            "summary": summarize_task(records), "records": records}
