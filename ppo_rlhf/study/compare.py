@@ -84,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="base YAML config of `ppo-rlhf train`; flags override it (with --task: "
                                          "default configs/smollm2_add_tiny.yaml)")
     parser.add_argument("--task", metavar="LEVEL", help="a verifiable task level (ppo-rlhf task list): compare ppo, "
-                        "ppo-warmup, rloo and grpo on it, scored exactly on held-out problems (task_compare.py)")
+                        "ppo-warmup, rloo and grpo on it, scored exactly on held-out problems "
+                        "(ppo_rlhf/tasks/compare.py)")
     parser.add_argument("--estimators", help="comma-separated, from gae, rloo, grpo (default: all; not with --task)")
     parser.add_argument("--eval-prompts", help='held-out prompts, a {"prompt": ...} JSONL file (required without '
                                                '--task)')
