@@ -155,16 +155,16 @@ def test_synced_process_steps_on_with_one_row_until_its_peers_end(tokenizer, mon
     assert len(sizes) == peer_steps and sizes[steps:] == [1] * (peer_steps - steps)
 
 
-def test_setting_reaches_the_generator_and_needs_the_hf_backend(tokenizer):
-    base = dict(reward_model="rm", prompts="p.jsonl", generation_drop_finished=True)
-    cfg = build_config(TrainConfig, base)
-    generator = make_generator(cfg, eos_prone(tokenizer), tokenizer)
-    assert isinstance(generator, HFGenerator) and generator.drop_finished
+def test_setting_reaches_the_generator_on_by_default_and_off_only_with_hf(tokenizer):
+    base = dict(reward_model="rm", prompts="p.jsonl")
+    generator = make_generator(build_config(TrainConfig, base), eos_prone(tokenizer), tokenizer)
+    assert isinstance(generator, HFGenerator) and generator.drop_finished  # the default: it measured faster
     assert not make_generator(build_config(TrainConfig, base | {"generation_drop_finished": False}),
                               eos_prone(tokenizer), tokenizer).drop_finished
-    assert TrainConfig.generation_drop_finished is False  # today's path stays the default
-    with pytest.raises(UsageError, match="generation_drop_finished"):
-        build_config(TrainConfig, base | {"generation_backend": "vllm"})
+    # vLLM never steps finished replies: on is what it does, off cannot be honoured
+    assert build_config(TrainConfig, base | {"generation_backend": "vllm"}).generation_drop_finished
+    with pytest.raises(UsageError, match="generation_drop_finished: false"):
+        build_config(TrainConfig, base | {"generation_backend": "vllm", "generation_drop_finished": False})
 
 
 def test_benchmark_dry_run(tiny_model_dirs, capsys):
