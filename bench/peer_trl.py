@@ -65,8 +65,13 @@ MALLOC_SETTINGS = {"default": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hu
 QWEN_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                   intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
                   rms_norm_eps=1e-6, tie_word_embeddings=True)
-# random models: name -> (folder under bench/.cache, Qwen2 config); "qwen-tiny" is bench/gpu_check.py --dry-run's
+QWEN_1_5B_SHAPE = {**QWEN_SHAPE, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+                   "intermediate_size": 8960}
+# random models: name -> (folder under bench/.cache, Qwen2 config, or None for SmolLM2's own config: its exact shape);
+# "qwen-tiny" is bench/gpu_check.py --dry-run's. Random weights almost never sample EOS: every reply runs to the cap.
 RANDOM_SHAPES = {"qwen-shape": ("qwen2.5-0.5b-shape-random", QWEN_SHAPE),
+                 "qwen1.5b-shape": ("qwen2.5-1.5b-shape-random", QWEN_1_5B_SHAPE),
+                 "smollm2-shape": ("smollm2-135m-shape-random", None),
                  "qwen-tiny": ("qwen2-tiny-random", {**QWEN_SHAPE, "hidden_size": 64, "num_hidden_layers": 2,
                                                      "num_attention_heads": 4, "intermediate_size": 128})}
 
@@ -90,13 +95,15 @@ def prepare_model(name: str, tokenizer_folder: str | None = None, cache: Path = 
     folder = cache / RANDOM_SHAPES[name][0]
     if not (folder / "config.json").is_file():
         import torch
-        from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder or resolve_model_path("smollm2"))
-        config = Qwen2Config(**RANDOM_SHAPES[name][1], bos_token_id=tokenizer.bos_token_id,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        shape = RANDOM_SHAPES[name][1]
+        config = (AutoConfig.from_pretrained(resolve_model_path("smollm2")) if shape is None else
+                  Qwen2Config(**shape, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id))
         torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent))
         model.save_pretrained(tmp)
@@ -124,7 +131,8 @@ def ours_settings(args, work: Path) -> dict:
         score_batch_size=args.batch,  # scoring passes over the whole batch, as TRL's local_rollout_forward_batch_size
         temperature=args.temperature, lora_rank=16, lora_alpha=32.0, beta=0.05, policy_lr=2e-5, value_lr=2e-5,
         old_logprobs=args.old_logprobs, tensorboard=False, quiet=True, seed=args.seed, device=args.device,
-        dtype=args.dtype, logprob_chunk_mb=args.logprob_chunk_mb, padding_free=args.padding_free)
+        dtype=args.dtype, logprob_chunk_mb=args.logprob_chunk_mb, padding_free=args.padding_free,
+        generation_drop_finished=not args.keep_finished)
 
 
 def ours_trainer(args):
@@ -277,7 +285,8 @@ def main() -> None:
     parser.add_argument("--trl-mode", default="fp32", choices=TRL_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)  # one side's device (bench/gpu_check.py)
-    parser.add_argument("--models", default="smollm2,qwen-shape", help="comma-separated: smollm2, qwen-shape")
+    parser.add_argument("--models", default="smollm2,qwen-shape",
+                        help="comma-separated: smollm2, qwen-shape, qwen1.5b-shape, smollm2-shape (random weights)")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--minibatch", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=2)
@@ -285,6 +294,9 @@ def main() -> None:
                         help="ours: MB of fp32 logits per log-prob chunk (TRL forms the whole [B, L, V] logits)")
     parser.add_argument("--padding-free", action="store_true",
                         help="ours: scoring and update passes over packed real tokens (padding_free: true)")
+    parser.add_argument("--keep-finished", action="store_true",
+                        help="ours: step finished replies with pad until the longest ends, HF generate "
+                             "(generation_drop_finished: false; the default drops them)")
     parser.add_argument("--micro-batch", type=int, default=0,
                         help="rows per forward+backward in the update, both sides (0 = the minibatch)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -311,9 +323,10 @@ def main() -> None:
         print("RESULT " + json.dumps(result), flush=True)
         return
 
-    unknown_models = [name for name in args.models.split(",") if name not in ("smollm2", "qwen-shape")]
+    known = ("smollm2", *RANDOM_SHAPES)
+    unknown_models = [name for name in args.models.split(",") if name not in known]
     if unknown_models:
-        parser.error(f"--models: unknown model(s) {', '.join(unknown_models)}; choose from smollm2, qwen-shape")
+        parser.error(f"--models: unknown model(s) {', '.join(unknown_models)}; choose from {', '.join(known)}")
     # every configuration's minibatch: --qwen-batch gives the Qwen shape its own (half its batch)
     minibatches = {args.minibatch} | ({args.qwen_batch // 2} if args.qwen_batch else set())
     if args.micro_batch < 0 or any(args.micro_batch and m % args.micro_batch for m in minibatches):
@@ -362,7 +375,8 @@ def main() -> None:
                 flags = (["--side", "trl", "--trl-mode", side[len("trl-"):]] if is_trl
                          else ["--side", "ours", "--old-logprobs", side[len("ours-"):], "--dtype", args.dtype,
                                "--logprob-chunk-mb", str(args.logprob_chunk_mb),
-                               *(["--padding-free"] if args.padding_free else [])])
+                               *(["--padding-free"] if args.padding_free else []),
+                               *(["--keep-finished"] if args.keep_finished else [])])
                 started = time.perf_counter()
                 proc = subprocess.run([str(python), __file__, *flags, *common], capture_output=True, text=True,
                                       env=env, cwd=ROOT)
