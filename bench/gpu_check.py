@@ -146,7 +146,8 @@ def peer_args(args, batch: int, minibatch: int, cap: int) -> argparse.Namespace:
     return argparse.Namespace(model_path=args.model_path, batch=batch, minibatch=minibatch, micro_batch=0,
                               epochs=args.cfg["epochs"], max_new_tokens=cap, temperature=0.7, warmup=0,
                               iterations=1, seed=1, old_logprobs="generation", dtype="bfloat16",
-                              logprob_chunk_mb=128.0, device=args.cfg["device"], padding_free=False)
+                              logprob_chunk_mb=128.0, device=args.cfg["device"], padding_free=False,
+                              keep_finished=False)
 
 
 # ------------------------------------------------------------------------------------------ parent

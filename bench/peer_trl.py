@@ -10,7 +10,8 @@ subprocess runs `--warmup` iterations untimed, then `--iterations` timed ones, a
 seconds per iteration split into generation / scoring / update, mean reply length, and peak RSS (getrusage).
 
 Models: "smollm2" (SmolLM2-135M-Instruct, offline) and "qwen-shape" (random weights with Qwen2.5-0.5B's exact
-shape, built from a config offline and saved once under bench/.cache/, with SmolLM2's tokenizer). The reward model
+shape, built from a config offline and saved once under bench/.cache/, with SmolLM2's tokenizer); "qwen1.5b-shape"
+and "smollm2-shape" likewise (Qwen2.5-1.5B's shape; SmolLM2-135M's own config), for bench/scaling.py. The reward model
 and the value model's start are the same base with a fresh one-output score head (random; fine for timing).
 
 Precision: ours in `--dtype` (bfloat16, its default on a CPU with AVX512-BF16); TRL in every setting of `--trl`

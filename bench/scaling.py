@@ -20,6 +20,10 @@ from point to point. Each finished side appends a line to OUT/points.jsonl; a re
 killed run continues. The fit: for each factor and phase, the least-squares slope of log(seconds) on log(factor)
 over the factor's points, i.e. k in seconds ~ factor^k (model size: its parameter count); the same for peak RSS.
 Run it on a quiet machine; the CPU's flags are printed first (AMX, AVX512-BF16 or AVX2 only).
+
+Last run (2026-12-05 12:04-13:17 UTC, AVX2-only AMD EPYC, fp32 both sides): every point ran; generation grows
+fastest with the cap (k 0.71 ours, 0.87 TRL), scoring and update with batch; ours/TRL 0.86-0.99 in time except the
+smallest point (1.40), 0.54-0.71 in memory (bench/README.md, "Issue 32 on an AVX2-only CPU").
 """
 
 from __future__ import annotations

@@ -23,13 +23,13 @@ spec.loader.exec_module(peer_trl)
 
 # TRL's PPOConfig carries no models, prompts, adapters or our speed settings: the bench passes those to each side
 OURS_ONLY = ("policy_model", "reward_model", "prompts", "out", "lora_rank", "lora_alpha", "old_logprobs", "tensorboard",
-             "quiet", "logprob_chunk_mb", "init_score_head", "padding_free")
+             "quiet", "logprob_chunk_mb", "init_score_head", "padding_free", "generation_drop_finished")
 
 
 def bench_args(**overrides) -> argparse.Namespace:
     values = dict(model_path="/models/smollm2", batch=32, minibatch=16, micro_batch=0, epochs=2, max_new_tokens=48,
                   temperature=0.7, warmup=1, iterations=2, seed=1, old_logprobs="generation", dtype="bfloat16",
-                  trl_mode="bf16", logprob_chunk_mb=128.0, device="cpu", padding_free=False)
+                  trl_mode="bf16", logprob_chunk_mb=128.0, device="cpu", padding_free=False, keep_finished=False)
     return argparse.Namespace(**values | overrides)
 
 
