@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from ppo_rlhf.models.precision import cpu_has_native_bf16
+
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ["gemm", "ours", "trl", "fsdp", "zero2", "tests"]
 
@@ -33,7 +35,10 @@ def test_dry_run_writes_every_part(tmp_path):
     assert parts["gemm"]["result"]["peak_gflops"] > 0
     ours = parts["ours"]["result"]
     assert ours["iterations"] == 1 and ours["dtype"] == "torch.bfloat16" and ours["device"] == "cpu"
-    assert all(0 < ours["mfu"][phase] < 1 for phase in ("gen", "score", "update_6N", "update_4N")), ours["mfu"]
+    phases = ("gen", "score", "update_6N", "update_4N")
+    assert all(ours["mfu"][phase] > 0 for phase in phases), ours["mfu"]
+    if cpu_has_native_bf16():  # without it the bf16 "peak" is an emulated GEMM's, no ceiling (AVX2: gen 3.7-5.9)
+        assert all(ours["mfu"][phase] < 1 for phase in phases), ours["mfu"]
     assert set(ours["seconds"]) == {"gen", "score", "update", "total"}
     # FSDP really sharded layers; ZeRO-2 really stepped through DeepSpeed's engines; both gathered a checkpoint
     assert parts["fsdp"]["result"]["sharded_parameters"] > 0 and parts["fsdp"]["result"]["finite"]
