@@ -278,8 +278,9 @@ def _sample_records(
     repeated = [p for p in prompts for _ in range(replies_per_prompt)]  # reply i of prompt j at j * R + i
     temperature = settings["temperature"]
     torch.manual_seed(seed)  # same seed for every model: differences come from the weights, not the dice
+    # drop_finished: finished replies leave the batch (the same random stream as generate, fewer decode steps)
     rollout = generate_rollout(model, tokenizer, repeated, settings["max_new_tokens"], temperature, batch_size,
-                               top_p=settings["top_p"], record_logprobs=True)
+                               top_p=settings["top_p"], record_logprobs=True, drop_finished=True)
     device = next(model.parameters()).device
     entropy_sum = masked_sum(rollout.entropy, rollout.action_mask, dim=1)
     kls = []

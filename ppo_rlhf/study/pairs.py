@@ -112,7 +112,9 @@ def sample_replies(
     repeated = [p for p in prompts for _ in range(k)]  # rows k*i .. k*i+k-1 answer prompt i
     texts, lengths, finished = [], [], []
     for start in tqdm(range(0, len(repeated), batch_size), desc="sampling replies", unit="batch"):
-        rollout = generate_rollout(policy, tokenizer, repeated[start : start + batch_size], reply_cap, temperature)
+        # drop_finished: finished replies leave the batch, as in training (generation_drop_finished)
+        rollout = generate_rollout(policy, tokenizer, repeated[start : start + batch_size], reply_cap, temperature,
+                                   drop_finished=True)
         texts += rollout.reply_texts
         lengths += rollout.reply_lengths.tolist()
         finished += rollout.finished.tolist()

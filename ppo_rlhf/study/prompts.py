@@ -154,7 +154,8 @@ def sample_finished(
     finished, lengths = [], []
     for start in tqdm(range(0, len(prompts), batch_size), desc="sampling replies", unit="batch"):
         chunk = prompts[start : start + batch_size]
-        rollout = generate_rollout(policy, tokenizer, chunk, reply_cap, SELECTION_TEMPERATURE)
+        # drop_finished: finished replies leave the batch, as in training (generation_drop_finished)
+        rollout = generate_rollout(policy, tokenizer, chunk, reply_cap, SELECTION_TEMPERATURE, drop_finished=True)
         finished += rollout.finished.tolist()
         lengths += [len(ids) for ids in rollout.reply_ids]
     return finished, lengths
