@@ -19,12 +19,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ppo_rlhf.models.precision import cpu_matrix_flags  # noqa: E402
+
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-
-
-def cpu_flags() -> str:
-    flags = set(Path("/proc/cpuinfo").read_text().split())
-    return " ".join(sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
 
 
 def one_run(work: Path, name: str, dtype: str, extra_env: dict[str, str]) -> float:
@@ -52,7 +51,7 @@ def main() -> None:
         avx2.append(one_run(work, f"avx2{round_}", "float32", AVX2))
         print(f"round {round_}: this CPU (auto) {here[-1]:.1f} s/iteration, AVX2-only emulation (float32) "
               f"{avx2[-1]:.1f} s/iteration", flush=True)
-    print(f"CPU flags: {cpu_flags()}; threads: {os.cpu_count()}")
+    print(f"CPU flags: {cpu_matrix_flags()}; threads: {os.cpu_count()}")
     print(f"AVX2-only / this CPU: {sum(avx2) / sum(here):.2f}x the time per iteration")
 
 

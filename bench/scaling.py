@@ -38,22 +38,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
 from peer_trl import MALLOC_SETTINGS, OURS_PY, TRL_PY, prepare_model, summarise  # noqa: E402
 
+from ppo_rlhf.models.precision import cpu_matrix_flags  # noqa: E402
+
 BASE = {"model": "smollm2-shape", "batch": 8, "cap": 48}
 PHASES = ("gen", "score", "update", "total")
-
-
-def cpu_flags() -> str:
-    """The CPU's matrix instruction sets, the ones that decide bf16 and fp32 speed here."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return "unknown"
-    have = [flag for flag in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f" {flag}" in flags]
-    return " ".join(have) or "none of amx_bf16/avx512_bf16/avx512f/avx2"
 
 
 def grid(caps: list[int], batches: list[int], models: list[str]) -> list[dict]:
@@ -191,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "points.jsonl"
     records = read_records(path)
-    print(f"CPU flags: {cpu_flags()}; ours {args.dtype}"
+    print(f"CPU flags: {cpu_matrix_flags()}; ours {args.dtype}"
           f"{', padding-free' if args.padding_free else ''}{', keep-finished' if args.keep_finished else ''}; "
           f"TRL {args.trl_mode}; micro-batch {args.micro_batch}; allocator {args.malloc}", flush=True)
     if not args.table:

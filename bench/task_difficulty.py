@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import platform
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -43,11 +42,6 @@ def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (hits + z * z / 2) / (n + z * z)
     half = z * math.sqrt(hits * (n - hits) / n + z * z / 4) / (n + z * z)
     return centre - half, centre + half
-
-
-def cpu_flags() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return " ".join(sorted({f for f in ("amx_bf16", "avx512_bf16", "avx2") if f" {f}" in out or f"{f} " in out}))
 
 
 def measure(model, tokenizer, level: str, n: int, args) -> dict:
@@ -93,13 +87,13 @@ def main() -> None:
     import torch
 
     from ppo_rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
-    from ppo_rlhf.models.precision import resolve_dtype
+    from ppo_rlhf.models.precision import cpu_matrix_flags, resolve_dtype
 
     path = resolve_model_path("smollm2")
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
     tokenizer, model = load_tokenizer(path), load_causal_lm(path, dtype)
     header = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "command": " ".join(sys.argv),
-              "cpu_flags": cpu_flags(), "torch_threads": torch.get_num_threads(), "dtype": str(dtype),
+              "cpu_flags": cpu_matrix_flags(), "torch_threads": torch.get_num_threads(), "dtype": str(dtype),
               "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
               "machine": platform.processor() or platform.machine()}
     print(json.dumps(header), flush=True)

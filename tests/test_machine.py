@@ -32,6 +32,13 @@ def test_cpu_bf16_extensions_from_cpuinfo():
     assert precision.cpu_bf16_extensions("flags\t\t: fpu avx2\n") == []
 
 
+def test_cpu_matrix_flags_names_the_sets_that_decide_matmul_speed():
+    assert precision.cpu_matrix_flags("flags\t\t: fpu avx2 avx512f amx_bf16 avx512_bf16\n") == (
+        "amx_bf16 avx512_bf16 avx512f avx2")
+    assert precision.cpu_matrix_flags("flags\t\t: fpu avx2\n") == "avx2"
+    assert precision.cpu_matrix_flags("flags\t\t: fpu sse4_2\n") == "none of amx_bf16/avx512_bf16/avx512f/avx2"
+
+
 def test_describe_dtype_says_what_auto_became_and_why(monkeypatch):
     cpu_with(monkeypatch, [])
     assert describe_dtype("auto", CPU) == "auto -> float32 (no AVX512-BF16/AMX-BF16 on this CPU)"

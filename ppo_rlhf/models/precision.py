@@ -30,20 +30,36 @@ _CPU_BF16_FLAGS = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"}  # /pro
 _warned: set[str] = set()  # warnings already given by this process
 
 
-def cpu_bf16_extensions(cpuinfo: str | None = None) -> list[str]:
-    """The bf16 dot-product extensions of this CPU ("AVX512-BF16", "AMX-BF16"), from /proc/cpuinfo's flags; [] when
-    there are none or it cannot tell. torch.backends.cpu.get_cpu_capability() says only "AVX512", not whether the BF16
-    extension is there."""
+def _cpu_flags(cpuinfo: str | None) -> set[str] | None:
+    """/proc/cpuinfo's flags (or those of the given text); None where there is no such file (not Linux)."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:  # not Linux: no way to tell, so the safe choice
-            return []
+        except OSError:
+            return None
     flags = set()
     for line in cpuinfo.splitlines():
         if line.startswith("flags"):
             flags.update(line.split(":", 1)[-1].split())
+    return flags
+
+
+def cpu_bf16_extensions(cpuinfo: str | None = None) -> list[str]:
+    """The bf16 dot-product extensions of this CPU ("AVX512-BF16", "AMX-BF16"), from /proc/cpuinfo's flags; [] when
+    there are none or it cannot tell (the safe choice). torch.backends.cpu.get_cpu_capability() says only "AVX512",
+    not whether the BF16 extension is there."""
+    flags = _cpu_flags(cpuinfo) or set()
     return [name for flag, name in _CPU_BF16_FLAGS.items() if flag in flags]
+
+
+def cpu_matrix_flags(cpuinfo: str | None = None) -> str:
+    """The CPU's instruction sets that decide bf16 and fp32 matmul speed, by their /proc/cpuinfo names ("amx_bf16
+    avx512_bf16 avx512f avx2"): what a benchmark writes next to its numbers, since the machines differ."""
+    flags = _cpu_flags(cpuinfo)
+    if flags is None:
+        return "unknown"
+    sets = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+    return " ".join(f for f in sets if f in flags) or f"none of {'/'.join(sets)}"
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
