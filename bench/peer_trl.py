@@ -272,6 +272,16 @@ def summarise(result: dict) -> dict:
     return {**mean, "peak_rss_gb": result["peak_rss_gb"], "rss_loaded_gb": result["rss_loaded_gb"], "n": len(rows)}
 
 
+
+def side_flags(side: str, args: argparse.Namespace) -> list[str]:
+    """The flags of one side's process: "trl-<mode>" or "ours-<old log-probs>", ours with the parent's dtype,
+    chunking, packing and generation settings (bench/scaling.py runs its sides through this too)."""
+    if side.startswith("trl-"):
+        return ["--side", "trl", "--trl-mode", side[len("trl-"):]]
+    return ["--side", "ours", "--old-logprobs", side[len("ours-"):], "--dtype", args.dtype,
+            "--logprob-chunk-mb", str(args.logprob_chunk_mb), *(["--padding-free"] if args.padding_free else []),
+            *(["--keep-finished"] if args.keep_finished else [])]
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
@@ -371,15 +381,10 @@ def main() -> None:
         for r in range(args.rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             for side in order:
-                is_trl = side.startswith("trl-")
-                python = TRL_PY if is_trl else OURS_PY
-                flags = (["--side", "trl", "--trl-mode", side[len("trl-"):]] if is_trl
-                         else ["--side", "ours", "--old-logprobs", side[len("ours-"):], "--dtype", args.dtype,
-                               "--logprob-chunk-mb", str(args.logprob_chunk_mb),
-                               *(["--padding-free"] if args.padding_free else []),
-                               *(["--keep-finished"] if args.keep_finished else [])])
+                python = TRL_PY if side.startswith("trl-") else OURS_PY
                 started = time.perf_counter()
-                proc = subprocess.run([str(python), __file__, *flags, *common], capture_output=True, text=True,
+                proc = subprocess.run([str(python), __file__, *side_flags(side, args), *common], capture_output=True,
+                                      text=True,
                                       env=env, cwd=ROOT)
                 line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
                 if proc.returncode != 0 or line is None:

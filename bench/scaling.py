@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
-from peer_trl import MALLOC_SETTINGS, OURS_PY, TRL_PY, prepare_model, summarise  # noqa: E402
+from peer_trl import MALLOC_SETTINGS, OURS_PY, TRL_PY, prepare_model, side_flags, summarise  # noqa: E402
 
 from ppo_rlhf.models.precision import cpu_matrix_flags  # noqa: E402
 
@@ -69,12 +69,7 @@ def run_side(point: dict, side: str, args, env: dict) -> dict:
     common = ["--model-path", prepare_model(point["model"]), "--batch", str(batch), "--minibatch", str(batch // 2),
               "--epochs", "2", "--micro-batch", str(args.micro_batch), "--max-new-tokens", str(point["cap"]),
               "--temperature", "0.7", "--warmup", "0", "--iterations", "1", "--seed", "1"]
-    if side == "ours":
-        flags = ["--side", "ours", "--old-logprobs", "generation", "--dtype", args.dtype,
-                 *(["--padding-free"] if args.padding_free else []),
-                 *(["--keep-finished"] if args.keep_finished else [])]
-    else:
-        flags = ["--side", "trl", "--trl-mode", args.trl_mode]
+    flags = side_flags("ours-generation" if side == "ours" else f"trl-{args.trl_mode}", args)
     python = OURS_PY if side == "ours" else TRL_PY
     proc = subprocess.run([str(python), str(ROOT / "bench" / "peer_trl.py"), *flags, *common], capture_output=True,
                           text=True, env=env, cwd=ROOT)
@@ -164,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="ours")
     parser.add_argument("--trl-mode", default="fp32", choices=["fp32", "bf16", "bf16-weights"], help="TRL's")
     parser.add_argument("--micro-batch", type=int, default=4, help="rows per forward+backward in the update, both")
+    parser.add_argument("--logprob-chunk-mb", type=float, default=128.0, help="ours (bench/peer_trl.py's flag)")
     parser.add_argument("--padding-free", action="store_true", help="ours: padding_free: true")
     parser.add_argument("--keep-finished", action="store_true", help="ours: generation_drop_finished: false")
     parser.add_argument("--malloc", choices=list(MALLOC_SETTINGS), default="default")
