@@ -282,6 +282,7 @@ def side_flags(side: str, args: argparse.Namespace) -> list[str]:
             "--logprob-chunk-mb", str(args.logprob_chunk_mb), *(["--padding-free"] if args.padding_free else []),
             *(["--keep-finished"] if args.keep_finished else [])]
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", choices=["ours", "trl"], help=argparse.SUPPRESS)
