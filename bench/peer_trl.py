@@ -272,7 +272,6 @@ def summarise(result: dict) -> dict:
     return {**mean, "peak_rss_gb": result["peak_rss_gb"], "rss_loaded_gb": result["rss_loaded_gb"], "n": len(rows)}
 
 
-
 def side_flags(side: str, args: argparse.Namespace) -> list[str]:
     """The flags of one side's process: "trl-<mode>" or "ours-<old log-probs>", ours with the parent's dtype,
     chunking, packing and generation settings (bench/scaling.py runs its sides through this too)."""
@@ -385,8 +384,7 @@ def main() -> None:
                 python = TRL_PY if side.startswith("trl-") else OURS_PY
                 started = time.perf_counter()
                 proc = subprocess.run([str(python), __file__, *side_flags(side, args), *common], capture_output=True,
-                                      text=True,
-                                      env=env, cwd=ROOT)
+                                      text=True, env=env, cwd=ROOT)
                 line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
                 if proc.returncode != 0 or line is None:
                     print(proc.stdout[-3000:], proc.stderr[-5000:], file=sys.stderr)
