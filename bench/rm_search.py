@@ -386,6 +386,15 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
     return record
 
 
+def minus_words(record: dict, point: dict) -> list[float]:
+    """The reward model's accuracy at `point` minus the word baseline's, on the same held-out pairs: mean and 95%
+    interval, paired, prompts resampled (the seed is the record's, so the table and `test` give the same numbers)."""
+    from ppo_rlhf.study.stats import paired_bootstrap
+
+    diffs = [int(a) - int(b) for a, b in zip(point["correct"], record["words"]["correct"])]
+    return [round(x, 4) for x in paired_bootstrap(diffs, record["clusters"], seed=record["seed"])]
+
+
 def read_records(path: Path) -> list[dict]:
     """The records of a search.jsonl or test.jsonl; a line cut by a kill is skipped."""
     records = []
@@ -504,8 +513,8 @@ def best_row(records: list[dict]) -> tuple[dict, dict]:
 
 
 def table(records: list[dict], base: dict) -> str:
-    """The search as a table: one row per setting and epoch, the paired difference to the demo's settings (base, one
-    epoch) on the same validation pairs, and the best setting."""
+    """The search as a table: one row per setting and epoch, the paired differences to the demo's settings (base, one
+    epoch) and to the word baseline on the same validation pairs, and the best setting."""
     from ppo_rlhf.study.stats import paired_bootstrap
 
     if not rows_of(records):
@@ -514,9 +523,10 @@ def table(records: list[dict], base: dict) -> str:
     first = records[0]
     lines = [f"validation: {first['heldout_pairs']} pairs of {first['heldout_prompts']} prompts (gold margin > "
              f"{HELDOUT_MARGIN:g}); 95% intervals resample prompts; 'vs base' is the paired difference to the base "
-             "(the demo's settings, 1 epoch) on the same pairs",
+             "(the demo's settings, 1 epoch) on the same pairs; 'words' is the word-count baseline fitted on the "
+             "setting's training pairs, 'RM - words' the paired difference to it",
              f"{'setting':<34} {'ep':>2} {'pairs':>6} {'accuracy [95%]':>21} {'vs base [95%]':>24} "
-             f"{'words':>6} {'s':>6}"]
+             f"{'words':>6} {'RM - words [95%]':>24} {'s':>6}"]
     for record, point in rows_of(records):
         acc, lo, hi = point["accuracy"]
         versus = ""
@@ -524,10 +534,11 @@ def table(records: list[dict], base: dict) -> str:
             diffs = [int(a) - int(b) for a, b in zip(point["correct"], reference["correct"])]
             mean, dlo, dhi = paired_bootstrap(diffs, record["clusters"], seed=record["seed"])
             versus = f"{mean:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
+        over_words = "{:+.3f} [{:+.3f}, {:+.3f}]".format(*minus_words(record, point))
         lines.append(f"{changes(record['setting'], base):<34} {point['epochs']:>2} {record['train_pairs']:>6} "
                      f"{acc:>7.3f} [{lo:.3f}, {hi:.3f}] {versus:>24} {record['words']['accuracy'][0]:>6.3f} "
-                     f"{point['seconds']:>6.0f}" + ("  (stopped)" if record["stopped"] and
-                                                   point is record["epochs"][-1] else ""))
+                     f"{over_words:>24} {point['seconds']:>6.0f}"
+                     + ("  (stopped)" if record["stopped"] and point is record["epochs"][-1] else ""))
     record, point = best_row(records)
     lines.append(f"best on validation: {setting_text(record['setting'] | {'epochs': point['epochs']})}: accuracy "
                  f"{point['accuracy'][0]:.3f} [{point['accuracy'][1]:.3f}, {point['accuracy'][2]:.3f}]")
@@ -569,11 +580,7 @@ def test(pool_dir: Path, setting_text_or_none: str | None, search_dir: Path | No
     print(f"test: {setting_text(setting)}", flush=True)
     record = train_and_measure(pool, setting, setting["epochs"], "test", out / "pairs", batch_size,
                                out / "reward_model")
-    from ppo_rlhf.study.stats import paired_bootstrap
-
-    rm = record["epochs"][-1]
-    diffs = [int(a) - int(b) for a, b in zip(rm["correct"], record["words"]["correct"])]
-    record["rm_minus_words"] = [round(x, 4) for x in paired_bootstrap(diffs, record["clusters"], seed=record["seed"])]
+    record["rm_minus_words"] = minus_words(record, record["epochs"][-1])
     record["setting"] = setting
     record["earlier_looks"] = len(earlier)
     append_record(log, record)

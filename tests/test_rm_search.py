@@ -127,6 +127,8 @@ def test_search_skips_what_is_done_and_the_test_split_is_looked_at_once(tmp_path
     assert record["train_prompts"] <= 2 and record["heldout_prompts"] <= 3
     printed = capsys.readouterr().out
     assert "best on validation: alloc=2x4,margin=0.1,lr=0.03,layers=0,rank=4,batches=prompt,epochs=" in printed
+    last_row = next(line for line in printed.splitlines() if line.startswith("base") and line.split()[1] == "2")
+    assert "{:+.3f} [{:+.3f}, {:+.3f}]".format(*rm_search.minus_words(record, record["epochs"][-1])) in last_row
     assert "first-pass learning curves" in printed
 
     # run again: the base is skipped, the next setting of the grid (the 4x2 allocation) runs
@@ -144,7 +146,11 @@ def test_search_skips_what_is_done_and_the_test_split_is_looked_at_once(tmp_path
     result = rm_search.test(pool_dir, None, out, None)
     best, point = rm_search.best_row(records)
     assert result["setting"] == best["setting"] | {"epochs": point["epochs"]}
-    assert result["heldout"] == "test" and len(result["rm_minus_words"]) == 3
+    assert result["heldout"] == "test"
+    mean, lo, hi = result["rm_minus_words"]  # the paired difference's mean is the difference of the accuracies
+    rm_correct, word_correct = result["epochs"][-1]["correct"], result["words"]["correct"]
+    assert mean == pytest.approx((rm_correct.count("1") - word_correct.count("1")) / len(rm_correct), abs=1e-4)
+    assert lo <= mean <= hi
     assert "reward model - word counts:" in capsys.readouterr().out
     assert rm_search.main(["test", "--pool", str(pool_dir), "--setting", "lr=0.03,rank=4"]) == 2
     assert "was used already" in capsys.readouterr().err
