@@ -386,13 +386,19 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
     return record
 
 
-def minus_words(record: dict, point: dict) -> list[float]:
-    """The reward model's accuracy at `point` minus the word baseline's, on the same held-out pairs: mean and 95%
-    interval, paired, prompts resampled (the seed is the record's, so the table and `test` give the same numbers)."""
+def paired_difference(record: dict, point: dict, other: dict) -> tuple[float, float, float]:
+    """Accuracy at `point` minus accuracy at `other` (each a "correct" string over the same held-out pairs of
+    `record`): mean and 95% interval, paired, prompts resampled, with the record's seed (so the table and `test`
+    give the same numbers). `other` is another epoch or setting, or the record's word baseline."""
     from ppo_rlhf.study.stats import paired_bootstrap
 
-    diffs = [int(a) - int(b) for a, b in zip(point["correct"], record["words"]["correct"])]
-    return [round(x, 4) for x in paired_bootstrap(diffs, record["clusters"], seed=record["seed"])]
+    diffs = [int(a) - int(b) for a, b in zip(point["correct"], other["correct"])]
+    return paired_bootstrap(diffs, record["clusters"], seed=record["seed"])
+
+
+def minus_words(record: dict, point: dict) -> list[float]:
+    """The reward model's accuracy at `point` minus the word baseline's, rounded as `test` stores it."""
+    return [round(x, 4) for x in paired_difference(record, point, record["words"])]
 
 
 def read_records(path: Path) -> list[dict]:
@@ -515,8 +521,6 @@ def best_row(records: list[dict]) -> tuple[dict, dict]:
 def table(records: list[dict], base: dict) -> str:
     """The search as a table: one row per setting and epoch, the paired differences to the demo's settings (base, one
     epoch) and to the word baseline on the same validation pairs, and the best setting."""
-    from ppo_rlhf.study.stats import paired_bootstrap
-
     if not rows_of(records):
         return "no finished setting yet"
     reference = next((e for r in records if r["setting"] == base for e in r["epochs"] if e["epochs"] == 1), None)
@@ -531,9 +535,7 @@ def table(records: list[dict], base: dict) -> str:
         acc, lo, hi = point["accuracy"]
         versus = ""
         if reference is not None:
-            diffs = [int(a) - int(b) for a, b in zip(point["correct"], reference["correct"])]
-            mean, dlo, dhi = paired_bootstrap(diffs, record["clusters"], seed=record["seed"])
-            versus = f"{mean:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
+            versus = "{:+.3f} [{:+.3f}, {:+.3f}]".format(*paired_difference(record, point, reference))
         over_words = "{:+.3f} [{:+.3f}, {:+.3f}]".format(*minus_words(record, point))
         lines.append(f"{changes(record['setting'], base):<34} {point['epochs']:>2} {record['train_pairs']:>6} "
                      f"{acc:>7.3f} [{lo:.3f}, {hi:.3f}] {versus:>24} {record['words']['accuracy'][0]:>6.3f} "
