@@ -340,6 +340,9 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
                       model_dir: Path, deadline: float | None = None) -> dict:
     """Train `setting` for `epochs` epochs on its TRAIN pairs, measured on `heldout_split` pairs (gold margin
     HELDOUT_MARGIN) before, during the first pass and after each epoch; the word baseline on the same pairs."""
+    import torch
+
+    from ppo_rlhf.models.precision import cpu_matrix_flags, resolve_dtype
     from ppo_rlhf.study.reward_model import train_reward_model
     from ppo_rlhf.study.word_baseline import word_margins
 
@@ -355,7 +358,11 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
               "clusters": cluster_ids(heldout_prompts),
               "words": {"accuracy": interval(words, heldout_prompts, seed),
                         "correct": "".join("1" if c else "0" for c in words)},
-              "curve": [], "epochs": [], "stopped": None}
+              "curve": [], "epochs": [], "stopped": None,
+              # records of one search may come from several machines; dtype auto means bf16 only where it is native
+              "machine": {"cpu_flags": cpu_matrix_flags(),
+                          "dtype": str(resolve_dtype(pool.settings["dtype"], torch.device("cpu"))),
+                          "run_started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
     started = time.perf_counter()
 
     def on_heldout(point: dict, pairs: list[dict], margins: list[float]) -> None:
