@@ -92,6 +92,8 @@ def test_eos_rule_only_hits_unfinished_replies():
     start, ckpt = summarize(records, n_boot=100)
     assert start["proxy_eos"] == -1.0 and ckpt["proxy_eos"] == 1.0
     assert start["proxy"] == 0.0  # without the rule the start model averages 0 by construction
+    # its change is paired like the judges': (0 - (-1) + 2 - (-1)) / 2 replies
+    assert ckpt["proxy_eos_change"]["mean"] == pytest.approx(2.0)
 
 
 def test_pairing_mismatch_is_rejected():

@@ -194,6 +194,24 @@ def test_the_curve_sentence_says_why_a_fall_is_not_measured():
 
 def test_a_proxy_fall_says_it_is_held_out_and_not_the_training_batch():
     """Issue 29 item 15: the sentence sits beside a dashboard whose training score rose; it says which is which."""
-    text = run_sentence("PPO (beta 0.05)", row((-0.1, -0.3, 0.1), (-0.5, -0.8, -0.2)))
-    assert "on held-out prompts PPO did not even raise the score it maximised" in text
+    fell = row((-0.1, -0.3, 0.1), (-0.5, -0.8, -0.2)) | {"proxy_eos_change": {"mean": 0.05, "lo": -0.1, "hi": 0.2}}
+    text = run_sentence("PPO (beta 0.05)", fell)
+    assert "on held-out prompts PPO did not even raise the score it maximised, the proxy with the EOS rule " \
+           "(+0.05 [-0.10, +0.20]" in text
     assert "training dashboard's score" in text and "measured on the training batches" in text
+
+
+def test_a_proxy_fall_while_the_eos_rule_score_rose_says_the_policy_gained_by_finishing():
+    """The 2026-12-06 demo's case: the proxy alone fell on held-out prompts while the score PPO maximised, the
+    proxy with the EOS rule, rose with the share of finished replies; "did not even raise the score it maximised"
+    was false there."""
+    fell = row((-0.11, -0.25, 0.03), (-0.15, -0.27, -0.03), kl=1.03, iteration=10) | {
+        "proxy_eos_change": {"mean": 0.21, "lo": 0.08, "hi": 0.33}, "finished": 0.69}
+    text = run_sentence("PPO (beta 0.05)", fell, START | {"finished": 0.45})
+    assert text.endswith("the proxy claimed -0.15 [-0.27, -0.03], a fall; what PPO maximised, the proxy with the EOS "
+                         "rule (a fixed low score for a reply cut off at the cap), rose +0.21 [+0.08, +0.33] as "
+                         "finished replies went from 45% to 69%: the policy gained by finishing its replies, not by "
+                         "writing what the proxy scores higher.")
+    assert "did not even raise" not in text
+    older = run_sentence("PPO (beta 0.05)", row((-0.11, -0.25, 0.03), (-0.15, -0.27, -0.03)))
+    assert older.endswith("the proxy claimed -0.15 [-0.27, -0.03], a fall on held-out prompts.")

@@ -133,6 +133,9 @@ def summarize_model(records: list[dict], start: list[dict], n_boot: int = 10000,
         summary[f"{judge}_change"] = _interval(diffs, [prompt for prompt, _ in keys], n_boot, seed)
         summary[judge] = float(np.mean([r[judge] for r in records]))
         summary[f"{judge}_raw"] = float(np.mean([r[f"{judge}_raw"] for r in records]))
+    # what PPO maximised: the proxy can fall while it rises, when the policy learns to finish its replies
+    eos_diffs = np.array([r["proxy_eos"] - by_key[k]["proxy_eos"] for r, k in zip(records, keys)])
+    summary["proxy_eos_change"] = _interval(eos_diffs, [prompt for prompt, _ in keys], n_boot, seed)
     summary.update(
         proxy_eos=float(np.mean([r["proxy_eos"] for r in records])),
         finished=float(finished.mean()),

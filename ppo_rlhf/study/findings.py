@@ -51,8 +51,9 @@ def final_checkpoint(summary: list[dict], run: str) -> dict[str, Any]:
     return max(rows, key=lambda s: s["iteration"])
 
 
-def run_sentence(label: str, row: dict[str, Any]) -> str:
-    """One run's result: the gold change, the KL, the proxy's claim, and how much of the claim was real."""
+def run_sentence(label: str, row: dict[str, Any], start: dict[str, Any] | None = None) -> str:
+    """One run's result: the gold change, the KL, the proxy's claim, and how much of the claim was real. `start` (the
+    start model's summary row) lets a fall of the proxy say what PPO did raise instead."""
     gold, proxy = row["gold_change"], row["proxy_change"]
     unit = "start-model standard deviations"
     verb = {"up": f"raised the gold score by {gold['mean']:.2f} [{gold['lo']:+.2f}, {gold['hi']:+.2f}] {unit}",
@@ -67,9 +68,18 @@ def run_sentence(label: str, row: dict[str, Any]) -> str:
         return sentence + f"; the proxy's own change, {_interval(proxy)}, was not distinguishable from zero{also}."
     sentence += f"; the proxy claimed {_interval(proxy)}"
     if claim == "down":
-        return sentence + (", a fall: on held-out prompts PPO did not even raise the score it maximised (the "
-                           "training dashboard's score, which may well have risen, is measured on the training "
-                           "batches, on prompts PPO trained on).")
+        eos = row.get("proxy_eos_change")
+        if eos is not None and direction(eos) == "up":
+            finished = (f" as finished replies went from {start['finished']:.0%} to {row['finished']:.0%}"
+                        if start is not None else "")
+            return sentence + (f", a fall; what PPO maximised, the proxy with the EOS rule (a fixed low score for a "
+                               f"reply cut off at the cap), rose {_interval(eos)}{finished}: the policy gained by "
+                               "finishing its replies, not by writing what the proxy scores higher.")
+        if eos is None:  # an evaluation.json written before the EOS rule's change was stored
+            return sentence + ", a fall on held-out prompts."
+        return sentence + (", a fall: on held-out prompts PPO did not even raise the score it maximised, the proxy "
+                           f"with the EOS rule ({_interval(eos)}; the training dashboard's score, which may well have "
+                           "risen, is measured on the training batches, on prompts PPO trained on).")
     if direction(gold) == "down":
         return sentence + ", so none of the claimed gain was real: the gold score fell while the proxy rose."
     if direction(gold) == "unclear":  # a share of a change indistinguishable from zero means little; its bound does
@@ -206,9 +216,10 @@ def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
     """
     summary, settings = evaluation["summary"], evaluation.get("settings", {})
     results = []
+    start = next((s for s in summary if s["run"] is None), None)
     for name, beta in study["runs"].items():
         label = f"PPO (beta {beta:g})" if beta else "PPO without a KL penalty (beta 0)"
-        results.append(run_sentence(label, final_checkpoint(summary, name)))
+        results.append(run_sentence(label, final_checkpoint(summary, name), start))
     paragraphs = [" ".join(results)]
     labels = {name: f"the beta {beta:g} run" if beta else "the run without a KL penalty"
               for name, beta in study["runs"].items()}
