@@ -209,9 +209,9 @@ def test_a_proxy_fall_while_the_eos_rule_score_rose_says_the_policy_gained_by_fi
         "proxy_eos_change": {"mean": 0.21, "lo": 0.08, "hi": 0.33}, "finished": 0.69}
     text = run_sentence("PPO (beta 0.05)", fell, START | {"finished": 0.45})
     assert text.endswith("the proxy claimed -0.15 [-0.27, -0.03], a fall; what PPO maximised, the proxy with the EOS "
-                         "rule (a fixed low score for a reply cut off at the cap), rose +0.21 [+0.08, +0.33] as "
-                         "finished replies went from 45% to 69%: the policy gained by finishing its replies, not by "
-                         "writing what the proxy scores higher.")
+                         "rule (a fixed low score for a reply cut off at the cap), rose +0.21 [+0.08, +0.33] as the "
+                         "share of finished replies went from 0.45 to 0.69: the policy gained by finishing its "
+                         "replies, not by writing what the proxy scores higher.")
     assert "did not even raise" not in text
     older = run_sentence("PPO (beta 0.05)", row((-0.11, -0.25, 0.03), (-0.15, -0.27, -0.03)))
     assert older.endswith("the proxy claimed -0.15 [-0.27, -0.03], a fall on held-out prompts.")

@@ -70,8 +70,8 @@ def run_sentence(label: str, row: dict[str, Any], start: dict[str, Any] | None =
     if claim == "down":
         eos = row.get("proxy_eos_change")
         if eos is not None and direction(eos) == "up":
-            finished = (f" as finished replies went from {start['finished']:.0%} to {row['finished']:.0%}"
-                        if start is not None else "")
+            finished = (f" as the share of finished replies went from {start['finished']:.2f} to "
+                        f"{row['finished']:.2f}" if start is not None else "")
             return sentence + (f", a fall; what PPO maximised, the proxy with the EOS rule (a fixed low score for a "
                                f"reply cut off at the cap), rose {_interval(eos)}{finished}: the policy gained by "
                                "finishing its replies, not by writing what the proxy scores higher.")
