@@ -38,7 +38,8 @@ nothing else running; the project's pool and search live in git, so each command
         --search bench/results/rm_search
 
 What it printed last: bench/README.md, "The reward-model search on the validation split" (the project's pool,
-bench/results/rm_pool, is whole; the search's records are in bench/results/rm_search/search.jsonl).
+bench/results/rm_pool, is whole; the search's records are in bench/results/rm_search/search.jsonl, the test split's
+one look in bench/results/rm_pool/test.jsonl).
 """
 
 from __future__ import annotations
