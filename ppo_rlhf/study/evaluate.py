@@ -128,14 +128,15 @@ def summarize_model(records: list[dict], start: list[dict], n_boot: int = 10000,
         "iteration": records[0]["iteration"],
         "replies": len(records),
     }
+    prompts = [prompt for prompt, _ in keys]
+    # each judge's change, and that of what PPO maximised: the proxy can fall while the proxy with the EOS rule rises,
+    # when the policy learns to finish its replies
+    for score in (*JUDGES, "proxy_eos"):
+        diffs = np.array([r[score] - by_key[k][score] for r, k in zip(records, keys)])
+        summary[f"{score}_change"] = _interval(diffs, prompts, n_boot, seed)
     for judge in JUDGES:
-        diffs = np.array([r[judge] - by_key[k][judge] for r, k in zip(records, keys)])
-        summary[f"{judge}_change"] = _interval(diffs, [prompt for prompt, _ in keys], n_boot, seed)
         summary[judge] = float(np.mean([r[judge] for r in records]))
         summary[f"{judge}_raw"] = float(np.mean([r[f"{judge}_raw"] for r in records]))
-    # what PPO maximised: the proxy can fall while it rises, when the policy learns to finish its replies
-    eos_diffs = np.array([r["proxy_eos"] - by_key[k]["proxy_eos"] for r, k in zip(records, keys)])
-    summary["proxy_eos_change"] = _interval(eos_diffs, [prompt for prompt, _ in keys], n_boot, seed)
     summary.update(
         proxy_eos=float(np.mean([r["proxy_eos"] for r in records])),
         finished=float(finished.mean()),

@@ -51,6 +51,14 @@ def final_checkpoint(summary: list[dict], run: str) -> dict[str, Any]:
     return max(rows, key=lambda s: s["iteration"])
 
 
+def start_row(summary: list[dict]) -> dict[str, Any]:
+    """The summary row of the start model (the row of no run)."""
+    row = next((s for s in summary if s["run"] is None), None)
+    if row is None:
+        raise ValueError("no start-model row in the summary")
+    return row
+
+
 def run_sentence(label: str, row: dict[str, Any], start: dict[str, Any] | None = None) -> str:
     """One run's result: the gold change, the KL, the proxy's claim, and how much of the claim was real. `start` (the
     start model's summary row) lets a fall of the proxy say what PPO did raise instead."""
@@ -216,7 +224,7 @@ def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
     """
     summary, settings = evaluation["summary"], evaluation.get("settings", {})
     results = []
-    start = next((s for s in summary if s["run"] is None), None)
+    start = start_row(summary)
     for name, beta in study["runs"].items():
         label = f"PPO (beta {beta:g})" if beta else "PPO without a KL penalty (beta 0)"
         results.append(run_sentence(label, final_checkpoint(summary, name), start))

@@ -165,7 +165,9 @@ def overoptimisation_figure(summary: list[dict]) -> Figure:
     """
     from matplotlib.figure import Figure
 
-    start = next(s for s in summary if s["run"] is None)
+    from ppo_rlhf.study.findings import start_row
+
+    start = start_row(summary)
     runs: dict[str, list[dict]] = {}
     for s in summary:
         if s["run"] is not None:
