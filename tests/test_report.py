@@ -95,6 +95,19 @@ def test_report_cli_and_errors(tmp_path, capsys):
     assert "history.jsonl:1: not valid JSON" in capsys.readouterr().err
 
 
+def test_report_of_an_evaluation_without_its_start_model_is_one_line(tmp_path, capsys):
+    """Every change is paired with the start model's replies; an evaluation.json without its row (hand-edited, say)
+    is refused in one line, not a traceback from the figure or the headline."""
+    folder = fake_evaluation(tmp_path)
+    path = folder / "evaluation.json"
+    evaluation = json.loads(path.read_text())
+    evaluation["summary"] = [s for s in evaluation["summary"] if s["run"] is not None]
+    path.write_text(json.dumps(evaluation))
+    run = fake_run(tmp_path, "beta005")
+    assert main(["report", str(run), "--eval", str(folder), "--out", str(tmp_path / "r")]) == 2
+    assert "has no start-model row in its summary" in capsys.readouterr().err
+
+
 def test_dashboard_panels_say_what_they_show(tmp_path):
     # two runs whose lines coincide, over 3 iterations (where matplotlib's default ticks are 0, 0.25, 0.5, ...)
     histories = {name: read_history(fake_run(tmp_path, name, iterations=3)) for name in ("beta005", "nokl")}

@@ -77,6 +77,10 @@ def read_evaluation(eval_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{path}: not valid JSON") from None
     is_evaluation = isinstance(evaluation, dict) and "summary" in evaluation
     require(is_evaluation, f"{path} has no summary; is it from ppo-rlhf evaluate?")
+    # every change in it is paired with the start model's replies: the page cannot be drawn without its row
+    has_start = isinstance(evaluation["summary"], list) and any(
+        isinstance(s, dict) and s.get("run", "") is None for s in evaluation["summary"])
+    require(has_start, f"{path} has no start-model row in its summary; is it from ppo-rlhf evaluate?")
     return evaluation
 
 
