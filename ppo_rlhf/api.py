@@ -60,6 +60,11 @@ def spec_name(spec: Any) -> str:
     return f"{module}:{name}" if module and name.isidentifier() else f"<function {name}>"  # (local: not importable)
 
 
+def _as_list(given: Any) -> list | None:
+    """One reward or judge, or a list of them, as a list (None stays None: the config's)."""
+    return None if given is None else list(given) if isinstance(given, list) else [given]
+
+
 class PPOTrainer:
     """PPO (or RLOO/GRPO, `advantage_estimator`) on a policy with a LoRA adapter.
 
@@ -72,6 +77,9 @@ class PPOTrainer:
             `(model, tokenizer)`). Weighted by `config.reward_weights`.
         train_dataset: the prompts, instead of `config.prompts`: a `datasets.Dataset`, a list of strings, or a list
             of dicts, with the prompt in `config.prompt_column` (a string or a list of chat messages).
+        monitor_judges: one judge or a list, used instead of `config.monitor_judges`, of the kinds `reward_funcs`
+            takes: the reward-hacking monitor's second judges, scored beside the reward (`monitor/<name>` in the
+            history) and never part of it.
         callbacks: objects with any of the methods of `TrainerCallback`, called in order.
         processing_class: the policy's tokenizer (needed with a loaded `policy_model` that was not loaded from a
             folder); default: the tokenizer of `config.policy_model`.
@@ -86,17 +94,18 @@ class PPOTrainer:
 
     def __init__(self, config: TrainConfig, reward_funcs: Any = None, train_dataset: Any = None,
                  callbacks: list | tuple | None = None, processing_class: Any = None, policy_model: Any = None,
-                 resume: bool = False):
+                 resume: bool = False, monitor_judges: Any = None):
         from ppo_rlhf.data import load_prompt_rows
         from ppo_rlhf.ppo.train import check_run_dir
 
         require(isinstance(config, TrainConfig), f"config must be a PPOConfig, got {type(config).__name__}")
-        specs = None if reward_funcs is None else \
-            list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
+        specs, judges = _as_list(reward_funcs), _as_list(monitor_judges)
         loaded_policy = None if policy_model is None or isinstance(policy_model, str | Path) else policy_model
         changes: dict[str, Any] = {"resume": config.resume or resume}
         if specs is not None:
             changes["reward_funcs"] = [spec_name(spec) for spec in specs]
+        if judges is not None:
+            changes["monitor_judges"] = [spec_name(judge) for judge in judges]
         if isinstance(policy_model, str | Path):
             changes["policy_model"] = str(policy_model)
         elif loaded_policy is not None:
@@ -105,7 +114,8 @@ class PPOTrainer:
             changes["prompts"] = None  # the dataset replaces the file
         cfg = dataclasses.replace(config, **changes)
         cfg.require_inputs(dataset=train_dataset is not None)
-        named = {"reward_funcs": [str(s) for s in specs if isinstance(s, str | Path)]} if specs is not None else {}
+        named = {name: [str(s) for s in given if isinstance(s, str | Path)]
+                 for name, given in (("reward_funcs", specs), ("monitor_judges", judges)) if given is not None}
         if loaded_policy is not None:  # its name need not be a folder any more
             named["policy_model"] = "loaded"
         dataclasses.replace(cfg, **named).check_files()  # the files named (objects are checked as they are used)
@@ -125,7 +135,8 @@ class PPOTrainer:
 
         self.config = cfg
         self.callbacks = list(callbacks or [])
-        self.loop = Loop(cfg, reward_funcs=specs, prompt_rows=rows, policy=loaded_policy, tokenizer=processing_class)
+        self.loop = Loop(cfg, reward_funcs=specs, prompt_rows=rows, policy=loaded_policy, tokenizer=processing_class,
+                         monitor_judges=judges)
 
     # ------------------------------------------------------------------------------------------ what it holds
     @property

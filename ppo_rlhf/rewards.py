@@ -312,19 +312,9 @@ class CombinedReward:
     def scores(self, prompts: list[Prompt], completions: list[str], completion_ids: list[list[int]],
                columns: list[dict[str, Any]]) -> RewardScores:
         """As `__call__`, with each function's values per sample (for a completions table)."""
-        size = len(prompts)
-        require(size > 0 and len(completions) == size and len(completion_ids) == size and len(columns) == size,
-                f"reward functions need as many completions, completion ids and column rows as prompts ({size})")
-        keys = list(dict.fromkeys(key for row in columns for key in row))  # every column, in first-seen order
-        for key in keys:
-            require(key not in ARGUMENTS, f"the dataset column {key!r} has the name of a reward-function argument; "
-                    "rename it")
-        kwargs = {key: [row.get(key) for row in columns] for key in keys}
-        formatted = [as_completion(prompt, reply) for prompt, reply in zip(prompts, completions)]
-        by_function = {func.name: self._values(func, prompts, formatted, completion_ids, kwargs, completions)
-                       for func in self.funcs}
+        by_function = self.function_values(prompts, completions, completion_ids, columns)
         totals = []
-        for row in range(size):
+        for row in range(len(prompts)):
             total = None
             for func, weight in zip(self.funcs, self.weights):
                 value = by_function[func.name][row]
@@ -336,6 +326,22 @@ class CombinedReward:
                                           f"{_quote(completions[row])}: each returned None")
             totals.append(total)
         return RewardScores(torch.tensor(totals, dtype=torch.float32), by_function)
+
+    def function_values(self, prompts: list[Prompt], completions: list[str], completion_ids: list[list[int]],
+                        columns: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+        """Each function's checked values per sample by name, unweighted (also how the trainer scores its monitor
+        judges, which never enter a total)."""
+        size = len(prompts)
+        require(size > 0 and len(completions) == size and len(completion_ids) == size and len(columns) == size,
+                f"reward functions need as many completions, completion ids and column rows as prompts ({size})")
+        keys = list(dict.fromkeys(key for row in columns for key in row))  # every column, in first-seen order
+        for key in keys:
+            require(key not in ARGUMENTS, f"the dataset column {key!r} has the name of a reward-function argument; "
+                    "rename it")
+        kwargs = {key: [row.get(key) for row in columns] for key in keys}
+        formatted = [as_completion(prompt, reply) for prompt, reply in zip(prompts, completions)]
+        return {func.name: self._values(func, prompts, formatted, completion_ids, kwargs, completions)
+                for func in self.funcs}
 
     def _values(self, func: RewardFunction, prompts: list[Prompt], formatted: list,
                 completion_ids: list[list[int]], kwargs: dict[str, list], texts: list[str]) -> list[float | None]:

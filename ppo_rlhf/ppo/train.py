@@ -129,7 +129,7 @@ def saved_config(cfg: TrainConfig) -> TrainConfig:
     models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model", "value_model")
               if getattr(cfg, name) is not None}
     return dataclasses.replace(cfg, **files, **models, reward_funcs=[saved_spec(s) for s in cfg.reward_funcs],
-                               resume=False)
+                               monitor_judges=[saved_spec(s) for s in cfg.monitor_judges], resume=False)
 
 
 def record_machine(trainer: PPOTrainer, run_dir: Path, log: Callable[[str], None]) -> None:

@@ -52,6 +52,12 @@ class TrainConfig:
     reward_weights: list[float] | None = None
     """Weight of each reward, in order: reward_model (if set), then reward_funcs; a sample's reward is the weighted
     sum of those that are not None for it. null: every weight 1."""
+    monitor_judges: list[str] = field(default_factory=list)
+    """Second judges for the reward-hacking monitor, the same kinds as reward_funcs ("path.py:function",
+    "module:function", a reward-model folder or hub id; the API also takes callables and loaded models): each scores
+    every iteration's replies, its batch mean logged as `monitor/<name>` beside `reward/<name>`, and never enters the
+    reward (nor the normalisation, the advantages or the random numbers). A reward rising while they stay flat is
+    the reward model being gamed."""
     value_model: str | None = None
     """Initialisation of the value model (GAE): a sequence-classification folder or hub id using the policy's tokenizer.
     null: the reward model when the run has exactly one and it uses the policy's tokenizer (the chapter's), else the
@@ -270,9 +276,10 @@ class TrainConfig:
                 setattr(self, name, os.fspath(value))
         require(isinstance(self.policy_model, str), "policy_model: a loaded model goes to the trainer: "
                 "PPOTrainer(config, policy_model=model, processing_class=tokenizer)")
-        funcs = self.reward_funcs if isinstance(self.reward_funcs, list | tuple) else [self.reward_funcs]
-        require(all(isinstance(func, str) for func in funcs), "reward_funcs: functions and loaded models go to the "
-                "trainer: PPOTrainer(config, reward_funcs=[...]) (the config holds names: 'file.py:function', ...)")
+        for name in ("reward_funcs", "monitor_judges"):
+            specs = getattr(self, name) if isinstance(getattr(self, name), list | tuple) else [getattr(self, name)]
+            require(all(isinstance(spec, str) for spec in specs), f"{name}: functions and loaded models go to the "
+                    f"trainer: PPOTrainer(config, {name}=[...]) (the config holds names: 'file.py:function', ...)")
         for name, field_type in field_types(type(self)).items():
             setattr(self, name, check_value(name, getattr(self, name), field_type))
         self.validate()
@@ -346,11 +353,12 @@ class TrainConfig:
                 except UsageError as error:
                     hint = demo_output_hint("--" + name.replace("_", "-"), getattr(self, name))
                     raise UsageError(f"{name}: {error}{hint}") from None
-        for spec in self.reward_funcs:
-            try:
-                check_reward_spec(spec)
-            except UsageError as error:
-                raise UsageError(f"reward_funcs: {error}") from None
+        for name in ("reward_funcs", "monitor_judges"):
+            for spec in getattr(self, name):
+                try:
+                    check_reward_spec(spec)
+                except UsageError as error:
+                    raise UsageError(f"{name}: {error}") from None
         check_report_to(self.trackers)  # a tracker's missing package: one line now, not after the models load
         if self.prompts is not None:
             try:

@@ -49,6 +49,7 @@ from ppo_rlhf.parallel.distributed import current, is_sharded
 from ppo_rlhf.ppo.advantages import make_advantages
 from ppo_rlhf.ppo.checkpoint import load_adapter, trained_weights
 from ppo_rlhf.ppo.experience import Experience
+from ppo_rlhf.ppo.monitor import HackingMonitor
 from ppo_rlhf.ppo.objectives import (
     AdaptiveKLController,
     clipped_policy_loss,
@@ -68,6 +69,7 @@ from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.rewards import (
     CombinedReward,
     ModelReward,
+    RewardFunctionError,
     RewardScores,
     is_reward_model_spec,
     model_spec_name,
@@ -184,10 +186,11 @@ class PPOTrainer:
 
     `reward_funcs` (None: cfg.reward_funcs) are added after cfg.reward_model; `prompt_rows` (None: read from
     cfg.prompts); `policy` a loaded causal LM to train instead of loading cfg.policy_model, `tokenizer` its tokenizer
-    (None: cfg.policy_model's). The public, documented entry point is `ppo_rlhf.PPOTrainer` (api.py)."""
+    (None: cfg.policy_model's); `monitor_judges` (None: cfg.monitor_judges) the reward-hacking monitor's second judges.
+    The public, documented entry point is `ppo_rlhf.PPOTrainer` (api.py)."""
 
     def __init__(self, cfg: TrainConfig, reward_funcs: list | None = None, prompt_rows: list[PromptRow] | None = None,
-                 policy: torch.nn.Module | None = None, tokenizer=None):
+                 policy: torch.nn.Module | None = None, tokenizer=None, monitor_judges: list | None = None):
         self.cfg = cfg
         if cfg.threads:  # before the models load; 0 keeps torch's default
             torch.set_num_threads(cfg.threads)
@@ -200,6 +203,8 @@ class PPOTrainer:
         seed_everything(cfg.seed)
         self.advantages = make_advantages(cfg, self.dist)
         self._load_roles(list(cfg.reward_funcs) if reward_funcs is None else list(reward_funcs), policy, tokenizer)
+        self.judges = self._load_judges(list(cfg.monitor_judges) if monitor_judges is None else list(monitor_judges))
+        self.monitor = HackingMonitor()  # its baseline: the start policy's replies (measure_reward_norm)
         self.schedulers = self._make_schedulers()
         self.ptx = None
         if cfg.ptx_coef > 0:
@@ -270,6 +275,24 @@ class PPOTrainer:
         self.value_model = self.critic.model if self.critic else None
         # the trained roles by checkpoint folder name: each backward, step and optimiser state goes through them
         self.roles = {"policy": self.actor, **({"value": self.critic} if self.critic else {})}
+
+    def _load_judges(self, specs: list) -> CombinedReward | None:
+        """The monitor's second judges, resolved as rewards are (never summed into the reward); None without any."""
+        if not specs:
+            return None
+        with self.rng_untouched():  # a judge loaded or not, the run samples the same replies
+            try:
+                judges = resolve_reward_funcs(specs, dtype=self.dtype, device=self.device, batch_size=self.score_size,
+                                              trust_remote_code=self.cfg.trust_remote_code)
+            except UsageError as error:
+                raise UsageError(f"monitor_judges: {error}") from None
+        models = [judge.model for judge in judges if isinstance(judge, ModelReward)]
+        check_prompt_lengths(self.prompt_rows, self.tokenizer, models, self.cfg.max_new_tokens)
+        return CombinedReward(judges)
+
+    def rng_untouched(self):
+        """A context after which torch's random numbers (CPU, and this process's GPU) are as before it."""
+        return torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
 
     def _critic_source(self, specs: list) -> str | None:
         """What the value model starts from (GAE only): value_model; else the run's one reward model when it is
@@ -346,6 +369,7 @@ class PPOTrainer:
             "policy_started": self.policy_started,
             "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
             "ptx": self.ptx.state() if self.ptx else None,
+            "monitor": self.monitor.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -364,6 +388,7 @@ class PPOTrainer:
             self.kl_controller.load_state_dict(state["kl_controller"])
         if self.ptx is not None and state["ptx"] is not None:
             self.ptx.load(state["ptx"])
+        self.monitor.load_state_dict(state.get("monitor"))  # (None: a checkpoint from before the monitor)
 
     # ----------------------------------------------------------------------------------------- 1. rollout
     def rollout(self, prompts: list[str]) -> Rollout:
@@ -376,19 +401,43 @@ class PPOTrainer:
     def raw_scores(self, rollout: Rollout) -> torch.Tensor:
         """The combined reward of each reply [B] (float32, CPU); each function's values are kept in `reward_scores`.
         The reward functions see the other columns of each prompt's row when the rollout is of `batch_prompts`."""
-        prompts, columns = self.batch
-        if prompts != rollout.prompts:  # a rollout of other prompts (tests, `check`): no columns
-            columns = [{} for _ in rollout.prompts]
+        columns = self.columns_of(rollout.prompts)
         self.reward_scores = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.reply_ids, columns)
         return self.reward_scores.total
+
+    def columns_of(self, prompts: list) -> list[dict]:
+        """The other dataset columns of `prompts` when they are the last `batch_prompts`; else (tests, `check`) none."""
+        remembered, columns = self.batch
+        return columns if prompts == remembered else [{} for _ in prompts]
 
     def reward_means(self) -> dict[str, float]:
         """Each reward's mean over the last batch's replies it scored ("reward/<name>"; nan where it scored none),
         averaged over processes."""
-        values = self.reward_scores.by_function if self.reward_scores is not None else {}
-        means = {f"reward/{name}": float(np.mean([v for v in scored if v is not None] or [np.nan]))
+        return self.process_means("reward", self.reward_scores.by_function if self.reward_scores is not None else {})
+
+    def process_means(self, prefix: str, values: dict[str, list[float | None]]) -> dict[str, float]:
+        """{"<prefix>/<name>": mean of the values that are not None (nan: none)}, averaged over processes."""
+        means = {f"{prefix}/{name}": float(np.mean([v for v in scored if v is not None] or [np.nan]))
                  for name, scored in values.items()}
         return {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
+
+    def monitor_stats(self, index: int, experience: Experience) -> dict[str, float | None]:
+        """The reward-hacking monitor of the batch over every process's replies (monitor.py): reward_length_corr,
+        length_share (the baseline: the first batch's, unless the normalisation samples gave one) and each monitor
+        judge's mean raw score, "monitor/<name>"."""
+        rewards = self.dist.gather_1d(experience.raw_scores.float().cpu()).tolist()
+        lengths = self.dist.gather_1d(experience.reply_lengths).tolist()
+        if index == 0 and self.monitor.baseline is None:
+            self.monitor.start(rewards, lengths)
+        if self.judges is None:
+            return self.monitor.stats(rewards, lengths)
+        with self.rng_untouched():  # a judge that draws random numbers must not change the run's
+            try:
+                judged = self.judges.function_values(experience.prompts, experience.reply_texts,
+                                                     experience.reply_ids, self.columns_of(experience.prompts))
+            except RewardFunctionError as error:
+                raise RewardFunctionError(f"monitor_judges: {error}") from None
+        return {**self.monitor.stats(rewards, lengths), **self.process_means("monitor", judged)}
 
     def batch_prompts(self, rows: list[int]) -> list:
         """The prompts of dataset rows `rows`, remembered with their other columns for the reward functions."""
@@ -402,14 +451,16 @@ class PPOTrainer:
         rng = np.random.default_rng(self.cfg.seed + 1)
         picks = rng.choice(len(self.prompts), size=n, replace=n > len(self.prompts))
         picks = self.dist.shard(picks.tolist())  # this process's share (all of them in one process)
-        scores, finished = [], []
+        scores, finished, lengths = [], [], []
         for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation",
                          disable=self.cfg.quiet, leave=False):
             rollout = self.rollout(self.batch_prompts([picks[i] for i in rows]))
             scores.append(self.raw_scores(rollout))
             finished.append(rollout.finished)
+            lengths.append(rollout.reply_lengths)
         scores, finished = self.dist.gather_1d(torch.cat(scores)), self.dist.gather_1d(torch.cat(finished))
         require(bool(torch.isfinite(scores).all()), "the reward model gave non-finite scores to start-policy replies")
+        self.monitor.start(scores.tolist(), self.dist.gather_1d(torch.cat(lengths)).tolist())
         std = float(scores.std()) if n > 1 else 1.0
         only_models = all(isinstance(func, ModelReward) for func in self.rewards.funcs)
         require(std > 0 or not only_models,
@@ -606,6 +657,7 @@ class PPOTrainer:
         rollout = self.rollout(self.next_prompts())  # 1. rollout
         generated = self.clock()
         experience = self.score(rollout)  # 2-4. score, rewards, advantages
+        monitor = self.monitor_stats(index, experience)  # beside the rewards: nothing of it reaches the update
         scored = self.clock()
         batch = self.batch_stats(experience)
         phase = self.phase(index, batch["ev"])
@@ -628,8 +680,9 @@ class PPOTrainer:
         # a skipped batch must not move beta, nor a warm-up batch (the policy, hence its KL, did not move)
         if self.kl_controller is not None and math.isfinite(stats["kl"]) and phase == "policy":
             self.beta = self.kl_controller.update(stats["kl"], cfg.batch_size)
-        # then each reward's mean (reward/<name>)
-        return {**{key: stats[key] for key in HISTORY_ORDER if key in stats}, **self.reward_means()}, experience
+        # then each reward's mean (reward/<name>) and the reward-hacking monitor
+        ordered = {key: stats[key] for key in HISTORY_ORDER if key in stats}
+        return {**ordered, **self.reward_means(), **monitor}, experience
 
     def phase(self, index: int, ev: float) -> str:
         """"critic-warmup" (value model only) for the first critic_warmup_iterations, then until a batch's explained

@@ -1,5 +1,6 @@
 """What one iteration measures (section 8.9): the dashboard line, the JSONL history, TensorBoard scalars,
-sample replies, and the per-token table of one reply (section 8.6)."""
+sample replies, and the per-token table of one reply (section 8.6). The reward-hacking monitor's numbers
+(ppo/monitor.py) go under their own tracker section, `monitor/`."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ DASHBOARD = [
     ("ev", "ev", "{:+.2f}"),
     ("vclipfrac", "vclip", "{:.2f}"),
 ]
+# the reward-hacking monitor (ppo/monitor.py): its history keys, and the one the dashboard line shows, as `len_r`
+MONITOR_KEYS = ("reward_length_corr", "length_share")
+MONITOR_LINE = ("reward_length_corr", "len_r", "{:+.2f}")
 
 
 def _fmt(fmt: str, value: Any) -> str:
@@ -36,6 +40,9 @@ def dashboard_line(stats: dict[str, Any]) -> str:
     # the KL that is not the chapter's (k1 in the reward) says which it is
     kl_label = "kl" if stats.get("kl_used", "k1 in reward") == "k1 in reward" else f"kl[{stats['kl_used']}]"
     parts += [f"{kl_label if key == 'kl' else label} {_fmt(fmt, stats.get(key))}" for key, label, fmt in DASHBOARD]
+    key, label, fmt = MONITOR_LINE
+    if key in stats:  # (stats from before the monitor have none)
+        parts.append(f"{label} {_fmt(fmt, stats[key])}")
     timing = (f"({stats['time_total']:.0f}s, gen {stats['time_gen']:.0f}s, score {stats['time_score']:.0f}s, "
               f"update {stats['time_update']:.0f}s)")
     skipped = f"  skipped {stats['skipped_steps']}" if stats.get("skipped_steps") else ""
@@ -46,10 +53,19 @@ def history_line(stats: dict[str, Any]) -> str:
     return json.dumps(stats, allow_nan=True) + "\n"
 
 
+def scalar_tag(key: str) -> str:
+    """`ppo/score`, `time/time_gen`, `ppo/reward/<name>`; the monitor's `monitor/reward_length_corr`,
+    `monitor/length_share` and `monitor/<judge>`."""
+    if key.startswith("monitor/"):
+        return key
+    section = "time" if key.startswith("time_") else "monitor" if key in MONITOR_KEYS else "ppo"
+    return f"{section}/{key}"
+
+
 def scalar_tags(stats: dict[str, Any]) -> dict[str, float]:
-    """The numbers of one iteration's stats under the names every tracker shows them by: `ppo/score`,
-    `time/time_gen`, ... (strings such as `phase` and the step itself are left out)."""
-    return {f"{'time' if key.startswith('time_') else 'ppo'}/{key}": value for key, value in stats.items()
+    """The numbers of one iteration's stats under the names every tracker shows them by (`scalar_tag`); strings
+    such as `phase`, the step itself and None (a monitor number undefined this iteration) are left out."""
+    return {scalar_tag(key): value for key, value in stats.items()
             if isinstance(value, (int, float)) and key != "iteration"}
 
 
