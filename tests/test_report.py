@@ -7,6 +7,7 @@ from ppo_rlhf.cli import main
 from ppo_rlhf.study.dashboard import DASHBOARD
 from ppo_rlhf.study.evaluate import before_after, format_evaluation, model_label, standardize_records, summarize
 from ppo_rlhf.study.report import (
+    MONITOR_PANELS,
     PANELS,
     dashboard_figure,
     history_table,
@@ -117,7 +118,7 @@ def test_dashboard_panels_say_what_they_show(tmp_path):
     figure = dashboard_figure(histories)
     assert set(PANELS) == {key for key, _, _ in DASHBOARD}
     panels = [axis for axis in figure.axes if axis.axison]
-    assert len(panels) == len(DASHBOARD)
+    assert len(panels) == len(DASHBOARD) + len(MONITOR_PANELS) + 1  # the dashboard's, the monitor's, a judge's
     for axis, (key, label, _) in zip(panels, DASHBOARD):
         title, unit = PANELS[key]
         assert axis.get_title() == f"{title} [{label}]" and len(title.split()) >= 2  # words, then the log's name
@@ -130,11 +131,35 @@ def test_dashboard_panels_say_what_they_show(tmp_path):
         assert first.get_marker() != second.get_marker()  # ...and each keeps its own marker and dashes
         assert first.get_linestyle() != second.get_linestyle() and first.get_markerfacecolor() == "none"
     texts = [t.get_text() for axis in panels for t in axis.texts]
-    assert texts == ["not logged by these runs"]  # only the value-loss panel, which has no numbers
-    legend = figure.axes[len(DASHBOARD)].get_legend()
+    # the value-loss panel, which has no numbers, and the monitor's, which runs from before it do not have
+    assert texts == ["not logged by these runs"] * 3 + ["no monitor_judges in these runs"]
+    legend = figure.axes[len(panels)].get_legend()
     assert [t.get_text() for t in legend.get_texts()] == ["beta005", "nokl"] and legend.get_title().get_text() == "run"
     markers = {handle.get_marker() for handle in legend.legend_handles}
     assert len(markers) == 2
+
+
+def test_the_monitor_panels_show_the_monitors_numbers(tmp_path):
+    histories = {name: read_history(fake_run(tmp_path, name, iterations=3)) for name in ("beta005", "nokl")}
+    for k, history in enumerate(histories.values()):
+        for i, row in enumerate(history):
+            row.update(reward_length_corr=0.5 + 0.1 * i, length_share=None if i == 0 else 0.25 * i)
+            if k == 0:  # one run with two judges, the other without
+                row.update({"monitor/gold": 2.0 - 0.5 * i, "monitor/brevity": 1.0})
+    figure = dashboard_figure(histories)
+    corr, share, brevity, gold = figure.axes[len(DASHBOARD) : len(DASHBOARD) + 4]
+    assert [axis.get_title() for axis in (corr, share, brevity, gold)] == [
+        "Reward hacking? corr(reward, length) [len_r]", "Hacking? gain due to length [length_share]",
+        "Judge flat, rm_raw up = hacking [monitor/brevity]", "Judge flat, rm_raw up = hacking [monitor/gold]"]
+    assert [axis.get_ylabel() for axis in (corr, share, gold)] == [
+        "Pearson r over the batch", "share of the reward gain (1 = all)", "mean score (the judge's units)"]
+    assert all(axis.get_xlabel() == "iteration" and not axis.texts for axis in (corr, share, brevity, gold))
+    ys = {axis: [list(line.get_ydata()) for line in axis.get_lines()] for axis in (corr, share, gold)}
+    assert ys[corr] == [[0.5, 0.6, 0.7]] * 2
+    assert all(math.isnan(y[0]) and y[1:] == [0.25, 0.5] for y in ys[share])  # None (iteration 0): no point
+    assert ys[gold][0] == [2.0, 1.5, 1.0] and all(math.isnan(v) for v in ys[gold][1])  # the run without judges
+    legend = figure.axes[len(DASHBOARD) + 4].get_legend()  # the runs' legend follows the last panel
+    assert [t.get_text() for t in legend.get_texts()] == ["beta005", "nokl"]
 
 
 def test_overoptimisation_plot_reads_without_the_chapter(tmp_path):

@@ -117,39 +117,64 @@ def run_style(k: int) -> dict[str, Any]:
             "markerfacecolor": "none", "markersize": 5 + 2 * (k % 3)}
 
 
+# The reward-hacking monitor's panels after the dashboard's (ppo/monitor.py): key: (title, y-axis label); then one panel
+# per monitor judge (`monitor/<name>`), or one saying there is none.
+MONITOR_PANELS: dict[str, tuple[str, str]] = {
+    "reward_length_corr": ("Reward hacking? corr(reward, length) [len_r]", "Pearson r over the batch"),
+    "length_share": ("Hacking? gain due to length [length_share]", "share of the reward gain (1 = all)"),
+}
+JUDGE_PANEL = ("Judge flat, rm_raw up = hacking", "mean score (the judge's units)")
+
+
+def _iterations(history: list[dict]) -> list[int]:
+    return [row.get("iteration", i) for i, row in enumerate(history)]
+
+
+def figure_panels(histories: dict[str, list[dict]]) -> list[tuple[str, str, str, str]]:
+    """(history key, title, y-axis label, what an empty panel says) of every panel of the dashboard figure."""
+    panels = [(key, f"{PANELS[key][0]} [{label}]", PANELS[key][1], "not logged by these runs")
+              for key, label, _ in DASHBOARD]
+    panels += [(key, title, unit, "not logged by these runs") for key, (title, unit) in MONITOR_PANELS.items()]
+    judges = sorted({key for history in histories.values() for row in history for key in row
+                     if key.startswith("monitor/")})
+    title, unit = JUDGE_PANEL
+    panels += [(key, f"{title} [{key}]", unit, "not logged by these runs") for key in judges] or \
+        [("monitor/", title, unit, "no monitor_judges in these runs")]
+    return panels
+
+
 def dashboard_figure(histories: dict[str, list[dict]]) -> Figure:
-    """One panel per dashboard number, iterations on x, one line per run; the legend in the spare panel."""
+    """One panel per dashboard number, then the reward-hacking monitor's (`figure_panels`); iterations on x, one line
+    per run; the legend of the runs in the spare panel."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
+    panels = figure_panels(histories)
     columns = 3  # panels wide enough to read at the page's width
-    panels = math.ceil((len(DASHBOARD) + 1) / columns) * columns  # one more for the legend
-    figure = Figure(figsize=(4.2 * columns, 3.2 * panels // columns), layout="constrained")
-    axes = figure.subplots(panels // columns, columns, squeeze=False).ravel()
-    for axis, (key, label, _) in zip(axes, DASHBOARD):
-        title, unit = PANELS[key]
+    slots = math.ceil((len(panels) + 1) / columns) * columns  # one more for the legend
+    figure = Figure(figsize=(4.2 * columns, 3.2 * slots // columns), layout="constrained")
+    axes = figure.subplots(slots // columns, columns, squeeze=False).ravel()
+    iterations = [i for history in histories.values() for i in _iterations(history)]
+    for axis, (key, title, unit, empty) in zip(axes, panels):
         logged = False
-        iterations: list[int] = []
         for k, (name, history) in enumerate(histories.items()):
-            x = [row.get("iteration", i) for i, row in enumerate(history)]
             y = [_number(row.get(key)) for row in history]
             logged |= not all(math.isnan(v) for v in y)
-            iterations += x
-            axis.plot(x, y, label=name, **run_style(k))
+            axis.plot(_iterations(history), y, label=name, **run_style(k))
         if not logged:  # e.g. the value model's numbers of critic-free runs: say so rather than leave a blank panel
-            axis.text(0.5, 0.5, "not logged by these runs", transform=axis.transAxes, ha="center", va="center")
+            axis.text(0.5, 0.5, empty, transform=axis.transAxes, ha="center", va="center")
             axis.set_xlim(min(iterations), max(iterations))  # NaN lines set no limits: the runs' iterations do
             axis.set_yticks([])
-        axis.set_title(f"{title} [{label}]", fontsize=10)
+        axis.set_title(title, fontsize=10)
         axis.set_ylabel(unit)
         axis.set_xlabel("iteration")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.ticklabel_format(axis="y", useOffset=False)  # "+5.689" above the axis is easy to miss: full numbers
         axis.grid(alpha=0.3)
-    for axis in axes[len(DASHBOARD) :]:
+    for axis in axes[len(panels) :]:
         axis.set_axis_off()
     handles, labels = axes[0].get_legend_handles_labels()
-    axes[len(DASHBOARD)].legend(handles, labels, loc="center", title="run", fontsize=11, title_fontsize=11)
+    axes[len(panels)].legend(handles, labels, loc="center", title="run", fontsize=11, title_fontsize=11)
     return figure
 
 
@@ -429,8 +454,11 @@ def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_di
         dashboard_figure(histories).savefig(out_dir / "dashboard.png", dpi=100)
         blocks += [
             ("h2", "How training went, iteration by iteration"),
-            ("img", "dashboard.png", "the dashboard over iterations, one line per run; [brackets]: the name in "
-                                     "history.jsonl and the table below"),
+            ("img", "dashboard.png", "the dashboard over iterations, one line per run, then the reward-hacking "
+                                     "monitor: how closely the reward follows reply length, the share of the reward "
+                                     "gained since the start that longer replies explain, and any second judge "
+                                     "(monitor_judges); [brackets]: the name in history.jsonl or on the dashboard "
+                                     "line"),
             ("table", *history_table(histories)),
         ]
         machines = machine_sentence(list(map(Path, run_dirs)))
