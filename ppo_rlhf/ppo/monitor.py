@@ -1,6 +1,6 @@
 """The reward-hacking monitor (on every run's dashboard): is the reward PPO gains the reply's length?
 
-A reward model that learnt "longer is better" is the commonest reward hack (Singhal et al. 2023, "A Long Way to
+A reward model that learnt "longer is better" is a well-documented reward hack (Singhal et al. 2023, "A Long Way to
 Go"). Per iteration, from the batch's raw combined rewards r_i (the rewards' weighted sum before normalisation and
 the EOS rule, `rm_raw`'s numbers) and reply lengths l_i (tokens, `len`'s numbers), over every process's replies:
 
