@@ -36,6 +36,8 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     rollout = full.select(dist.shard(list(range(4))))
     trainer.reward_mean, trainer.reward_std = 0.1, 2.0
     batch = trainer.score(rollout)
+    monitor = trainer.monitor_stats(0, batch)  # over the global batch, which is also its baseline (no normalisation)
+    monitor["baseline"] = trainer.monitor.state_dict()["baseline"]
     torch.manual_seed(1)
     stats = trainer.update(batch)
     trained = trained_parameters(trainer)
@@ -63,7 +65,7 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     torch.save({"stats": stats, "params": params, "advantages": batch.advantages, "act": batch.action_mask,
                 "scores": scores, "sharded": sharded, "restored": restored, "resumed": resumed,
                 "zero": [sorted(s) for s in state["optimizers"].values()] if dist.zero_stage else None,
-                "skip": skip, "ent": ent,
+                "skip": skip, "ent": ent, "monitor": monitor,
                 "rows": dist.shard(list(range(4)))}, Path(out) / f"rank{dist.rank}.pt")
 
 

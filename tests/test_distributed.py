@@ -112,6 +112,17 @@ def assert_same_steps_as_one(single: Path, double: Path, sharding: str = "ddp") 
     assert all((part["zero"] == [["ranks", "zero_stage"]] * 2) == (sharding == "deepspeed") for part in ranks)
     # the entropy on the dashboard is the mean over all reply tokens (the processes' token counts differ)
     assert all(part["ent"] == pytest.approx(one["ent"], rel=1e-5) for part in ranks)
+    # the reward-hacking monitor sees the global batch: all four replies in its baseline, the same correlation
+    baseline = one["monitor"]["baseline"]
+    assert baseline["count"] == 4 and baseline["mean_length"] == float(one["act"].sum()) / 4
+    for part in ranks:
+        got = part["monitor"]["baseline"]
+        keys = ("mean_reward", "reward_variance", "count")
+        assert [got[key] for key in keys] == pytest.approx([baseline[key] for key in keys], rel=1e-5)
+        # (None when every reply has one length, as these 5-token replies at the cap do)
+        for ours, theirs in ((got["slope"], baseline["slope"]),
+                             (part["monitor"]["reward_length_corr"], one["monitor"]["reward_length_corr"])):
+            assert ours is theirs is None or ours == pytest.approx(theirs, rel=1e-5)
     # an inf in the value model's gradient alone: every step skipped, neither model nor optimiser state moved
     for part in [one, *ranks]:
         assert part["skip"] == {"skipped": 2, "weights": True, "moments": True}, part["skip"]

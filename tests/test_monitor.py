@@ -258,3 +258,19 @@ def test_a_failing_judge_names_itself(models, tmp_path):
                          monitor_judges=[broken])
     with pytest.raises(UsageError, match="^monitor_judges: reward function broken raised ValueError: no"):
         trainer.train()
+
+
+def test_monitor_judges_from_the_command_line_and_a_resume(models, tmp_path, monkeypatch):
+    monkeypatch.chdir(Path(models["judges"]).parent)  # a relative spec: config.yaml keeps it absolute
+    run = tmp_path / "cli"
+    argv = ["train", "--policy-model", models["policy"], "--prompts", models["prompts"], "--reward-funcs",
+            "judges.py:words", "--monitor-judges", "judges.py:words", "--out", str(run), "--iterations", "1",
+            "--batch-size", "4", "--minibatch-size", "4", "--max-new-tokens", "8", "--reward-norm-samples", "4",
+            "--lora-rank", "4", "--advantage-estimator", "rloo", "--group-size", "2", "--dtype", "float32",
+            "--report-to", "none", "--quiet"]
+    assert main(argv) == 0
+    assert main(["train", "--resume", str(run), "--iterations", "2", "--quiet"]) == 0  # judges from config.yaml
+    rows = history(run)
+    # the same function as reward and as judge: the same mean, and a config that names its file
+    assert len(rows) == 2 and all(row["monitor/words"] == row["reward/words"] for row in rows)
+    assert f"- {models['judges']}:words" in (run / "config.yaml").read_text()
