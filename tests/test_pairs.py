@@ -5,7 +5,7 @@ import pytest
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.study.judges import GoldJudge
-from ppo_rlhf.study.pairs import make_pairs, read_pairs, summary_line
+from ppo_rlhf.study.pairs import Replies, length_balanced, make_pairs, pair_replies, read_pairs, summary_line
 
 import tiny
 
@@ -67,12 +67,58 @@ def test_pairs_cli(tmp_path, policy, capsys):
     assert "unknown judge" in capsys.readouterr().err
 
 
+# pairs of 3 prompts: their length gaps (chosen minus rejected, tokens). a: 3 longer-chosen, 1 shorter-chosen, 1 tie;
+# b: 1 longer, 2 shorter; c: 2 longer. Per prompt 1+1 of a and of b are kept; of the surplus (2 longer of a, 1 shorter
+# of b, 2 longer of c) 1 longer and the 1 shorter: 6 unequal pairs, 3 longer-chosen, and the tie.
+BALANCE_PROMPTS = ["a"] * 5 + ["b"] * 3 + ["c"] * 2
+BALANCE_GAPS = [5, 3, 1, -2, 0, -4, -6, 2, 7, 8]
+
+
+def test_length_balance_half_keeps_as_many_longer_as_shorter_chosen_pairs():
+    for seed in range(20):
+        keep = length_balanced(BALANCE_PROMPTS, BALANCE_GAPS, "half", seed=seed)
+        gaps = [BALANCE_GAPS[i] for i in keep]
+        assert keep == sorted(keep) and len(keep) == 7 and 4 in keep  # the tie stays
+        assert sum(g > 0 for g in gaps) == sum(g < 0 for g in gaps) == 3
+        assert 3 in keep  # a's one shorter-chosen pair is always kept
+        assert sum(BALANCE_PROMPTS[i] == "a" and BALANCE_GAPS[i] > 0 for i in keep) in (1, 2)
+        assert keep == length_balanced(BALANCE_PROMPTS, BALANCE_GAPS, "half", seed=seed)  # seeded
+    draws = {tuple(length_balanced(BALANCE_PROMPTS, BALANCE_GAPS, "half", seed=seed)) for seed in range(20)}
+    assert len(draws) > 1
+
+
+def test_length_balance_similar_respects_the_tolerance_and_none_keeps_all():
+    assert length_balanced(BALANCE_PROMPTS, BALANCE_GAPS, "similar", tolerance=2) == [2, 3, 4, 7]
+    assert length_balanced(BALANCE_PROMPTS, BALANCE_GAPS, "similar", tolerance=0) == [4]
+    assert length_balanced(BALANCE_PROMPTS, BALANCE_GAPS, "none") == list(range(10))
+    with pytest.raises(UsageError, match="length balance must be one of none, similar, half"):
+        length_balanced(BALANCE_PROMPTS, BALANCE_GAPS, "short")
+    with pytest.raises(UsageError, match="length-tolerance must be >= 0"):
+        length_balanced(BALANCE_PROMPTS, BALANCE_GAPS, "similar", tolerance=-1)
+
+
+def test_pair_replies_balances_and_counts_what_it_dropped():
+    # one prompt, 4 finished replies: the longer the better, so every one of the 6 pairs is longer-chosen
+    replies = Replies(["p"], 4, ["a", "bb", "ccc", "dddd"], [1, 2, 3, 4], [True] * 4, [0.1, 0.2, 0.3, 0.4], "gold")
+    assert pair_replies(replies, 0.0).chosen_longer == 6
+    half = pair_replies(replies, 0.0, "half")
+    assert half.rows == [] and half.unbalanced == 6  # length would predict every pair: none is kept
+    similar = pair_replies(replies, 0.0, "similar", length_tolerance=1)
+    assert [(r["chosen"], r["rejected"]) for r in similar.rows] == [("bb", "a"), ("ccc", "bb"), ("dddd", "ccc")]
+    assert similar.unbalanced == 3 and similar.chosen_longer == 3
+    with pytest.raises(UsageError, match="length balance must be one of"):  # before any sampling
+        make_pairs(PROMPTS, "unused.jsonl", model="smollm2", length_balance="long")
+
+
 def test_summary_line_counts_in_the_singular_and_plural():
     info = {"pairs": 3, "prompts": 1, "replies_per_prompt": 4, "close": 2, "min_margin": 0.1, "cut_off": 1,
             "judge": "gold", "mean_score_chosen": 0.5, "mean_score_rejected": 0.1, "chosen_longer_fraction": 0.5}
     assert summary_line(info).startswith("pairs: 3 from 1 prompt x 4 replies (")
     two_prompts_one_reply = info | {"prompts": 2, "replies_per_prompt": 1}
     assert summary_line(two_prompts_one_reply).startswith("pairs: 3 from 2 prompts x 1 reply (")
+    balanced = info | {"length_balance": "similar", "length_tolerance": 8, "unbalanced": 5}
+    assert "cut-off reply skipped, 5 dropped by the length balance similar (tolerance 8 tokens)); " in summary_line(
+        balanced)
 
 
 def test_read_pairs_accepts_chat_messages(tmp_path):

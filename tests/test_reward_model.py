@@ -5,8 +5,10 @@ import pytest
 
 from ppo_rlhf.cli import main
 from ppo_rlhf.models.loading import load_sequence_classifier, load_tokenizer
+from ppo_rlhf.study.length_bias import length_fit, length_scale
 from ppo_rlhf.study.pairs import read_pairs
 from ppo_rlhf.study.reward_model import (
+    bradley_terry_logits,
     evaluate_pairs,
     load_pair_source,
     pair_order,
@@ -113,6 +115,55 @@ def test_every_epoch_is_measured_and_the_callback_gets_each_held_out_margin(tmp_
     for point, pairs, margins in seen:
         assert len(pairs) == len(margins) == 10 and point["accuracy"] == sum(m > 0 for m in margins) / 10
     assert info["shuffle_pairs"] is True and info["after"]["accuracy"] == curve[-1]["accuracy"]
+
+
+def test_the_length_term_s_logit_by_hand():
+    import torch
+
+    chosen, rejected, gaps = torch.tensor([1.0, 0.5]), torch.tensor([0.0, 1.0]), torch.tensor([10, -4])
+    assert bradley_terry_logits(chosen, rejected, gaps).tolist() == [1.0, -0.5]
+    # + 0.5 * gap / 5: + 1.0 and - 0.4
+    with_length = bradley_terry_logits(chosen, rejected, gaps, torch.tensor(0.5), scale=5.0)
+    assert with_length.tolist() == pytest.approx([2.0, -0.9])
+
+
+def length_biased_pairs(n: int, seed: int = 0) -> list[dict]:
+    """synthetic_pairs whose chosen reply is usually the longer: 3 extra words in 3 of every 4 pairs."""
+    pairs = synthetic_pairs(n, seed)
+    for i, pair in enumerate(pairs):
+        pair["chosen" if i % 4 else "rejected"] = "the cat and " + pair["chosen" if i % 4 else "rejected"]
+    return pairs
+
+
+def test_the_length_term_trains_but_the_saved_model_scores_without_it(tmp_path, base):
+    from ppo_rlhf.study.reward_model import sequence_lengths
+
+    pairs = tmp_path / "biased.jsonl"
+    pairs.write_text("".join(json.dumps(p) + "\n" for p in length_biased_pairs(32)))
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps(p) + "\n" for p in length_biased_pairs(8, seed=7)))
+    common = dict(base=base, epochs=1, lr=3e-2, batch_size=8, lora_rank=4, seed=0, max_length=128,
+                  heldout_source=heldout, dtype="float32")
+    info = train_reward_model(pairs, out_dir=tmp_path / "rm", length_head=True, length_tolerance=2, **common)
+    # the length expert starts at what length alone says of the training pairs: the longer reply mostly wins
+    gaps = [a - b for a, b in sequence_lengths(load_tokenizer(base), read_pairs(pairs))]
+    head = info["length_head"]
+    assert head["scale_tokens"] == pytest.approx(length_scale(gaps), abs=1e-3)
+    assert head["start_weight"] == pytest.approx(length_fit([g / length_scale(gaps) for g in gaps]), abs=1e-5)
+    assert head["start_weight"] > 0 and head["weight"] != head["start_weight"]  # trained with the rest
+    assert info["heldout"]["tolerance"] == 2 and info["heldout"]["all"]["pairs"] == 8
+    assert info["heldout"]["all"]["accuracy"][0] == info["after"]["accuracy"]
+
+    # saved, it is a plain one-output classifier whose margins are r(chosen) - r(rejected) alone, as measured
+    out = tmp_path / "rm"
+    saved = json.loads((out / "adapter_config.json").read_text())
+    plain = train_reward_model(pairs, out_dir=tmp_path / "plain", **common)
+    assert plain["length_head"] is None
+    assert saved == json.loads((tmp_path / "plain" / "adapter_config.json").read_text())
+    model = load_sequence_classifier(str(out))
+    assert model.config.num_labels == 1
+    again = evaluate_pairs(model, load_tokenizer(str(out)), read_pairs(heldout), batch_size=8)
+    assert again["mean_margin"] == pytest.approx(info["after"]["mean_margin"], abs=1e-4)
 
 
 def test_shuffled_pairs_mix_prompts_in_a_batch():

@@ -126,7 +126,8 @@ def test_search_skips_what_is_done_and_the_test_split_is_looked_at_once(tmp_path
         assert lo <= accuracy <= hi and len(point["correct"]) == record["heldout_pairs"]
     assert record["train_prompts"] <= 2 and record["heldout_prompts"] <= 3
     printed = capsys.readouterr().out
-    assert "best on validation: alloc=2x4,margin=0.1,lr=0.03,layers=0,rank=4,batches=prompt,epochs=" in printed
+    assert ("best on validation: alloc=2x4,margin=0.1,lr=0.03,layers=0,rank=4,batches=prompt,balance=none,"
+            "length_head=off,epochs=") in printed
     last_row = next(line for line in printed.splitlines() if line.startswith("base") and line.split()[1] == "2")
     assert "{:+.3f} [{:+.3f}, {:+.3f}]".format(*rm_search.minus_words(record, record["epochs"][-1])) in last_row
     assert "first-pass learning curves" in printed
@@ -136,6 +137,17 @@ def test_search_skips_what_is_done_and_the_test_split_is_looked_at_once(tmp_path
     assert [r["setting"]["alloc"] for r in records] == ["2x4", "4x2"]
     assert len(rm_search.read_records(out / "search.jsonl")) == 2
     assert rm_search.search(pool_dir, out, max_configs=0, **grid) == records  # nothing left to run at 2 epochs
+
+    # an --extra setting with issue 43's factors: length-balanced training pairs and the length term
+    records = rm_search.search(pool_dir, out, max_configs=1, extra=["balance=half,length_head=on"], **grid)
+    debiased = records[-1]
+    assert debiased["setting"] == records[0]["setting"] | {"balance": "half", "length_head": "on"}
+    assert isinstance(debiased["length_head"]["weight"], float)
+    report = debiased["epochs"][-1]["length"]
+    assert report["all"]["accuracy"] == debiased["epochs"][-1]["accuracy"] and report["tolerance"] == 8
+    assert report["rm_minus_words"] == rm_search.minus_words(debiased, debiased["epochs"][-1])
+    printed = capsys.readouterr().out
+    assert "balance=half,length_head=on" in printed and "similar: the " in printed
 
     # a spent budget stops a setting after its first epoch, with what it measured so far
     pool = rm_search.load_pool(pool_dir)
@@ -159,7 +171,8 @@ def test_search_skips_what_is_done_and_the_test_split_is_looked_at_once(tmp_path
 
 def test_settings_text_round_trips_and_the_grid_changes_one_thing_at_a_time():
     values = {"alloc": ["125x12", "250x6", "500x3"], "margin": [0.1, 0.2, 0.3], "lr": [3e-4, 1e-3, 1e-4],
-              "layers": [10, 0], "rank": [16, 8], "batches": ["prompt", "shuffled"]}
+              "layers": [10, 0], "rank": [16, 8], "batches": ["prompt", "shuffled"], "balance": ["none"],
+              "length_head": ["off"]}
     settings = rm_search.grid(values)
     base = settings[0]
     assert base == {"alloc": "125x12", **rm_search.BASE}
@@ -168,3 +181,33 @@ def test_settings_text_round_trips_and_the_grid_changes_one_thing_at_a_time():
     assert rm_search.parse_tiers("125x12,250x6,500x3") == [(125, 12), (250, 6), (500, 3)]
     with pytest.raises(UsageError, match="rise"):
         rm_search.parse_tiers("250x6,125x12")
+
+
+def test_the_length_factors_parse_come_first_and_old_records_get_their_defaults(tmp_path):
+    values = {"alloc": ["125x12"], "margin": [0.1], "lr": [3e-4], "layers": [0], "rank": [16], "batches": ["prompt"],
+              "balance": ["none", "half", "similar"], "length_head": ["off", "on"]}
+    settings = rm_search.grid(values)
+    assert [rm_search.changes(s, settings[0]) for s in settings] == [
+        "base", "length_head=on", "balance=half", "balance=similar"]
+    pool = rm_search.Pool({"tiers": "125x12", "heldout_replies": 12}, {"train": ["p"] * 125}, {"train": {
+        i: [{}] * 12 for i in range(125)}}, "key")
+    setting = rm_search.parse_setting("balance=half,length_head=on,layers=0", pool)
+    assert setting["balance"] == "half" and setting["length_head"] == "on" and setting["layers"] == 0
+    assert rm_search.parse_setting(rm_search.setting_text(setting), pool) == setting
+    for bad in ("balance=long", "length_head=yes"):
+        with pytest.raises(UsageError, match=bad.split("=")[0]):
+            rm_search.parse_setting(bad, pool)
+    old = {"setting": {"alloc": "125x12", "margin": 0.1, "lr": 3e-4, "layers": 0, "rank": 16, "batches": "prompt"}}
+    (tmp_path / "search.jsonl").write_text(json.dumps(old) + "\n")
+    assert rm_search.read_records(tmp_path / "search.jsonl")[0]["setting"] == settings[0]
+
+
+def test_the_table_s_length_columns_are_read_from_each_pair_s_result():
+    # 4 validation pairs of 2 prompts: gaps 2 and -30 (prompt 0), -5 and 40 (prompt 1); right, right, wrong, right
+    record = {"heldout_pairs": 4, "clusters": [0, 0, 1, 1], "seed": 1}
+    point = {"correct": "1101", "length": {"reply_length_corr": 0.25}}
+    parts = rm_search.length_accuracies(record, point, [2, -30, -5, 40])
+    assert parts["similar_length"]["pairs"] == 2 and parts["similar_length"]["accuracy"][0] == 0.5  # gaps 2 and -5
+    assert parts["shorter_chosen"]["pairs"] == 2 and parts["shorter_chosen"]["accuracy"][0] == 0.5  # -30 and -5
+    assert rm_search.length_columns(record, point, [2, -30, -5, 40]).split()[-1] == "+0.25"
+    assert rm_search.length_columns(record, {"correct": "1101"}, [2, -30, -5, 40]).split()[-1] == "n/a"

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from ppo_rlhf.config import (
     NON_NEGATIVE,
@@ -43,7 +43,7 @@ from ppo_rlhf.config import (
 from ppo_rlhf.errors import Interrupted, UsageError, require
 from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import DtypeName, TrainConfig
-from ppo_rlhf.study.pairs import make_pairs, read_pairs
+from ppo_rlhf.study.pairs import LENGTH_TOLERANCE, make_pairs, read_pairs
 from ppo_rlhf.study.pairs import summary_line as pairs_line
 from ppo_rlhf.study.prompts import build_prompts, read_prompts, summary, write_jsonl
 from ppo_rlhf.utils.files import atomic_write_text
@@ -83,6 +83,13 @@ class DemoConfig:
     prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 12 give 66."""
     min_margin: Annotated[float, NON_NEGATIVE] = 0.1
     """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
+    pair_length_balance: Literal["none", "similar", "half"] = "none"
+    """The reward model's training pairs, balanced for length (pairs.length_balanced; the held-out pairs never are):
+    "similar" keeps the pairs whose replies differ by at most pair_length_tolerance tokens, "half" a seeded subsample
+    in which the longer reply is the chosen one in exactly half of the pairs. A proxy trained on pairs whose longer
+    reply mostly wins can learn length instead of quality (issue 43; bench/rm_search.py measures it)."""
+    pair_length_tolerance: NonNegativeInt = LENGTH_TOLERANCE
+    """Tokens: the "similar" balance's pairs, and the reward model's similar-length held-out pairs in its report."""
     reply_cap: PositiveInt = 64
     """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation."""
     rm_epochs: PositiveInt = 2
@@ -101,6 +108,9 @@ class DemoConfig:
     rm_shuffle_pairs: bool = False
     """Reward-model batches of pairs in random order instead of whole prompts' pairs together (each reply of a batch
     is then scored for fewer pairs: more passes per pair). bench/rm_search.py compares the two."""
+    rm_length_head: bool = False
+    """Train the reward model against a learned length term (logit + w * length gap, reward_model.py), dropped from
+    the saved model: its score head learns what length does not explain (ODIN-style, issue 43)."""
     iterations: PositiveInt = 10
     """PPO iterations per run."""
     batch_size: PositiveInt = 8
@@ -175,13 +185,24 @@ def split_train(prompts_dir: Path, rm_share: float, rm_heldout_share: float) -> 
 STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
     "prompts": ("model", "seed", "candidates", "heldout_candidates", "reply_cap", "sample_batch", "dtype"),
     "pairs": ("model", "seed", "gold", "reply_cap", "rm_share", "rm_heldout_share", "pair_replies", "min_margin",
-              "sample_batch", "dtype"),
+              "sample_batch", "dtype", "pair_length_balance", "pair_length_tolerance"),
     "reward model": ("model", "seed", "rm_epochs", "rm_batch_size", "rm_lr", "rm_lora_layers", "rm_lora_rank",
-                     "rm_shuffle_pairs", "dtype"),
+                     "rm_shuffle_pairs", "dtype", "rm_length_head"),
     "ppo": ("model", "seed", "reply_cap", "iterations", "batch_size", "minibatch_size", "reward_norm_samples",
             "policy_lr", "value_lr", "evaluations", "dtype"),
     "evaluation": ("gold", "seed", "replies_per_prompt", "eval_prompts", "sample_batch"),
 }
+# Settings added after demo folders existed: at these values they stay out of a stage's key, so a folder made before
+# them is still current (its stage ran as they say), while any other value runs the stage again.
+LATER_DEFAULTS: dict[str, Any] = {"pair_length_balance": "none", "pair_length_tolerance": LENGTH_TOLERANCE,
+                                  "rm_length_head": False}
+
+
+def stage_settings(cfg: DemoConfig, stage: str) -> dict[str, Any]:
+    """The settings of `stage` that make its key: STAGE_SETTINGS', less those at their LATER_DEFAULTS."""
+    values = {name: getattr(cfg, name) for name in STAGE_SETTINGS[stage]}
+    return {name: value for name, value in values.items()
+            if name not in LATER_DEFAULTS or value != LATER_DEFAULTS[name]}
 
 
 def stage_key(settings: dict[str, Any], inputs: list[str]) -> str:
@@ -278,7 +299,7 @@ def run_stages(cfg: DemoConfig) -> Path:
     stages = Stages(out, to_yaml(cfg))
 
     def settings(stage: str, **extra: Any) -> dict[str, Any]:
-        return {name: getattr(cfg, name) for name in STAGE_SETTINGS[stage]} | extra
+        return stage_settings(cfg, stage) | extra
 
     prompts_dir = out / "prompts"
     prompts_key = stages.run("prompts", settings("prompts"), [], prompts_dir / "prompts_info.json", lambda _: print(
@@ -290,11 +311,14 @@ def run_stages(cfg: DemoConfig) -> Path:
     pairs, heldout_pairs = out / "pairs.jsonl", out / "pairs_heldout.jsonl"
 
     def make_both_pairs(_: bool) -> None:
-        # pairs at the PPO cap: the proxy scores only finished replies, and PPO's replies end within this cap
-        for prompts, path in ((rm_prompts, pairs), (rm_heldout_prompts, heldout_pairs)):
+        # pairs at the PPO cap: the proxy scores only finished replies, and PPO's replies end within this cap; the
+        # held-out pairs are never balanced: the report reads their length-balanced part itself
+        for prompts, path, balance in ((rm_prompts, pairs, cfg.pair_length_balance),
+                                       (rm_heldout_prompts, heldout_pairs, "none")):
             info = make_pairs(prompts, path, model=cfg.model, judge_spec=cfg.gold, reply_cap=cfg.reply_cap,
                               seed=cfg.seed, replies_per_prompt=cfg.pair_replies, min_margin=cfg.min_margin,
-                              batch_size=cfg.sample_batch, dtype=cfg.dtype)
+                              batch_size=cfg.sample_batch, dtype=cfg.dtype, length_balance=balance,
+                              length_tolerance=cfg.pair_length_tolerance)
             print(pairs_line(info))
 
     # pair_cap: the pairs were sampled at twice the reply cap before; a folder made so must not be taken as current
@@ -307,7 +331,8 @@ def run_stages(cfg: DemoConfig) -> Path:
                                 pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed,
                                 lr=cfg.rm_lr, batch_size=cfg.rm_batch_size, lora_layers=cfg.rm_lora_layers,
                                 lora_rank=cfg.rm_lora_rank, shuffle_pairs=cfg.rm_shuffle_pairs,
-                                heldout_source=heldout_pairs, dtype=cfg.dtype))))
+                                heldout_source=heldout_pairs, dtype=cfg.dtype, length_head=cfg.rm_length_head,
+                                length_tolerance=cfg.pair_length_tolerance))))
 
     run_dirs, run_keys = [], []
     for beta in (float(b) for b in cfg.betas.split(",")):

@@ -7,11 +7,18 @@ margin drops near-ties whose label is mostly the judge's noise. A proxy reward m
 (reward_model.py) is what PPO optimises, and the same gold judge later measures how much of PPO's gain is real.
 Replies cut off at --reply-cap are never paired, since a reward model is only ever read at a closing EOS and the
 EOS rule of PPO scores cut-off replies itself.
+
+Length balance (--length-balance) breaks the shortcut of a proxy that learns "longer is better" (Singhal et al.,
+2024): "similar" keeps only the pairs whose replies differ by at most --length-tolerance tokens, so length carries no
+label; "half" keeps a seeded subsample in which the longer reply is the chosen one in exactly half of the pairs of
+unequal length (per prompt where the prompt has both kinds, across prompts for the rest), so length alone ranks half
+of them right, no better than a coin.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -19,13 +26,15 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
-from ppo_rlhf.config import NON_NEGATIVE, POSITIVE_FLOAT, POSITIVE_INT, SEED, Checked
+from ppo_rlhf.config import NON_NEGATIVE, POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.ppo.train_config import DTYPE_NAMES
 from ppo_rlhf.study.prompts import message_text, read_jsonl, read_prompts, write_jsonl
 from ppo_rlhf.utils.paths import check_model_name
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "score_chosen", "score_rejected")
+LENGTH_BALANCES = ("none", "similar", "half")
+LENGTH_TOLERANCE = 8  # tokens: "similar" pairs; about a fifth of the pool's pairs at a 64-token reply cap
 
 
 def pair_from_record(record: dict, where: str) -> dict:
@@ -76,6 +85,7 @@ class Pairing(NamedTuple):
     close: int  # candidate pairs skipped: gold scores within min_margin
     cut_off: int  # candidate pairs skipped: a reply did not finish
     chosen_longer: int  # pairs whose chosen reply has more tokens
+    unbalanced: int  # pairs dropped by the length balance
 
 
 def sample_replies(
@@ -121,10 +131,12 @@ def sample_replies(
     return Replies(list(prompts), k, texts, lengths, finished, judge.score(repeated, texts), judge.name)
 
 
-def pair_replies(replies: Replies, min_margin: float) -> Pairing:
-    """Every two finished replies of a prompt whose scores differ by more than min_margin, the better one chosen."""
+def pair_replies(replies: Replies, min_margin: float, length_balance: str = "none",
+                 length_tolerance: int = LENGTH_TOLERANCE, seed: int = 0) -> Pairing:
+    """Every two finished replies of a prompt whose scores differ by more than min_margin, the better one chosen;
+    then the length_balance subset (see `length_balanced`)."""
     k, texts, scores, lengths, finished = replies.k, replies.texts, replies.scores, replies.lengths, replies.finished
-    rows, close, unfinished, chosen_longer = [], 0, 0, 0
+    rows, gaps, close, unfinished = [], [], 0, 0
     for i, prompt in enumerate(replies.prompts):
         for a, b in combinations(range(k * i, k * i + k), 2):
             if not (finished[a] and finished[b]):
@@ -134,9 +146,46 @@ def pair_replies(replies: Replies, min_margin: float) -> Pairing:
                 close += 1
                 continue
             win, lose = (a, b) if scores[a] > scores[b] else (b, a)
-            chosen_longer += lengths[win] > lengths[lose]
+            gaps.append(lengths[win] - lengths[lose])
             rows.append(dict(zip(PAIR_FIELDS, (prompt, texts[win], texts[lose], scores[win], scores[lose]))))
-    return Pairing(rows, close, unfinished, chosen_longer)
+    keep = length_balanced([r["prompt"] for r in rows], gaps, length_balance, length_tolerance, seed)
+    return Pairing([rows[i] for i in keep], close, unfinished, sum(gaps[i] > 0 for i in keep), len(rows) - len(keep))
+
+
+def length_balanced(prompts: list[str], gaps: list[int], balance: str, tolerance: int = LENGTH_TOLERANCE,
+                    seed: int = 0) -> list[int]:
+    """Indices (in order) of the pairs a length balance keeps, given each pair's prompt and its chosen reply's length
+    minus its rejected reply's (tokens).
+
+    none: all. similar: |gap| <= tolerance. half: every pair of equal lengths, and as many longer-chosen as
+    shorter-chosen pairs: within each prompt min(longer, shorter) of each kind (seeded draw), then of the prompts'
+    surplus kinds as many of each as the other has; the longer reply is chosen in exactly half of the pairs of unequal
+    length, and most prompts are balanced on their own, so which prompt a pair belongs to says little either.
+    """
+    require(balance in LENGTH_BALANCES, f"length balance must be one of {', '.join(LENGTH_BALANCES)}, got {balance!r}")
+    require(tolerance >= 0, f"--length-tolerance must be >= 0, got {tolerance}")
+    require(len(prompts) == len(gaps), f"{len(prompts)} prompts for {len(gaps)} length gaps")
+    if balance == "none":
+        return list(range(len(gaps)))
+    if balance == "similar":
+        return [i for i, gap in enumerate(gaps) if abs(gap) <= tolerance]
+    rng = random.Random(seed)
+    kinds: dict[str, tuple[list[int], list[int]]] = {}
+    for i, (prompt, gap) in enumerate(zip(prompts, gaps)):
+        if gap != 0:
+            kinds.setdefault(prompt, ([], []))[gap < 0].append(i)
+    keep = [i for i, gap in enumerate(gaps) if gap == 0]
+    surplus: tuple[list[int], list[int]] = ([], [])
+    for longer, shorter in kinds.values():
+        n = min(len(longer), len(shorter))
+        for side, members in enumerate((longer, shorter)):
+            rng.shuffle(members)
+            keep += members[:n]
+            surplus[side].extend(members[n:])
+    n = min(map(len, surplus))
+    for members in surplus:
+        keep += rng.sample(members, n)
+    return sorted(keep)
 
 
 def make_pairs(
@@ -151,20 +200,25 @@ def make_pairs(
     replies_per_prompt: int = 2,
     min_margin: float = 0.0,
     dtype: str = "auto",
+    length_balance: str = "none",
+    length_tolerance: int = LENGTH_TOLERANCE,
 ) -> dict:
     """Sample replies_per_prompt replies per prompt, pair every two whose gold scores differ by more than
-    min_margin, write the pairs JSONL; return the counts."""
+    min_margin, keep the length_balance subset (seeded), write the pairs JSONL; return the counts."""
     if not isinstance(prompts, list):
         prompts = read_prompts(prompts)
     require(bool(prompts), "no prompts to make pairs from")
     require(replies_per_prompt >= 2, f"--replies-per-prompt must be >= 2 to make a pair, got {replies_per_prompt}")
     require(min_margin >= 0, f"--min-margin must be >= 0, got {min_margin}")
+    length_balanced([], [], length_balance, length_tolerance)  # a bad option is named before any sampling
     replies = sample_replies(prompts, model, judge_spec, reply_cap, temperature, seed, batch_size, replies_per_prompt,
                              dtype)
-    rows, close, unfinished, chosen_longer = pair_replies(replies, min_margin)
+    rows, close, unfinished, chosen_longer, unbalanced = pair_replies(replies, min_margin, length_balance,
+                                                                      length_tolerance, seed)
     if not rows:
         raise UsageError(f"no usable pair among {counted(len(prompts), 'prompt')} ({close} ties or within --min-margin "
-                         f"{min_margin:g}, {unfinished} with a cut-off reply)")
+                         f"{min_margin:g}, {unfinished} with a cut-off reply, {unbalanced} dropped by --length-balance "
+                         f"{length_balance})")
     write_jsonl(out_path, rows)
     k = replies_per_prompt
     return {
@@ -176,6 +230,9 @@ def make_pairs(
         "pairs": len(rows),
         "close": close,
         "cut_off": unfinished,
+        "length_balance": length_balance,
+        "length_tolerance": length_tolerance,
+        "unbalanced": unbalanced,
         "finished_replies": sum(replies.finished) / len(replies.finished),
         "mean_score_chosen": sum(r["score_chosen"] for r in rows) / len(rows),
         "mean_score_rejected": sum(r["score_rejected"] for r in rows) / len(rows),
@@ -193,8 +250,17 @@ def summary_line(info: dict) -> str:
     return (f"pairs: {info['pairs']} from {counted(info['prompts'], 'prompt')} x "
             f"{counted(info['replies_per_prompt'], 'reply', 'replies')} "
             f"({info['close']} with a gold margin <= {info['min_margin']:g} and {info['cut_off']} with a cut-off reply "
-            f"skipped); {info['judge']} judge scores chosen {info['mean_score_chosen']:+.3f}, rejected "
-            f"{info['mean_score_rejected']:+.3f}; chosen reply longer in {info['chosen_longer_fraction']:.0%}")
+            f"skipped{balance_words(info)}); {info['judge']} judge scores chosen {info['mean_score_chosen']:+.3f}, "
+            f"rejected {info['mean_score_rejected']:+.3f}; chosen reply longer in {info['chosen_longer_fraction']:.0%}")
+
+
+def balance_words(info: dict) -> str:
+    """", 40 dropped by the length balance half" (nothing without a balance; older infos have none)."""
+    balance = info.get("length_balance", "none")
+    if balance == "none":
+        return ""
+    tolerance = f" (tolerance {info['length_tolerance']} tokens)" if balance == "similar" else ""
+    return f", {info['unbalanced']} dropped by the length balance {balance}{tolerance}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -212,12 +278,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep a pair only when the gold scores differ by more than this")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
                         help="the sampler's weights (auto: bfloat16 where the CPU has it natively)")
+    parser.add_argument("--length-balance", choices=LENGTH_BALANCES, default="none",
+                        help="similar: keep pairs whose replies differ by <= --length-tolerance tokens; half: a seeded "
+                             "subsample where the longer reply is chosen in exactly half of the pairs")
+    parser.add_argument("--length-tolerance", type=Checked(int, Bounds(low=0)), default=LENGTH_TOLERANCE,
+                        help="tokens, for --length-balance similar")
 
 
 def run(args: argparse.Namespace) -> int:
     info = make_pairs(
         args.prompts, args.out, args.model, args.judge, args.reply_cap, args.temperature, args.seed, args.batch_size,
-        args.replies_per_prompt, args.min_margin, args.dtype,
+        args.replies_per_prompt, args.min_margin, args.dtype, args.length_balance, args.length_tolerance,
     )
     print(f"wrote {args.out}; {summary_line(info)}")
     return 0

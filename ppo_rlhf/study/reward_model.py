@@ -9,11 +9,17 @@ functions PPO scores with, so training and use read the same position. The loss 
 
 and the output folder is a PEFT adapter (LoRA + score head) that models.load_sequence_classifier loads.
 
+With --length-head the loss is -log sigmoid(r(x, chosen) - r(x, rejected) + w * length gap / scale): one learned
+scalar w takes what the replies' length difference explains (length_bias.py), so the score head learns the rest; w
+is not part of the saved model, which scores quality only and loads as any other.
+
 Held-out accuracy is measured on a held-out share of the pairs, or on a separate pairs file (pairs of prompts the
 model never trained on, as the demo makes them). The learning curve, held-out accuracy after the first 1/8, 1/4,
 1/2 and all of the training pairs of the first pass (and after each later epoch), is measured inside the one training
 run rather than by training once per size: the same curve's shape for a fraction of the compute. It says whether
-more pairs would help (still rising) or the backbone is the limit (flat).
+more pairs would help (still rising) or the backbone is the limit (flat). Every held-out measurement also says how
+much of the accuracy length alone would give (length_bias.length_report: accuracy on similar-length and on
+shorter-chosen pairs, the score's correlation with reply length, the paired difference to word counts).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from tqdm import tqdm
 from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked, FieldType
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.train_config import DTYPE_NAMES, resolve_device
-from ppo_rlhf.study.pairs import pair_from_record, read_pairs
+from ppo_rlhf.study.length_bias import length_fit, length_report, length_scale, report_line
+from ppo_rlhf.study.pairs import LENGTH_TOLERANCE, pair_from_record, read_pairs
 from ppo_rlhf.study.prompts import load_hf_dataset
 from ppo_rlhf.study.stats import pearson
 from ppo_rlhf.utils.files import atomic_directory
@@ -53,7 +60,13 @@ def load_pair_source(source: str) -> list[dict]:
 
 
 def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(r_chosen [B], r_rejected [B], len(chosen) - len(rejected) in tokens [B]) in one forward pass.
+    """(r_chosen [B], r_rejected [B], len(chosen) - len(rejected) in tokens [B]) in one forward pass."""
+    chosen, rejected, gaps, _ = scored_pairs(model, tokenizer, pairs)
+    return chosen, rejected, gaps
+
+
+def scored_pairs(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """pair_scores and {(prompt, reply): score} of each distinct conversation of the pairs.
 
     Each distinct (prompt, reply) conversation is scored once however many pairs it is in: K replies of a prompt
     make up to K(K-1)/2 pairs from K forward passes instead of K(K-1) (InstructGPT trains on all comparisons of
@@ -73,7 +86,16 @@ def pair_scores(model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, torc
     index = torch.tensor([row[c] for c in conversations])
     n = len(pairs)
     chosen, rejected = index[:n], index[n:]
-    return scores[chosen.to(device)], scores[rejected.to(device)], lengths[chosen] - lengths[rejected]
+    by_conversation = dict(zip(distinct, scores.tolist()))
+    return scores[chosen.to(device)], scores[rejected.to(device)], lengths[chosen] - lengths[rejected], by_conversation
+
+
+def bradley_terry_logits(chosen: torch.Tensor, rejected: torch.Tensor, gaps: torch.Tensor,
+                         weight: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+    """r(chosen) - r(rejected), plus weight * gaps / scale with a length term: the length expert's share of the
+    logit, which the score head then need not learn (fp32)."""
+    logits = (chosen - rejected).float()
+    return logits if weight is None else logits + weight * gaps.float() / scale
 
 
 def pair_order(pairs: list[dict], generator: torch.Generator, shuffle_pairs: bool) -> list[int]:
@@ -99,38 +121,45 @@ def prompt_order(pairs: list[dict], generator: torch.Generator) -> list[int]:
     return order
 
 
-def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[int]:
-    """The longer of each pair's two conversations, in tokens."""
+def sequence_lengths(tokenizer, pairs: list[dict], chunk: int = 256) -> list[tuple[int, int]]:
+    """(chosen, rejected) conversation lengths of each pair, in tokens."""
     from ppo_rlhf.models.scores import reward_inputs
 
-    longest = []
+    both = []
     for start in tqdm(range(0, len(pairs), chunk), desc="tokenizing pairs", leave=False):
         part = pairs[start : start + chunk]
         prompts = [p["prompt"] for p in part]
         replies = [p["chosen"] for p in part] + [p["rejected"] for p in part]
         _, mask = reward_inputs(tokenizer, prompts + prompts, replies)
         lengths = mask.sum(dim=1).tolist()
-        longest += [max(a, b) for a, b in zip(lengths[: len(part)], lengths[len(part) :])]
-    return longest
+        both += list(zip(lengths[: len(part)], lengths[len(part) :]))
+    return both
 
 
-def pair_margins(model, tokenizer, pairs: list[dict], batch_size: int) -> tuple[list[float], list[int]]:
-    """(r_chosen - r_rejected, len(chosen) - len(rejected)) of every pair, in their order; the model in eval mode."""
+def pair_margins(model, tokenizer, pairs: list[dict], batch_size: int) -> tuple[list[float], list[int], dict]:
+    """(r_chosen - r_rejected, len(chosen) - len(rejected)) of every pair, in their order, and {(prompt, reply):
+    score} of every distinct conversation; the model in eval mode."""
     import torch
 
     model.eval()
-    margins, length_gaps = [], []
+    margins, length_gaps, scores = [], [], {}
     for start in range(0, len(pairs), batch_size):
         with torch.no_grad():
-            chosen, rejected, gap = pair_scores(model, tokenizer, pairs[start : start + batch_size])
+            chosen, rejected, gap, by_conversation = scored_pairs(model, tokenizer, pairs[start : start + batch_size])
         margins += (chosen - rejected).tolist()
         length_gaps += gap.tolist()
-    return margins, length_gaps
+        scores.update(by_conversation)
+    return margins, length_gaps, scores
 
 
 def evaluate_pairs(model, tokenizer, pairs: list[dict], batch_size: int) -> dict:
     """Pair accuracy, mean margin, and the length bias: corr(len(chosen) - len(rejected), r_chosen - r_rejected)."""
-    return margin_summary(*pair_margins(model, tokenizer, pairs, batch_size))
+    return margin_summary(*pair_margins(model, tokenizer, pairs, batch_size)[:2])
+
+
+def reply_tokens(tokenizer, texts: list[str]) -> list[int]:
+    """Each reply's length in tokens, on its own (no prompt, no chat template)."""
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 def margin_summary(margins: list[float], length_gaps: list[int]) -> dict:
@@ -184,17 +213,22 @@ def train_reward_model(
     dtype: str = "auto",
     shuffle_pairs: bool = False,
     on_heldout: Callable[[dict, list[dict], list[float]], None] | None = None,
+    length_head: bool = False,
+    length_tolerance: int = LENGTH_TOLERANCE,
 ) -> dict:
     """Train on the pairs, write OUT (adapter + score head + tokenizer + rm_info.json + learning_curve.json);
     return rm_info. With heldout_source, every pair of it is held out and every pair of pairs_source trains.
 
     shuffle_pairs: batches of pairs in random order rather than whole prompts' pairs together (pair_order).
+    length_head: train against the length term (the module docstring); the saved model scores without it.
+    length_tolerance: tokens; held-out pairs this close in length are the "similar-length" ones of the report.
     on_heldout(point, heldout_pairs, margins) is called at every held-out measurement (each learning-curve point:
     before training, during the first pass, after each epoch) with the margin of every held-out pair, for callers
     that want more than the accuracy (bench/rm_search.py's prompt-clustered intervals)."""
     require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
     require(lr > 0, f"--lr must be > 0, got {lr}")
     require(0 < heldout_fraction < 1, f"--heldout-fraction must be in (0, 1), got {heldout_fraction}")
+    require(length_tolerance >= 0, f"--length-tolerance must be >= 0, got {length_tolerance}")
     started = time.time()
     pairs = load_pair_source(str(pairs_source))
     given = None if heldout_source is None else load_pair_source(str(heldout_source))
@@ -217,7 +251,7 @@ def train_reward_model(
 
     def fitting(pairs: list[dict]) -> list[dict]:
         # A cut-off conversation would lose its closing EOS, the token the score is read at: drop, don't truncate.
-        return [p for p, n in zip(pairs, sequence_lengths(tokenizer, pairs)) if n <= max_length]
+        return [p for p, n in zip(pairs, sequence_lengths(tokenizer, pairs)) if max(n) <= max_length]
 
     usable = fitting(pairs)
     random.Random(seed).shuffle(usable)
@@ -241,18 +275,36 @@ def train_reward_model(
                            LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank, top_layers=lora_layers))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
+    scale, weight = 1.0, None
+    if length_head:  # the length expert: one scalar, started at what length alone says (length_bias.length_fit)
+        train_gaps = [a - b for a, b in sequence_lengths(tokenizer, train)]
+        scale = length_scale(train_gaps)
+        weight = torch.tensor(length_fit([g / scale for g in train_gaps]), device=device, requires_grad=True)
+        trainable.append(weight)
+    started_weight = None if weight is None else weight.item()
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
 
+    # the held-out report's fixed parts: each distinct reply's length, the word baseline fitted on the training pairs
+    from ppo_rlhf.study.word_baseline import word_margins  # lazy: word_baseline imports this module
+
+    heldout_prompts = [p["prompt"] for p in heldout]
+    replies = list(dict.fromkeys((p["prompt"], p[side]) for p in heldout for side in ("chosen", "rejected")))
+    reply_lengths = reply_tokens(tokenizer, [reply for _, reply in replies])
+    words = word_margins(train, heldout, seed)[len(train)].tolist()
+
     def measure(pairs_seen: int, epochs_done: int) -> dict:
-        margins, length_gaps = pair_margins(model, tokenizer, heldout, batch_size)
-        point = {"pairs": pairs_seen, "epochs": epochs_done, **margin_summary(margins, length_gaps)}
+        margins, length_gaps, scores = pair_margins(model, tokenizer, heldout, batch_size)
+        report = length_report(margins, length_gaps, heldout_prompts, [scores[r] for r in replies], reply_lengths,
+                               words, length_tolerance, seed)
+        point = {"pairs": pairs_seen, "epochs": epochs_done, **margin_summary(margins, length_gaps),
+                 "length": report}
         if on_heldout is not None:
             on_heldout(point, heldout, margins)
         model.train()
         return point
 
     curve = [measure(0, 0)]
-    before = {key: value for key, value in curve[0].items() if key not in ("pairs", "epochs")}
+    before = {key: value for key, value in curve[0].items() if key not in ("pairs", "epochs", "length")}
 
     generator = torch.Generator().manual_seed(seed)
     epoch_losses = []
@@ -264,14 +316,15 @@ def train_reward_model(
         bar = tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
         for step, start in enumerate(bar, start=1):
             batch = [train[i] for i in order[start : start + batch_size]]
-            chosen, rejected, _ = pair_scores(model, tokenizer, batch)
-            loss = -F.logsigmoid((chosen - rejected).float()).mean()
+            chosen, rejected, gaps = pair_scores(model, tokenizer, batch)
+            logits = bradley_terry_logits(chosen, rejected, gaps.to(device), weight, scale)
+            loss = -F.logsigmoid(logits).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             optimizer.step()
             total += loss.item() * len(batch)
-            correct += int((chosen > rejected).sum())
+            correct += int((logits > 0).sum())
             seen += len(batch)
             bar.set_postfix(loss=f"{total / seen:.4f}", acc=f"{correct / seen:.3f}")
             if epoch == 0 and step in curve_at:  # the last step of the first pass is one of them
@@ -298,6 +351,9 @@ def train_reward_model(
         "lora_rank": lora_rank,
         "lora_layers": lora_layers or "all",
         "shuffle_pairs": shuffle_pairs,
+        "length_head": None if weight is None else {"scale_tokens": round(scale, 3), "start_weight": started_weight,
+                                                     "weight": weight.item()},
+        "length_tolerance": length_tolerance,
         "max_length": max_length,
         "seed": seed,
         "dtype": dtype_name(frozen_dtype),
@@ -305,6 +361,7 @@ def train_reward_model(
         "train_loss": epoch_losses,
         "before": before,
         "after": after,
+        "heldout": curve[-1]["length"],
         "learning_curve": curve,
         "seconds": round(time.time() - started, 1),
     }
@@ -316,9 +373,12 @@ def summary_line(info: dict) -> str:
     """The result of a training in words, one line (for `reward-model train` and the demo)."""
     before, after = info["before"], info["after"]
     corr = "n/a (equal lengths)" if after["length_corr"] is None else f"{after['length_corr']:+.2f}"
+    head = info.get("length_head")
     return (f"reward model: held-out accuracy {after['accuracy']:.2f} on {info['heldout_pairs']} pairs "
             f"({before['accuracy']:.2f} before training, {info['train_pairs']} training pairs), "
-            f"score-length correlation {corr}")
+            f"score-length correlation {corr}; {report_line(info['heldout'])}"
+            + ("" if head is None else f"; length term weight {head['weight']:+.2f} per {head['scale_tokens']:.0f} "
+                                       "tokens (dropped when scoring)"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -345,6 +405,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--dtype", type=Checked(FieldType(str, choices=DTYPE_NAMES)), default="auto",
                        help="frozen backbone's dtype (auto: bfloat16 where the hardware has it natively; LoRA and "
                             "head fp32)")
+    train.add_argument("--length-head", action="store_true",
+                       help="train against a learned length term (logit + w * length gap), dropped from the saved "
+                            "model: the score head learns what length does not explain")
+    train.add_argument("--length-tolerance", type=Checked(int, Bounds(low=0)), default=LENGTH_TOLERANCE,
+                       help="tokens: held-out pairs this close in length are reported apart (similar-length accuracy)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -363,6 +428,8 @@ def run(args: argparse.Namespace) -> int:
         heldout_source=args.heldout_pairs,
         dtype=args.dtype,
         shuffle_pairs=args.shuffle_pairs,
+        length_head=args.length_head,
+        length_tolerance=args.length_tolerance,
     )
     print(f"wrote {args.out}; {summary_line(info)}")
     return 0
