@@ -208,11 +208,112 @@ def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, An
     return notes
 
 
+# ---------------------------------------------------------------- the three arms (issue 43)
+
+ARM_TITLES = {"proxy": "the proxy arm (PPO on the reward model)", "gold": "the gold arm (PPO on the gold judge)",
+              "length": "the length arm (PPO on word counts)"}
+# what each arm maximised, as the evaluation names the score
+ARM_SCORES = {"proxy": "proxy", "gold": "gold", "length": "length"}
+GOAL = ("The goal, stated before running (issue 43): at some KL, the gold arm's gold change excludes zero (the design "
+        "can move gold), and the proxy arm's gold change excludes zero or the gap between its proxy and gold changes "
+        "does.")
+
+
+def where(point: dict[str, Any]) -> str:
+    """A pooled point's place on the KL axis, and how many seeds it pools."""
+    target = "the last checkpoint" if point["target"] == "last" else f"KL target {point['target']:g}"
+    seeds = len(point["seeds"])
+    return f"{target} (KL {point['kl']:.1f}{f', {seeds} seeds' if seeds > 1 else ''})"
+
+
+def _largest(points: list[dict[str, Any]], score: str) -> dict[str, Any]:
+    return max(points, key=lambda p: abs(p[f"{score}_change"]["mean"]))
+
+
+def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
+    """Issue 43 item 6, checked on the pooled points (curves.arm_curves): which part of the goal was met, with the
+    numbers, and which failed, with the numbers that show it."""
+    sentences = [GOAL]
+    gold_arm = [p for p in curves if p["arm"] == "gold"]
+    proxy_arm = [p for p in curves if p["arm"] == "proxy"]
+    if not gold_arm:
+        sentences.append("Part one cannot be checked: the gold arm was not run.")
+    else:
+        up = [p for p in gold_arm if direction(p["gold_change"]) == "up"]
+        if up:
+            best = max(up, key=lambda p: p["gold_change"]["mean"])
+            sentences.append(f"Part one was met: the gold arm raised the gold score at {len(up)} of its "
+                             f"{len(gold_arm)} points, most at {where(best)}, {_interval(best['gold_change'])}.")
+        else:
+            best = max(gold_arm, key=lambda p: p["gold_change"]["mean"])
+            sentences.append(f"Part one failed: the gold arm's gold change rose above zero at none of its "
+                             f"{len(gold_arm)} points (its highest, {_interval(best['gold_change'])} at "
+                             f"{where(best)}): within these KLs the design cannot move gold on held-out prompts, so a "
+                             "flat gold change of the proxy arm says little about the proxy.")
+    if not proxy_arm:
+        sentences.append("Part two cannot be checked: the proxy arm was not run.")
+    else:
+        found = []
+        for p in proxy_arm:
+            gold, gap = p["gold_change"], p["gap_change"]
+            if direction(gold) != "unclear":
+                found.append(f"gold {'rose' if direction(gold) == 'up' else 'fell'} {_interval(gold)} at {where(p)}")
+            if direction(gap) != "unclear":
+                found.append(f"the proxy's change {'exceeded' if direction(gap) == 'up' else 'fell short of'} the "
+                             f"gold's by {_interval(gap)} at {where(p)}")
+        if found:
+            sentences.append(f"Part two was met: in the proxy arm {'; '.join(found)}.")
+        else:
+            gold, gap = _largest(proxy_arm, "gold"), _largest(proxy_arm, "gap")
+            sentences.append(f"Part two failed: at none of the proxy arm's {len(proxy_arm)} points did the gold change "
+                             f"or the gap between proxy and gold changes exclude zero (the largest gold change "
+                             f"{_interval(gold['gold_change'])} at {where(gold)}, the largest gap "
+                             f"{_interval(gap['gap_change'])} at {where(gap)}).")
+    n = sum(2 if p["arm"] == "proxy" else 1 for p in gold_arm + proxy_arm)
+    if n:
+        sentences.append(f"The goal asks for one interval out of several: {n} were checked at 95% each, and with no "
+                         f"real change at least one would exclude zero by chance with probability up to "
+                         f"{100.0 * (1.0 - 0.95 ** n):.0f}%.")
+    return sentences
+
+
+def eos_sentences(curves: list[dict[str, Any]], start: dict[str, Any], cap: Any) -> list[str]:
+    """What the EOS rule did to each arm (issue 43 item 2): at each arm's last checkpoint, the share of finished
+    replies and the length against the start model's, and the score the arm maximised with the rule and without."""
+    lasts = [p for p in curves if p["target"] == "last"]
+    if not lasts:
+        return []
+    parts = []
+    for p in lasts:
+        score = ARM_SCORES[p["arm"]]
+        beta = f" at beta {p['beta']:g}" if p["beta"] else ""
+        parts.append(f"{ARM_TITLES[p['arm']]}{beta} finished {p['finished']:.2f} of its replies "
+                     f"({p['tokens']:.0f} tokens on average) and changed the score it maximised, the {score} with "
+                     f"the EOS rule, by {_interval(p[f'{score}_eos_change'])}, the {score} itself by "
+                     f"{_interval(p[f'{score}_change'])}")
+    return [f"What the EOS rule did (a reply cut off at the {cap}-token cap scores a fixed -1 in training): the start "
+            f"model finished {start['finished']:.2f} of its replies ({start['tokens']:.0f} tokens); at the last "
+            f"checkpoint, " + "; ".join(parts) + ". Where the score with the rule rose more than without it, the arm "
+            "gained by finishing its replies."]
+
+
+def run_title(name: str, beta: float, study: dict[str, Any]) -> str:
+    """A run as the headline names it: by beta, and by arm and seed when the study has arms."""
+    run = study.get("arms", {}).get(name)
+    penalty = f"beta {beta:g}" if beta else "without a KL penalty (beta 0)"
+    if run is None:
+        return f"PPO ({penalty})" if beta else f"PPO {penalty}"
+    return f"PPO on the {run['arm']} reward ({penalty}, seed {run['seed']})"
+
+
 def settings_sentence(study: dict[str, Any], settings: dict[str, Any]) -> str:
     demo = study.get("settings", {})
     return (f"Settings: start model {demo.get('model')}, KL coefficients (beta) {demo.get('betas')}, "
             f"{demo.get('iterations')} PPO iterations of {demo.get('batch_size')} replies, reply cap "
-            f"{demo.get('reply_cap')} tokens; evaluation on {settings.get('n_prompts')} held-out prompts x "
+            f"{demo.get('reply_cap')} tokens"
+            + (f"; arms {demo['arms']}, {demo.get('seeds')} seed(s) of the proxy arm, checkpoints picked at KL targets "
+               f"{demo.get('kl_targets')} and the last" if "arms" in demo else "")
+            + f"; evaluation on {settings.get('n_prompts')} held-out prompts x "
             f"{settings.get('replies_per_prompt')} replies per checkpoint, scores in start-model standard "
             "deviations, 95% intervals from resampling prompts.")
 
@@ -220,17 +321,23 @@ def settings_sentence(study: dict[str, Any], settings: dict[str, Any]) -> str:
 def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
     """The report's opening paragraphs: the result of each run, the reward model, the settings.
 
-    `study` has "runs" ({run name: beta}, the headline run first), "rm_info" (or None) and "settings" (the demo's).
+    `study` has "runs" ({run name: beta}, the headline run first), "rm_info" (or None) and "settings" (the demo's);
+    the demo's arms add "arms" ({run name: {"arm", "beta", "seed"}}) and "curves" (curves.arm_curves): the goal
+    check and what the EOS rule did open the page.
     """
     summary, settings = evaluation["summary"], evaluation.get("settings", {})
     results = []
     start = start_row(summary)
     for name, beta in study["runs"].items():
-        label = f"PPO (beta {beta:g})" if beta else "PPO without a KL penalty (beta 0)"
-        results.append(run_sentence(label, final_checkpoint(summary, name), start))
+        results.append(run_sentence(run_title(name, beta, study), final_checkpoint(summary, name), start))
     paragraphs = [" ".join(results)]
+    if study.get("curves"):
+        paragraphs = [" ".join(goal_sentences(study["curves"]))] + eos_sentences(
+            study["curves"], start, study.get("settings", {}).get("reply_cap")) + paragraphs
     labels = {name: f"the beta {beta:g} run" if beta else "the run without a KL penalty"
               for name, beta in study["runs"].items()}
+    labels = {name: study["arms"][name]["arm"] + " " + label if name in study.get("arms", {}) else label
+              for name, label in labels.items()}
     curves = []
     for name, label in labels.items():
         rows = [s for s in summary if s["run"] == name]
