@@ -245,7 +245,8 @@ def format_evaluation(summary: list[dict], examples: list[dict], replies_per_che
     for s in checkpoints:
         lines.append(
             f"{head(s)} {change(s, 'proxy')}  {change(s, 'gold')}  "
-            f"proxy with EOS rule {_signed(s['proxy_eos'])} (start {_signed(start['proxy_eos'])})  "
+            + (f"{change(s, 'length')}  " if "length_change" in s else "")
+            + f"proxy with EOS rule {_signed(s['proxy_eos'])} (start {_signed(start['proxy_eos'])})  "
             f"finished {s['finished']:.2f} (start {start['finished']:.2f})  "
             f"tokens {s['tokens']:.1f} (start {start['tokens']:.1f})  KL {s['kl']:.2f}"
         )
