@@ -14,7 +14,7 @@ from ppo_rlhf.study import demo as demo_module
 from ppo_rlhf.study.arms import arm_reward, length_sign, parse_arms, run_label
 from ppo_rlhf.study.curves import arm_curves
 from ppo_rlhf.study.demo import FULL, DemoConfig, runs
-from ppo_rlhf.study.findings import eos_sentences, goal_sentences
+from ppo_rlhf.study.findings import caveats, eos_sentences, goal_sentences, reach_sentence
 from ppo_rlhf.study.judges import make_judge
 from ppo_rlhf.study.kl_spacing import checkpoint_kl, parse_targets, pick_by_kl, read_kls
 from ppo_rlhf.study.stats import pooled_bootstrap
@@ -176,3 +176,15 @@ def test_presets_and_runs(monkeypatch):
         build_config(DemoConfig, {"quick": True, "full": True})
     with pytest.raises(UsageError, match="KL targets"):
         build_config(DemoConfig, {"kl_targets": "4,2"})
+
+
+def test_reach_sentence_names_the_targets_not_reached():
+    curves = [point("proxy", 1.0, 1.1, (0, -1, 1)), point("proxy", 2.0, 2.3, (0, -1, 1)),
+              point("proxy", "last", 3.0, (0, -1, 1)), point("gold", "last", 0.4, (0, -1, 1))]
+    assert reach_sentence(curves, [1, 2, 4, 8]) == (
+        "KL targets reached by the runs' training KL (nats per reply; in the runs of several seeds, by any): proxy "
+        "reached 1, 2, not 4, 8 (KL 3.0 at its last checkpoint); gold reached none, not 1, 2, 4, 8 (KL 0.4 at its "
+        "last checkpoint).")
+    notes = caveats([], {"n_prompts": 150}, None, {"eval_prompts": 200})
+    assert notes == ["Only 150 held-out prompts were kept of the 200 the evaluation asked for (raise "
+                     "--heldout-candidates)."]

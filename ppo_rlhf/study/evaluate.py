@@ -516,6 +516,7 @@ def evaluate_runs(
     summary = summarize(records)
     if checkpoints.startswith("kl:"):
         for row in summary[1:]:
+            # picking again among the picked checkpoints gives each the targets it was picked for
             found = [iteration for iteration, _ in selected[row["run"]]]
             row["kl_targets"] = checkpoint_targets(run_dirs_by_name[row["run"]], checkpoints, found)[row["iteration"]]
     examples = before_after(records, n_examples)

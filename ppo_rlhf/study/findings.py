@@ -184,8 +184,10 @@ def reward_model_sentence(rm_info: dict[str, Any], conclude: bool = True) -> str
     return text
 
 
-def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, Any] | None) -> list[str]:
-    """Every reason to read the numbers with care, measured."""
+def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, Any] | None,
+            study_settings: dict[str, Any] | None = None) -> list[str]:
+    """Every reason to read the numbers with care, measured (`study_settings`: the demo's, when it asked for more
+    held-out prompts than were kept)."""
     notes = []
     runs = list(dict.fromkeys(row["run"] for row in summary if row["run"] is not None))
     for run in runs:  # one line per run and judge, listing its checkpoints
@@ -195,6 +197,10 @@ def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, An
                 steps = "; ".join(f"step {row['iteration']} {_interval(row[f'{judge}_change'])}" for row in unclear)
                 notes.append(f"{run}: the {judge} change's 95% interval includes zero at {steps}.")
     n_prompts = settings.get("n_prompts")
+    wanted = (study_settings or {}).get("eval_prompts")
+    if isinstance(n_prompts, int) and isinstance(wanted, int) and n_prompts < wanted:
+        notes.append(f"Only {n_prompts} held-out prompts were kept of the {wanted} the evaluation asked for (raise "
+                     "--heldout-candidates).")
     if isinstance(n_prompts, int) and n_prompts < MIN_HELDOUT_PROMPTS:
         notes.append(f"Only {n_prompts} held-out prompts were evaluated (the study is designed for at least "
                      f"{MIN_HELDOUT_PROMPTS}): intervals are wide.")
@@ -277,6 +283,25 @@ def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
     return sentences
 
 
+def reach_sentence(curves: list[dict[str, Any]], targets: list[float]) -> str:
+    """How far in KL each arm went (issue 43 item 2): the KL targets its runs' training KL reached, the ones it did
+    not, and its last checkpoint's KL on the held-out replies."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for p in curves:
+        groups.setdefault((p["arm"], p["beta"]), []).append(p)
+    parts = []
+    for (arm, beta), points in groups.items():
+        reached = [p["target"] for p in points if p["target"] != "last"]
+        missed = [t for t in targets if t not in reached]
+        last = next(p for p in points if p["target"] == "last")
+        parts.append(f"{arm}{f' (beta {beta:g})' if beta else ''} reached "
+                     + (", ".join(f"{t:g}" for t in reached) or "none")
+                     + (f", not {', '.join(f'{t:g}' for t in missed)}" if missed else "")
+                     + f" (KL {last['kl']:.1f} at its last checkpoint)")
+    return ("KL targets reached by the runs' training KL (nats per reply; in the runs of several seeds, by any): "
+            + "; ".join(parts) + ".")
+
+
 def eos_sentences(curves: list[dict[str, Any]], start: dict[str, Any], cap: Any) -> list[str]:
     """What the EOS rule did to each arm (issue 43 item 2): at each arm's last checkpoint, the share of finished
     replies and the length against the start model's, and the score the arm maximised with the rule and without."""
@@ -315,7 +340,8 @@ def settings_sentence(study: dict[str, Any], settings: dict[str, Any]) -> str:
                f"{demo.get('kl_targets')} and the last" if "arms" in demo else "")
             + f"; evaluation on {settings.get('n_prompts')} held-out prompts x "
             f"{settings.get('replies_per_prompt')} replies per checkpoint, scores in start-model standard "
-            "deviations, 95% intervals from resampling prompts.")
+            "deviations, 95% intervals from resampling prompts"
+            + (" (the arms' points: prompts and seeds)." if "arms" in demo else "."))
 
 
 def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
@@ -332,7 +358,9 @@ def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
         results.append(run_sentence(run_title(name, beta, study), final_checkpoint(summary, name), start))
     paragraphs = [" ".join(results)]
     if study.get("curves"):
-        paragraphs = [" ".join(goal_sentences(study["curves"]))] + eos_sentences(
+        targets = [float(t) for t in str(study.get("settings", {}).get("kl_targets", "")).split(",") if t]
+        goal = goal_sentences(study["curves"]) + [reach_sentence(study["curves"], targets)]
+        paragraphs = [" ".join(goal)] + eos_sentences(
             study["curves"], start, study.get("settings", {}).get("reply_cap")) + paragraphs
     labels = {name: f"the beta {beta:g} run" if beta else "the run without a KL penalty"
               for name, beta in study["runs"].items()}

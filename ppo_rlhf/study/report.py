@@ -491,7 +491,7 @@ def _study_blocks(study: dict[str, Any], evaluation: dict[str, Any] | None, out_
     if study.get("realtoxicityprompts"):  # after the result, before any quoted reply
         blocks.append(("p", CONTENT_NOTE))
     notes = [] if evaluation is None else caveats(evaluation["summary"], evaluation.get("settings", {}),
-                                                  study.get("rm_info"))
+                                                  study.get("rm_info"), study.get("settings"))
     if notes:
         blocks += [("h2", "Read with care")] + [("p", note) for note in notes]
     rm_info = study.get("rm_info")
