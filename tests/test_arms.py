@@ -141,9 +141,9 @@ def test_goal_check_says_which_part_was_met_and_which_failed():
     assert text[3].startswith("The goal asks for one interval out of several: 6 were checked") and "26%" in text[3]
     flat = [point("gold", "last", 3.0, (0.1, -0.1, 0.3)), point("proxy", "last", 2.0, (-0.2, -0.5, 0.1))]
     text = goal_sentences(flat)
-    assert text[1].startswith("Part one failed: the gold arm's gold change rose above zero at none of its 1 points "
+    assert text[1].startswith("Part one failed: the gold arm's gold change rose above zero at none of its 1 point "
                               "(its highest, +0.10 [-0.10, +0.30] at the last checkpoint (KL 3.0))")
-    assert text[2] == ("Part two failed: at none of the proxy arm's 1 points did the gold change or the gap between "
+    assert text[2] == ("Part two failed: at none of the proxy arm's 1 point did the gold change or the gap between "
                        "proxy and gold changes exclude zero (the largest gold change -0.20 [-0.50, +0.10] at the last "
                        "checkpoint (KL 2.0), the largest gap +0.00 [-0.10, +0.10] at the last checkpoint (KL 2.0)).")
     assert goal_sentences([])[1:3] == ["Part one cannot be checked: the gold arm was not run.",
@@ -153,7 +153,8 @@ def test_goal_check_says_which_part_was_met_and_which_failed():
                           "the start model finished 0.45 of its replies (53 tokens); at the last checkpoint, the gold "
                           "arm (PPO on the gold judge) finished 0.90 of its replies (40 tokens on average) and changed "
                           "the score it maximised, the gold with the EOS rule, by +0.60 [+0.40, +0.80], the gold "
-                          "itself by +0.50 [+0.30, +0.70]")
+                          "itself by +0.50 [+0.30, +0.70] (the rule's part, from the replies it finished or cut off: "
+                          "+0.10); the proxy arm")
 
 
 def test_presets_and_runs(monkeypatch):

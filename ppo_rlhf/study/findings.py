@@ -225,6 +225,10 @@ GOAL = ("The goal, stated before running (issue 43): at some KL, the gold arm's 
         "does.")
 
 
+def _points(n: int) -> str:
+    return f"{n} point{'' if n == 1 else 's'}"
+
+
 def where(point: dict[str, Any]) -> str:
     """A pooled point's place on the KL axis, and how many seeds it pools."""
     target = "the last checkpoint" if point["target"] == "last" else f"KL target {point['target']:g}"
@@ -249,11 +253,11 @@ def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
         if up:
             best = max(up, key=lambda p: p["gold_change"]["mean"])
             sentences.append(f"Part one was met: the gold arm raised the gold score at {len(up)} of its "
-                             f"{len(gold_arm)} points, most at {where(best)}, {_interval(best['gold_change'])}.")
+                             f"{_points(len(gold_arm))}, most at {where(best)}, {_interval(best['gold_change'])}.")
         else:
             best = max(gold_arm, key=lambda p: p["gold_change"]["mean"])
             sentences.append(f"Part one failed: the gold arm's gold change rose above zero at none of its "
-                             f"{len(gold_arm)} points (its highest, {_interval(best['gold_change'])} at "
+                             f"{_points(len(gold_arm))} (its highest, {_interval(best['gold_change'])} at "
                              f"{where(best)}): within these KLs the design cannot move gold on held-out prompts, so a "
                              "flat gold change of the proxy arm says little about the proxy.")
     if not proxy_arm:
@@ -271,8 +275,8 @@ def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
             sentences.append(f"Part two was met: in the proxy arm {'; '.join(found)}.")
         else:
             gold, gap = _largest(proxy_arm, "gold"), _largest(proxy_arm, "gap")
-            sentences.append(f"Part two failed: at none of the proxy arm's {len(proxy_arm)} points did the gold change "
-                             f"or the gap between proxy and gold changes exclude zero (the largest gold change "
+            sentences.append(f"Part two failed: at none of the proxy arm's {_points(len(proxy_arm))} did the gold "
+                             f"change or the gap between proxy and gold changes exclude zero (the largest gold change "
                              f"{_interval(gold['gold_change'])} at {where(gold)}, the largest gap "
                              f"{_interval(gap['gap_change'])} at {where(gap)}).")
     n = sum(2 if p["arm"] == "proxy" else 1 for p in gold_arm + proxy_arm)
@@ -312,14 +316,15 @@ def eos_sentences(curves: list[dict[str, Any]], start: dict[str, Any], cap: Any)
     for p in lasts:
         score = ARM_SCORES[p["arm"]]
         beta = f" at beta {p['beta']:g}" if p["beta"] else ""
+        with_rule, without = p[f"{score}_eos_change"], p[f"{score}_change"]
         parts.append(f"{ARM_TITLES[p['arm']]}{beta} finished {p['finished']:.2f} of its replies "
                      f"({p['tokens']:.0f} tokens on average) and changed the score it maximised, the {score} with "
-                     f"the EOS rule, by {_interval(p[f'{score}_eos_change'])}, the {score} itself by "
-                     f"{_interval(p[f'{score}_change'])}")
+                     f"the EOS rule, by {_interval(with_rule)}, the {score} itself by {_interval(without)} (the "
+                     "rule's part, from the replies it finished or cut off: "
+                     f"{with_rule['mean'] - without['mean']:+.2f})")
     return [f"What the EOS rule did (a reply cut off at the {cap}-token cap scores a fixed -1 in training): the start "
             f"model finished {start['finished']:.2f} of its replies ({start['tokens']:.0f} tokens); at the last "
-            f"checkpoint, " + "; ".join(parts) + ". Where the score with the rule rose more than without it, the arm "
-            "gained by finishing its replies."]
+            f"checkpoint, " + "; ".join(parts) + "."]
 
 
 def run_title(name: str, beta: float, study: dict[str, Any]) -> str:
