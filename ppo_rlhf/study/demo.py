@@ -91,7 +91,7 @@ class DemoConfig:
     pair_replies: Annotated[int, Bounds(low=2)] = 10
     """Start-policy replies per reward-model prompt; every two finished ones can make a pair. The gold judge ignores
     the prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 10 give 45. Pairs grow
-    with the square of the finished replies: 12 gave 15 pairs a prompt at the 64-token cap, where 45% finished; 10
+    with the square of the finished replies: 12 gave 15 pairs a prompt at the 64-token cap, where 0.45 finished; 10
     at the 96-token cap, where more finish, give about as many (the reward model's time grows with them)."""
     min_margin: Annotated[float, NON_NEGATIVE] = 0.1
     """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
