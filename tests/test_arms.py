@@ -49,7 +49,7 @@ def test_length_arm_rewards_word_counts_signed_by_the_pairs():
     assert length_sign([longer, shorter, tie]) == 1  # one each way: a tie goes to longer
     assert length_sign([longer, shorter, shorter, tie, tie, tie]) == -1
     # every arm's critic starts from the proxy reward model; only the proxy arm's reward is it
-    assert arm_reward("proxy", "/rm", "gold", 1) == {"reward_model": "/rm", "reward_funcs": [], "value_model": "/rm"}
+    assert arm_reward("proxy", "/rm", "gold", 1) == {"reward_model": "/rm", "reward_funcs": [], "value_model": None}
     assert {arm_reward(arm, "/rm", "gold", 1)["value_model"] for arm in ("gold", "length")} == {"/rm"}
 
 

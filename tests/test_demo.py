@@ -119,9 +119,11 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
         "seed", "out"}
     for run in runs[2:]:
         assert {k for k in config[run] if config[run][k] != config["proxy_nokl_s1"][k]} == {
-            "reward_model", "reward_funcs", "out"}
+            "reward_model", "reward_funcs", "value_model", "out"}
+    # the critic starts from the reward model in every arm: by default in the proxy arm, named in the others
     reward_dir = str(out / "reward_model")
     assert config["proxy_nokl_s1"]["reward_model"] == config["gold_nokl_s1"]["value_model"] == reward_dir
+    assert config["proxy_nokl_s1"]["value_model"] is None and config["length_nokl_s1"]["value_model"] == reward_dir
     assert config["gold_nokl_s1"]["reward_funcs"] == ["ppo_rlhf.study.arms:gold_reward"]
     sign = length_sign([json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()])
     assert config["length_nokl_s1"]["reward_funcs"] == [

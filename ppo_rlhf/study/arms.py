@@ -101,9 +101,11 @@ def length_sign(pairs: list[dict[str, Any]]) -> int:
 
 def arm_reward(arm: str, reward_dir: str, gold: str, sign: int) -> dict[str, Any]:
     """The TrainConfig fields that give `arm` its reward. The value model starts from the proxy reward model in every
-    arm (`value_model`), so that the arms differ in their reward alone."""
+    arm, so that the arms differ in their reward alone: the proxy arm's by default (value_model null: its one reward
+    model, whose weights the critic then shares with the reward, adapter off; naming it would load a second copy),
+    the other arms' by `value_model`."""
     if arm == "proxy":
-        return {"reward_model": reward_dir, "reward_funcs": [], "value_model": reward_dir}
+        return {"reward_model": reward_dir, "reward_funcs": [], "value_model": None}
     if arm == "gold":
         spec = f"{__name__}:{gold}_reward" if gold in TEXT_JUDGES else gold.removeprefix("rm:")
         return {"reward_model": None, "reward_funcs": [spec], "value_model": reward_dir}
