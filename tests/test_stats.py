@@ -3,7 +3,15 @@ import math
 import numpy as np
 import pytest
 
-from ppo_rlhf.study.stats import bootstrap_mean, distinct_n, expanded_level, paired_bootstrap, pearson, standardize
+from ppo_rlhf.study.stats import (
+    bootstrap_mean,
+    distinct_n,
+    expanded_level,
+    paired_bootstrap,
+    pearson,
+    pooled_bootstrap,
+    standardize,
+)
 
 
 def test_bootstrap_interval_matches_normal_theory():
@@ -103,3 +111,49 @@ def test_pearson_ignores_nan_and_constant_is_nan():
 def test_standardize():
     assert standardize([1.0, 3.0], 2.0, 0.5).tolist() == [-2.0, 2.0]
     assert standardize([1.0, 3.0], 1.0, 0.0).tolist() == [0.0, 2.0]
+
+
+def reference_pooled(values: np.ndarray, n_boot: int, seed: int, level: float = 0.95) -> tuple[float, float, float]:
+    """The pooled bootstrap written out resample by resample: the same draws (prompts first, then seeds), the drawn
+    replies gathered one by one and averaged."""
+    seeds, prompts, _ = values.shape
+    rng = np.random.default_rng(seed)
+    prompt_draws = rng.integers(0, prompts, size=(n_boot, prompts))
+    seed_draws = rng.integers(0, seeds, size=(n_boot, seeds))
+    means = []
+    for b in range(n_boot):
+        drawn = [reply for s in seed_draws[b] for p in prompt_draws[b] for reply in values[s, p]]
+        means.append(sum(drawn) / len(drawn))
+    tail = (1 - expanded_level(level, prompts)) / 2
+    lo, hi = np.quantile(means, [tail, 1 - tail])
+    return float(values.mean()), float(lo), float(hi)
+
+
+def test_pooled_bootstrap_matches_the_reference_resample_by_resample():
+    rng = np.random.default_rng(5)
+    # 3 seeds x 12 prompts x 2 replies: a seed effect, a prompt effect shared by the seeds, reply noise
+    values = (rng.normal(0, 0.5, size=(3, 1, 1)) + rng.normal(0, 1, size=(1, 12, 1))
+              + rng.normal(0.2, 0.3, size=(3, 12, 2)))
+    assert pooled_bootstrap(values, n_boot=500, seed=2) == pytest.approx(reference_pooled(values, 500, 2), rel=1e-12)
+
+
+def test_pooled_bootstrap_with_one_seed_is_the_prompt_clustered_interval():
+    values = np.random.default_rng(1).normal(0.1, 1.0, size=(1, 30, 2))
+    clusters = np.repeat(np.arange(30), 2)
+    assert pooled_bootstrap(values, n_boot=2000, seed=4) == pytest.approx(
+        paired_bootstrap(values.ravel(), clusters, n_boot=2000, seed=4), rel=1e-12)
+
+
+def test_pooled_bootstrap_counts_the_spread_between_seeds():
+    """Seeds that disagree as a whole (one run moved gold, another did not) widen the interval beyond what averaging
+    the seeds per prompt and resampling prompts gives: the run-to-run spread is part of the uncertainty."""
+    rng = np.random.default_rng(0)
+    prompt_effect = rng.normal(0, 0.3, size=(1, 100, 1))
+    values = np.array([0.0, 0.5, 1.0]).reshape(3, 1, 1) + prompt_effect + rng.normal(0, 0.1, size=(3, 100, 2))
+    mean, lo, hi = pooled_bootstrap(values, seed=0)
+    per_prompt = values.mean(axis=(0, 2))
+    _, prompt_lo, prompt_hi = paired_bootstrap(per_prompt, seed=0)
+    assert mean == pytest.approx(values.mean())
+    assert hi - lo > 3 * (prompt_hi - prompt_lo)
+    with pytest.raises(ValueError, match="seeds, prompts, replies"):
+        pooled_bootstrap(np.zeros((2, 3)))

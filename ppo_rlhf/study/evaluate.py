@@ -2,8 +2,9 @@
 
 The start model (the base without adapter) and every selected checkpoint of every run answer the same
 held-out prompts, several replies each, with torch's RNG reset to the same seed before each model samples.
-Each reply is scored by two judges: the proxy (the reward model PPO optimised) and the gold (an independent
-judge). Both are put in start-model standard deviations: (score - mean) / std of the start model's replies
+Each reply is scored by two judges, the proxy (the reward model PPO optimised) and the gold (an independent
+judge), and by its length (word count, signed as the reward model's training pairs prefer: what the study's length
+arm maximises). All are put in start-model standard deviations: (score - mean) / std of the start model's replies
 on these prompts, per judge. Reply i of prompt j of a checkpoint is paired with reply i of prompt j of the
 start model, and the mean paired change gets a 95% cluster bootstrap interval: the replies to one prompt share
 that prompt's effect, so whole prompts are resampled (stats.bootstrap_mean).
@@ -27,12 +28,13 @@ from tqdm import tqdm
 from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED, read_yaml
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.ppo.train_config import resolve_device
+from ppo_rlhf.study.kl_spacing import parse_targets, pick_by_kl, read_kls
 from ppo_rlhf.study.prompts import read_prompts
 from ppo_rlhf.study.stats import distinct_n, paired_bootstrap, pearson, standardize
 from ppo_rlhf.utils.paths import check_model_name, require_run_dir
 
 START = "start"
-JUDGES = ("proxy", "gold")
+JUDGES = ("proxy", "gold", "length")
 # what a record's "kl" is (see _sample_records); the text and the report say it
 KL_ESTIMATE = "k3 estimate of KL(model || start model), summed over each reply's tokens"
 
@@ -54,12 +56,16 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
 
 
 def select_checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:
-    """(iteration, folder) of the checkpoints named by `which`: "all", "latest" or iterations like "10,20"."""
+    """(iteration, folder) of the checkpoints named by `which`: "all", "latest", iterations like "10,20", or KL targets
+    like "kl:1,2,4" (per target the first checkpoint whose training KL reached it, and the last: kl_spacing.py)."""
     from ppo_rlhf.ppo.checkpoint import latest_checkpoint, list_checkpoints  # lazy: imports torch (see run())
 
     found = list_checkpoints(run_dir)
     require(bool(found), f"{run_dir} has no complete checkpoints (checkpoints/iter_*/state.pt)")
-    if which == "all":
+    if which.startswith("kl:"):
+        picked = checkpoint_targets(run_dir, which, [iteration for iteration, _ in found])
+        chosen = [(iteration, folder) for iteration, folder in found if iteration in picked]
+    elif which == "all":
         chosen = found
     elif which == "latest":
         latest = latest_checkpoint(run_dir)
@@ -81,6 +87,12 @@ def select_checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:
     return chosen
 
 
+def checkpoint_targets(run_dir: Path, which: str, iterations: list[int]) -> dict[int, list[float | str]]:
+    """{iteration: the KL targets it stands for} of a "kl:1,2,4" choice among the checkpoints `iterations`."""
+    require((Path(run_dir) / "history.jsonl").is_file(), f"{run_dir} has no history.jsonl to read the KL from")
+    return pick_by_kl(read_kls(run_dir), iterations, parse_targets(which.removeprefix("kl:")))
+
+
 def model_label(run: str | None, iteration: int | None) -> str:
     return START if run is None else f"{run} step {iteration}"
 
@@ -88,24 +100,31 @@ def model_label(run: str | None, iteration: int | None) -> str:
 # ---------------------------------------------------------------- pure aggregation
 
 
-def standardize_records(records: list[dict], unfinished_score: float = -1.0) -> dict[str, dict[str, float]]:
-    """Add "proxy", "gold" (start-model standard deviations) and "proxy_eos" to every record, in place.
+def scored_judges(records: list[dict]) -> list[str]:
+    """The JUDGES whose raw scores the records hold (evaluations written before the length score lack it)."""
+    return [judge for judge in JUDGES if all(f"{judge}_raw" in r for r in records)]
 
-    The mean and std per judge come from the start model's replies. "proxy_eos" is the proxy with the EOS
-    rule of training: a reply that never ended gets `unfinished_score`, whatever it says.
-    Returns the {"proxy": {"mean", "std"}, "gold": {...}} used.
+
+def standardize_records(records: list[dict], unfinished_score: float = -1.0) -> dict[str, dict[str, float]]:
+    """Add each judge's score in start-model standard deviations ("proxy", "gold", "length") and with the EOS rule
+    ("proxy_eos", ...) to every record, in place.
+
+    The mean and std per judge come from the start model's replies. "<judge>_eos" is the judge with the EOS
+    rule of training: a reply that never ended gets `unfinished_score`, whatever it says (what an arm that
+    maximises that judge saw). Returns the {"proxy": {"mean", "std"}, "gold": {...}, ...} used.
     """
     start = [r for r in records if r["model"] == START]
     require(bool(start), "no start-model records to standardise against")
     norms = {}
-    for judge in JUDGES:
+    for judge in scored_judges(records):
         reference = np.array([r[f"{judge}_raw"] for r in start], dtype=np.float64)
         norms[judge] = {"mean": float(reference.mean()), "std": float(reference.std())}
         values = standardize([r[f"{judge}_raw"] for r in records], norms[judge]["mean"], norms[judge]["std"])
         for record, value in zip(records, values):
             record[judge] = float(value)
     for record in records:
-        record["proxy_eos"] = record["proxy"] if record["finished"] else unfinished_score
+        for judge in norms:
+            record[f"{judge}_eos"] = record[judge] if record["finished"] else unfinished_score
     return norms
 
 
@@ -131,10 +150,11 @@ def summarize_model(records: list[dict], start: list[dict], n_boot: int = 10000,
     prompts = [prompt for prompt, _ in keys]
     # each judge's change, and that of what PPO maximised: the proxy can fall while the proxy with the EOS rule rises,
     # when the policy learns to finish its replies
-    for score in (*JUDGES, "proxy_eos"):
+    judges = scored_judges(records)
+    for score in (*judges, *(f"{judge}_eos" for judge in judges)):
         diffs = np.array([r[score] - by_key[k][score] for r, k in zip(records, keys)])
         summary[f"{score}_change"] = _interval(diffs, prompts, n_boot, seed)
-    for judge in JUDGES:
+    for judge in judges:
         summary[judge] = float(np.mean([r[judge] for r in records]))
         summary[f"{judge}_raw"] = float(np.mean([r[f"{judge}_raw"] for r in records]))
     summary.update(
@@ -225,7 +245,8 @@ def format_evaluation(summary: list[dict], examples: list[dict], replies_per_che
     for s in checkpoints:
         lines.append(
             f"{head(s)} {change(s, 'proxy')}  {change(s, 'gold')}  "
-            f"proxy with EOS rule {_signed(s['proxy_eos'])} (start {_signed(start['proxy_eos'])})  "
+            + (f"{change(s, 'length')}  " if "length_change" in s else "")
+            + f"proxy with EOS rule {_signed(s['proxy_eos'])} (start {_signed(start['proxy_eos'])})  "
             f"finished {s['finished']:.2f} (start {start['finished']:.2f})  "
             f"tokens {s['tokens']:.1f} (start {start['tokens']:.1f})  KL {s['kl']:.2f}"
         )
@@ -398,6 +419,7 @@ def evaluate_runs(
     n_examples: int = 3,
     device: str = "auto",
     model_keys: dict[str | None, str] | None = None,
+    length_sign: int = 1,
 ) -> dict[str, Any]:
     """Evaluate the start model and the chosen checkpoints of each run; write evaluation.json and .txt.
 
@@ -406,10 +428,14 @@ def evaluate_runs(
     records in out_dir/evaluation.json, made with the same settings on the same prompts, keeps those records instead
     of being sampled and scored again: torch's RNG is reset to `seed` before each model samples, so a model's records
     do not depend on which models are evaluated with it, and the result is the one a full evaluation gives.
+    `length_sign`: the length score is this times the reply's word count (the demo's: as the length arm's reward).
+    With `checkpoints` "kl:..." every summary row of a checkpoint names the KL targets it was picked for
+    ("kl_targets"; kl_spacing.py).
     """
     require(len(run_dirs) > 0, "give at least one run directory")
     require(replies_per_prompt >= 1, f"--replies-per-prompt must be >= 1, got {replies_per_prompt}")
     require(batch_size >= 1, f"--batch-size must be >= 1, got {batch_size}")
+    require(length_sign in (1, -1), f"length_sign must be 1 or -1, got {length_sign}")
     run_dirs = [Path(d) for d in run_dirs]
     configs = {}
     for run_dir in run_dirs:
@@ -424,6 +450,7 @@ def evaluate_runs(
         if prefix is not None:
             check_model_name(judge.removeprefix(prefix))
     selected = {run_name(d): select_checkpoints(d, checkpoints) for d in run_dirs}  # (imports torch)
+    run_dirs_by_name = {run_name(d): d for d in run_dirs}
 
     # lazy: every argument and file is checked above before torch, transformers and the models load
     import torch
@@ -432,12 +459,14 @@ def evaluate_runs(
     from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
     from ppo_rlhf.models.precision import resolve_dtype
     from ppo_rlhf.ppo.trainer import check_prompt_lengths
+    from ppo_rlhf.study.arms import word_count
     from ppo_rlhf.study.judges import make_judge
 
     device = str(resolve_device(device))
     # what a record depends on besides its model: records made otherwise are never reused
     record_settings = {**settings, "gold": gold, "replies_per_prompt": replies_per_prompt, "seed": seed,
-                       "batch_size": batch_size, "device": device, "kl": KL_ESTIMATE}
+                       "batch_size": batch_size, "device": device, "kl": KL_ESTIMATE, "judges": list(JUDGES),
+                       "length_sign": length_sign}
     out_dir = Path(out_dir)
     jobs = [(None, None, None)] + [(run, i, folder) for run, found in selected.items() for i, folder in found]
     stored = stored_records(out_dir, record_settings, prompts, model_keys or {})
@@ -477,6 +506,7 @@ def evaluate_runs(
                 for record, score in zip(new, judge.score(texts_prompts, texts)):
                     record[f"{judge_name}_raw"] = score
             for record in new:
+                record["length_raw"] = float(length_sign * word_count(record["reply"]))
                 record["key"] = (model_keys or {}).get(run)
             new_records[model_label(run, iteration)] = new
     by_label = stored | new_records
@@ -484,6 +514,11 @@ def evaluate_runs(
 
     norms = standardize_records(records, settings["unfinished_score"])
     summary = summarize(records)
+    if checkpoints.startswith("kl:"):
+        for row in summary[1:]:
+            # picking again among the picked checkpoints gives each the targets it was picked for
+            found = [iteration for iteration, _ in selected[row["run"]]]
+            row["kl_targets"] = checkpoint_targets(run_dirs_by_name[row["run"]], checkpoints, found)[row["iteration"]]
     examples = before_after(records, n_examples)
     result = {
         "settings": {
@@ -514,7 +549,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gold", default="gold", help="the gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
     parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2)
     parser.add_argument("--seed", type=SEED, default=1234, help="sampling seed, the same for every model")
-    parser.add_argument("--checkpoints", default="all", help="all, latest, or iterations like 10,20")
+    parser.add_argument("--checkpoints", default="all", help="all, latest, iterations like 10,20, or KL targets like "
+                        "kl:1,2,4 (per target the first checkpoint whose training KL reached it, and the last)")
     parser.add_argument("--out", required=True, help="folder for evaluation.json and evaluation.txt")
     parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="replies generated and scored at once")
     parser.add_argument("--examples", type=NON_NEGATIVE_INT, default=3, help="prompts shown before/after")

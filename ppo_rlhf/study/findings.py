@@ -184,8 +184,10 @@ def reward_model_sentence(rm_info: dict[str, Any], conclude: bool = True) -> str
     return text
 
 
-def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, Any] | None) -> list[str]:
-    """Every reason to read the numbers with care, measured."""
+def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, Any] | None,
+            study_settings: dict[str, Any] | None = None) -> list[str]:
+    """Every reason to read the numbers with care, measured (`study_settings`: the demo's, when it asked for more
+    held-out prompts than were kept)."""
     notes = []
     runs = list(dict.fromkeys(row["run"] for row in summary if row["run"] is not None))
     for run in runs:  # one line per run and judge, listing its checkpoints
@@ -195,6 +197,10 @@ def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, An
                 steps = "; ".join(f"step {row['iteration']} {_interval(row[f'{judge}_change'])}" for row in unclear)
                 notes.append(f"{run}: the {judge} change's 95% interval includes zero at {steps}.")
     n_prompts = settings.get("n_prompts")
+    wanted = (study_settings or {}).get("eval_prompts")
+    if isinstance(n_prompts, int) and isinstance(wanted, int) and n_prompts < wanted:
+        notes.append(f"Only {n_prompts} held-out prompts were kept of the {wanted} the evaluation asked for (raise "
+                     "--heldout-candidates).")
     if isinstance(n_prompts, int) and n_prompts < MIN_HELDOUT_PROMPTS:
         notes.append(f"Only {n_prompts} held-out prompts were evaluated (the study is designed for at least "
                      f"{MIN_HELDOUT_PROMPTS}): intervals are wide.")
@@ -208,29 +214,163 @@ def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, An
     return notes
 
 
+# ---------------------------------------------------------------- the three arms (issue 43)
+
+ARM_TITLES = {"proxy": "the proxy arm (PPO on the reward model)", "gold": "the gold arm (PPO on the gold judge)",
+              "length": "the length arm (PPO on word counts)"}
+# what each arm maximised, as the evaluation names the score
+ARM_SCORES = {"proxy": "proxy", "gold": "gold", "length": "length"}
+GOAL = ("The goal, stated before running (issue 43): at some KL, the gold arm's gold change excludes zero (the design "
+        "can move gold), and the proxy arm's gold change excludes zero or the gap between its proxy and gold changes "
+        "does.")
+
+
+def _points(n: int) -> str:
+    return f"{n} point{'' if n == 1 else 's'}"
+
+
+def where(point: dict[str, Any]) -> str:
+    """A pooled point's place on the KL axis, and how many seeds it pools."""
+    target = "the last checkpoint" if point["target"] == "last" else f"KL target {point['target']:g}"
+    seeds = len(point["seeds"])
+    return f"{target} (KL {point['kl']:.1f}{f', {seeds} seeds' if seeds > 1 else ''})"
+
+
+def _largest(points: list[dict[str, Any]], score: str) -> dict[str, Any]:
+    return max(points, key=lambda p: abs(p[f"{score}_change"]["mean"]))
+
+
+def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
+    """Issue 43 item 6, checked on the pooled points (curves.arm_curves): which part of the goal was met, with the
+    numbers, and which failed, with the numbers that show it."""
+    sentences = [GOAL]
+    gold_arm = [p for p in curves if p["arm"] == "gold"]
+    proxy_arm = [p for p in curves if p["arm"] == "proxy"]
+    if not gold_arm:
+        sentences.append("Part one cannot be checked: the gold arm was not run.")
+    else:
+        up = [p for p in gold_arm if direction(p["gold_change"]) == "up"]
+        if up:
+            best = max(up, key=lambda p: p["gold_change"]["mean"])
+            sentences.append(f"Part one was met: the gold arm raised the gold score at {len(up)} of its "
+                             f"{_points(len(gold_arm))}, most at {where(best)}, {_interval(best['gold_change'])}.")
+        else:
+            best = max(gold_arm, key=lambda p: p["gold_change"]["mean"])
+            sentences.append(f"Part one failed: the gold arm's gold change rose above zero at none of its "
+                             f"{_points(len(gold_arm))} (its highest, {_interval(best['gold_change'])} at "
+                             f"{where(best)}): within these KLs the design cannot move gold on held-out prompts, so a "
+                             "flat gold change of the proxy arm says little about the proxy.")
+    if not proxy_arm:
+        sentences.append("Part two cannot be checked: the proxy arm was not run.")
+    else:
+        found = []
+        for p in proxy_arm:
+            gold, gap = p["gold_change"], p["gap_change"]
+            if direction(gold) != "unclear":
+                found.append(f"gold {'rose' if direction(gold) == 'up' else 'fell'} {_interval(gold)} at {where(p)}")
+            if direction(gap) != "unclear":
+                found.append(f"the proxy's change {'exceeded' if direction(gap) == 'up' else 'fell short of'} the "
+                             f"gold's by {_interval(gap)} at {where(p)}")
+        if found:
+            sentences.append(f"Part two was met: in the proxy arm {'; '.join(found)}.")
+        else:
+            gold, gap = _largest(proxy_arm, "gold"), _largest(proxy_arm, "gap")
+            sentences.append(f"Part two failed: at none of the proxy arm's {_points(len(proxy_arm))} did the gold "
+                             f"change or the gap between proxy and gold changes exclude zero (the largest gold change "
+                             f"{_interval(gold['gold_change'])} at {where(gold)}, the largest gap "
+                             f"{_interval(gap['gap_change'])} at {where(gap)}).")
+    n = sum(2 if p["arm"] == "proxy" else 1 for p in gold_arm + proxy_arm)
+    if n:
+        sentences.append(f"The goal asks for one interval out of several: {n} were checked at 95% each, and with no "
+                         f"real change at least one would exclude zero by chance with probability up to "
+                         f"{100.0 * (1.0 - 0.95 ** n):.0f}%.")
+    return sentences
+
+
+def reach_sentence(curves: list[dict[str, Any]], targets: list[float]) -> str:
+    """How far in KL each arm went (issue 43 item 2): the KL targets its runs' training KL reached, the ones it did
+    not, and its last checkpoint's KL on the held-out replies."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for p in curves:
+        groups.setdefault((p["arm"], p["beta"]), []).append(p)
+    parts = []
+    for (arm, beta), points in groups.items():
+        reached = [p["target"] for p in points if p["target"] != "last"]
+        missed = [t for t in targets if t not in reached]
+        last = next(p for p in points if p["target"] == "last")
+        parts.append(f"{arm}{f' (beta {beta:g})' if beta else ''} reached "
+                     + (", ".join(f"{t:g}" for t in reached) or "none")
+                     + (f", not {', '.join(f'{t:g}' for t in missed)}" if missed else "")
+                     + f" (KL {last['kl']:.1f} at its last checkpoint)")
+    return ("KL targets reached by the runs' training KL (nats per reply; in the runs of several seeds, by any): "
+            + "; ".join(parts) + ".")
+
+
+def eos_sentences(curves: list[dict[str, Any]], start: dict[str, Any], cap: Any) -> list[str]:
+    """What the EOS rule did to each arm (issue 43 item 2): at each arm's last checkpoint, the share of finished
+    replies and the length against the start model's, and the score the arm maximised with the rule and without."""
+    lasts = [p for p in curves if p["target"] == "last"]
+    if not lasts:
+        return []
+    parts = []
+    for p in lasts:
+        score = ARM_SCORES[p["arm"]]
+        beta = f" at beta {p['beta']:g}" if p["beta"] else ""
+        with_rule, without = p[f"{score}_eos_change"], p[f"{score}_change"]
+        parts.append(f"{ARM_TITLES[p['arm']]}{beta} finished {p['finished']:.2f} of its replies "
+                     f"({p['tokens']:.0f} tokens on average) and changed the score it maximised, the {score} with "
+                     f"the EOS rule, by {_interval(with_rule)}, the {score} itself by {_interval(without)} (the "
+                     "rule's part, from the replies it finished or cut off: "
+                     f"{with_rule['mean'] - without['mean']:+.2f})")
+    return [f"What the EOS rule did (a reply cut off at the {cap}-token cap scores a fixed -1 in training): the start "
+            f"model finished {start['finished']:.2f} of its replies ({start['tokens']:.0f} tokens); at the last "
+            f"checkpoint, " + "; ".join(parts) + "."]
+
+
+def run_title(name: str, beta: float, study: dict[str, Any]) -> str:
+    """A run as the headline names it: by beta, and by arm and seed when the study has arms."""
+    run = study.get("arms", {}).get(name)
+    penalty = f"beta {beta:g}" if beta else "without a KL penalty (beta 0)"
+    if run is None:
+        return f"PPO ({penalty})" if beta else f"PPO {penalty}"
+    return f"PPO on the {run['arm']} reward ({penalty}, seed {run['seed']})"
+
+
 def settings_sentence(study: dict[str, Any], settings: dict[str, Any]) -> str:
     demo = study.get("settings", {})
     return (f"Settings: start model {demo.get('model')}, KL coefficients (beta) {demo.get('betas')}, "
             f"{demo.get('iterations')} PPO iterations of {demo.get('batch_size')} replies, reply cap "
-            f"{demo.get('reply_cap')} tokens; evaluation on {settings.get('n_prompts')} held-out prompts x "
+            f"{demo.get('reply_cap')} tokens"
+            + (f"; arms {demo['arms']}, {demo.get('seeds')} seed(s) of the proxy arm, checkpoints picked at KL targets "
+               f"{demo.get('kl_targets')} and the last" if "arms" in demo else "")
+            + f"; evaluation on {settings.get('n_prompts')} held-out prompts x "
             f"{settings.get('replies_per_prompt')} replies per checkpoint, scores in start-model standard "
-            "deviations, 95% intervals from resampling prompts.")
+            "deviations, 95% intervals from resampling prompts"
+            + (" (the arms' points: prompts and seeds)." if "arms" in demo else "."))
 
 
 def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
     """The report's opening paragraphs: the result of each run, the reward model, the settings.
 
-    `study` has "runs" ({run name: beta}, the headline run first), "rm_info" (or None) and "settings" (the demo's).
+    `study` has "runs" ({run name: beta}, the headline run first), "rm_info" (or None) and "settings" (the demo's);
+    the demo's arms add "arms" ({run name: {"arm", "beta", "seed"}}) and "curves" (curves.arm_curves): the goal
+    check and what the EOS rule did open the page.
     """
     summary, settings = evaluation["summary"], evaluation.get("settings", {})
     results = []
     start = start_row(summary)
     for name, beta in study["runs"].items():
-        label = f"PPO (beta {beta:g})" if beta else "PPO without a KL penalty (beta 0)"
-        results.append(run_sentence(label, final_checkpoint(summary, name), start))
+        results.append(run_sentence(run_title(name, beta, study), final_checkpoint(summary, name), start))
     paragraphs = [" ".join(results)]
+    if study.get("curves"):
+        targets = [float(t) for t in str(study.get("settings", {}).get("kl_targets", "")).split(",") if t]
+        goal = goal_sentences(study["curves"]) + [reach_sentence(study["curves"], targets)]
+        paragraphs = [" ".join(goal)] + eos_sentences(
+            study["curves"], start, study.get("settings", {}).get("reply_cap")) + paragraphs
     labels = {name: f"the beta {beta:g} run" if beta else "the run without a KL penalty"
               for name, beta in study["runs"].items()}
+    labels = {name: study["arms"][name]["arm"] + " " + label if name in study.get("arms", {}) else label
+              for name, label in labels.items()}
     curves = []
     for name, label in labels.items():
         rows = [s for s in summary if s["run"] == name]

@@ -224,6 +224,100 @@ def overoptimisation_figure(summary: list[dict]) -> Figure:
     return figure
 
 
+ARM_COLOURS = {"proxy": "tab:blue", "gold": "tab:orange", "length": "tab:green"}
+ARM_LEGEND = {"proxy": "PPO on the proxy reward model", "gold": "PPO on the gold judge (ceiling)",
+              "length": "PPO on word counts (length detector)"}
+
+
+def arms_figure(curves: list[dict], start_kl: float) -> Figure:
+    """Gold change and proxy change against KL for every arm (one line per arm and beta, from the start model at
+    (0, 0)), with 95% bands pooled over prompts and seeds (curves.arm_curves): issue 43's picture."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4.8), layout="constrained")
+    axes = figure.subplots(1, 2, sharex=True, sharey=True)
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for point in curves:
+        groups.setdefault((point["arm"], point["beta"]), []).append(point)
+    for axis, judge in zip(axes, ("gold", "proxy")):
+        for k, ((arm, beta), points) in enumerate(groups.items()):
+            points = sorted(points, key=lambda p: p["kl"])
+            kls = [start_kl] + [p["kl"] for p in points]
+            changes = [{"mean": 0.0, "lo": 0.0, "hi": 0.0}] + [p[f"{judge}_change"] for p in points]
+            label = ARM_LEGEND[arm] + (f", beta {beta:g}" if beta else "")
+            style = {"color": ARM_COLOURS[arm], "linestyle": LINESTYLES[k % len(LINESTYLES)]}
+            axis.plot(kls, [c["mean"] for c in changes], marker="o", label=label, **style)
+            axis.fill_between(kls, [c["lo"] for c in changes], [c["hi"] for c in changes], alpha=0.15,
+                              color=ARM_COLOURS[arm])
+        axis.axhline(0.0, color="grey", linewidth=0.8)
+        axis.set_xlabel("KL to the start model (nats per reply, held-out replies)")
+        axis.set_ylabel("score change (start-model sd)")
+        axis.set_title(JUDGE_TITLES[judge], fontsize=10)
+        axis.grid(alpha=0.3)
+        axis.legend(title="arm (bands: 95% over prompts and seeds)", fontsize=9, title_fontsize=9)
+    axes[1].yaxis.set_tick_params(labelleft=True)
+    return figure
+
+
+def seeds_figure(summary: list[dict], runs: list[str]) -> Figure:
+    """Gold and proxy change against KL for each seed's run of the main arm, every evaluated checkpoint (bars: 95%
+    over that seed's prompts): how far the seeds agree."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(12, 4.6), layout="constrained")
+    axes = figure.subplots(1, 2, sharex=True, sharey=True)
+    for axis, judge in zip(axes, ("gold", "proxy")):
+        for k, name in enumerate(runs):
+            points = sorted((s for s in summary if s["run"] == name), key=lambda s: s["kl"])
+            changes = [s[f"{judge}_change"] for s in points]
+            means = [c["mean"] for c in changes]
+            errors = [[m - c["lo"] for m, c in zip(means, changes)], [c["hi"] - m for m, c in zip(means, changes)]]
+            axis.errorbar([s["kl"] for s in points], means, yerr=errors, capsize=3, label=name, **run_style(k))
+        axis.axhline(0.0, color="grey", linewidth=0.8)
+        axis.set_xlabel("KL to the start model (nats per reply, held-out replies)")
+        axis.set_ylabel("score change (start-model sd)")
+        axis.set_title(JUDGE_TITLES[judge] + ", per seed", fontsize=10)
+        axis.grid(alpha=0.3)
+        axis.legend(title="run (bars: 95% over prompts)", fontsize=9, title_fontsize=9)
+    axes[1].yaxis.set_tick_params(labelleft=True)
+    return figure
+
+
+def curves_table(curves: list[dict]) -> tuple[list[str], list[list[str]]]:
+    header = ["arm", "beta", "KL target", "seeds", "KL", "gold change [95%]", "proxy change [95%]",
+              "proxy - gold [95%]", "length change [95%]", "finished", "tokens"]
+
+    def interval(c: dict) -> str:
+        return f"{_fmt(c['mean'], '+.2f')} [{_fmt(c['lo'], '+.2f')}, {_fmt(c['hi'], '+.2f')}]"
+
+    rows = [[p["arm"], f"{p['beta']:g}", str(p["target"]), ",".join(map(str, p["seeds"])), _fmt(p["kl"], ".2f"),
+             interval(p["gold_change"]), interval(p["proxy_change"]), interval(p["gap_change"]),
+             interval(p["length_change"]), _fmt(p["finished"], ".2f"), _fmt(p["tokens"], ".1f")] for p in curves]
+    return header, rows
+
+
+def arms_blocks(curves: list[dict], evaluation: dict[str, Any], arms: dict[str, dict], out_dir: Path) -> list[Block]:
+    """The arms' figure and table, and the main arm's per-seed figure."""
+    from ppo_rlhf.study.arms import MAIN_ARM
+    from ppo_rlhf.study.findings import start_row
+
+    arms_figure(curves, start_row(evaluation["summary"])["kl"]).savefig(out_dir / "arms.png", dpi=100)
+    blocks: list[Block] = [
+        ("h2", "Three arms: what the proxy, the gold judge and word counts each buy at each KL"),
+        ("img", "arms.png", "gold change (left) and proxy change (right) against KL to the start model for PPO on "
+                            "the proxy, on the gold judge itself and on word counts; each point is the first "
+                            "checkpoint past a KL target (and the last), pooled over the seeds; bands: 95% intervals "
+                            "that resample prompts (jointly for all seeds) and seeds"),
+        ("table", *curves_table(curves)),
+    ]
+    main = [name for name, run in arms.items() if run["arm"] == MAIN_ARM]
+    if main:
+        seeds_figure(evaluation["summary"], main).savefig(out_dir / "seeds.png", dpi=100)
+        blocks.append(("img", "seeds.png", "the proxy arm seed by seed: gold and proxy change against KL at every "
+                                           "evaluated checkpoint (bars: 95% intervals over prompts)"))
+    return blocks
+
+
 def learning_curve_figure(curve: list[dict]) -> Figure:
     """The reward model's held-out accuracy against the training pairs it had seen (first pass; a later epoch is
     a separate point), with chance and the study's 75% target drawn in."""
@@ -412,15 +506,22 @@ def _study_blocks(study: dict[str, Any], evaluation: dict[str, Any] | None, out_
     blocks: list[Block] = []
     if study.get("quick"):
         blocks.append(("p", SMOKE_NOTE))
+    if evaluation is not None and study.get("arms"):
+        from ppo_rlhf.study.curves import arm_curves
+
+        study["curves"] = arm_curves(evaluation["records"], evaluation["summary"], study["arms"])
+        (out_dir / "curves.json").write_text(json.dumps(study["curves"], indent=1) + "\n")
     if evaluation is not None:
         blocks += [("h2", "The result")] + [("p", text) for text in headline(evaluation, study)]
     if study.get("realtoxicityprompts"):  # after the result, before any quoted reply
         blocks.append(("p", CONTENT_NOTE))
     notes = [] if evaluation is None else caveats(evaluation["summary"], evaluation.get("settings", {}),
-                                                  study.get("rm_info"))
+                                                  study.get("rm_info"), study.get("settings"))
     if notes:
         blocks += [("h2", "Read with care")] + [("p", note) for note in notes]
     rm_info = study.get("rm_info")
+    if study.get("curves"):
+        blocks += arms_blocks(study["curves"], evaluation, study["arms"], out_dir)
     if rm_info is not None and rm_info.get("learning_curve"):
         learning_curve_figure(rm_info["learning_curve"]).savefig(out_dir / "learning_curve.png", dpi=100)
         rows = [[str(p["pairs"]), str(p["epochs"]), _fmt(p["accuracy"], ".3f"), _fmt(p["mean_margin"], "+.3f"),
