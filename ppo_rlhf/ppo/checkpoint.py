@@ -109,15 +109,22 @@ def prune_checkpoints(run_dir: Path, keep: int, newest: int, models: tuple[str, 
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+MODEL_FILES = ("config.json", "model.safetensors")
+"""A plain transformers model folder (one weights file): a fully fine-tuned policy saved by another trainer, e.g.
+TRL's GRPOTrainer in bench/peer_grpo.py, which `ppo-rlhf task evaluate` reads beside our adapters."""
 
 
 def is_complete(folder: Path, models: tuple[str, ...] | None = None) -> bool:
-    """The files evaluation needs (state.pt + the policy adapter), or, given the names of the trained `models`,
-    every file a resumed run needs (their adapters + history.jsonl). A folder half-deleted by a killed run is not
-    complete."""
-    names = ["state.pt"] + [f"{m}/{f}" for m in (models or ("policy",)) for f in ADAPTER_FILES]
-    names += ["history.jsonl"] if models else []
-    return all((Path(folder) / name).is_file() for name in names)
+    """The files evaluation needs (state.pt + the policy: an adapter or a plain model folder), or, given the names of
+    the trained `models`, every file a resumed run needs (their adapters + history.jsonl). A folder half-deleted by a
+    killed run is not complete."""
+    folder = Path(folder)
+    if not models:
+        policy = folder / "policy"
+        return (folder / "state.pt").is_file() and any(all((policy / name).is_file() for name in files)
+                                                       for files in (ADAPTER_FILES, MODEL_FILES))
+    names = ["state.pt", "history.jsonl"] + [f"{m}/{f}" for m in models for f in ADAPTER_FILES]
+    return all((folder / name).is_file() for name in names)
 
 
 def latest_checkpoint(run_dir: Path, models: tuple[str, ...] | None = None) -> Path | None:

@@ -17,6 +17,7 @@ summary and the text, so that they can be tested on made-up records.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 from pathlib import Path
@@ -55,9 +56,11 @@ def read_run_config(run_dir: Path) -> dict[str, Any]:
     return config
 
 
-def select_checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:
+def select_checkpoints(run_dir: Path, which: str, full_models: bool = False) -> list[tuple[int, Path]]:
     """(iteration, folder) of the checkpoints named by `which`: "all", "latest", iterations like "10,20", or KL targets
-    like "kl:1,2,4" (per target the first checkpoint whose training KL reached it, and the last: kl_spacing.py)."""
+    like "kl:1,2,4" (per target the first checkpoint whose training KL reached it, and the last: kl_spacing.py). Each
+    policy must be a PEFT adapter, or with `full_models` also a plain transformers model folder (the caller loads
+    both)."""
     from ppo_rlhf.ppo.checkpoint import latest_checkpoint, list_checkpoints  # lazy: imports torch (see run())
 
     found = list_checkpoints(run_dir)
@@ -83,7 +86,9 @@ def select_checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:
         require(not absent, f"{run_dir} has no checkpoint for iteration {', '.join(absent)} (has {available})")
         chosen = [(i, by_iteration[i]) for i in sorted(set(wanted))]
     for _, folder in chosen:
-        require((folder / "policy" / "adapter_config.json").is_file(), f"{folder}/policy is not a PEFT adapter folder")
+        policy = folder / "policy"
+        require((policy / "adapter_config.json").is_file() or (full_models and (policy / "config.json").is_file()),
+                f"{policy} is not a PEFT adapter folder{' or a transformers model folder' if full_models else ''}")
     return chosen
 
 
@@ -282,6 +287,7 @@ def _sample_records(
     batch_size: int,
     run: str | None,
     iteration: int | None,
+    reference=None,
 ) -> list[dict]:
     """Sample replies_per_prompt replies per prompt, with per-reply tokens, finished, KL and entropy sum.
 
@@ -290,7 +296,9 @@ def _sample_records(
     reply's sum can be negative, and a mean near zero then printed as "-0.0"), summed over the reply's tokens.
     The policy's log-probs and entropies are the ones generation computed anyway (`record_logprobs`): one forward
     pass per reply fewer. In bf16 they differ from a full forward's by float rounding (the run's `mismatch_kl` per
-    token, about 0.002 nats in SmolLM2); the reference's log-probs come from a forward pass of the same tokens.
+    token, about 0.002 nats in SmolLM2); the reference's log-probs come from a forward pass of the same tokens, through
+    the policy with its adapter off, or through `reference` (the start model) for a policy without one (a full
+    fine-tune).
     """
     # lazy, as in run(): `ppo-rlhf evaluate` checks its arguments and files before torch loads
     import torch
@@ -312,13 +320,15 @@ def _sample_records(
     if run is None:
         kls.append(torch.zeros(len(repeated)))  # the start model is its own reference
     else:
-        with torch.no_grad(), model.disable_adapter():
+        # a full fine-tune has no adapter to switch off: its reference is the start model, loaded beside it
+        with torch.no_grad(), model.disable_adapter() if reference is None else contextlib.nullcontext():
             for start in tqdm(range(0, len(repeated), batch_size), desc=f"reference log-probs {label}", leave=False):
                 rows = slice(start, start + batch_size)
                 part = rollout.select(rows)
                 ids, att = part.input_ids.to(device), part.attention_mask.to(device)
                 first = first_reply_position(part.prompt_ids)  # no LM head over prompt-only positions
-                ref_logprobs = token_logprobs(model, ids, att, temperature, first=first).cpu()
+                ref_logprobs = token_logprobs(model if reference is None else reference, ids, att, temperature,
+                                              first=first).cpu()
                 width = ref_logprobs.shape[1]
                 logprobs = rollout.logprobs[rows, :width]
                 kls.append(masked_sum(kl_k3(ref_logprobs, logprobs), part.action_mask, dim=1))  # r = ref / pi

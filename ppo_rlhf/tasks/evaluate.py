@@ -6,6 +6,10 @@ Every reply is checked exactly (`tasks.exact_match`; `tasks.answer_format` for t
 gets a 95% prompt-level (cluster) bootstrap interval, and its change from the start model a paired one: reply i of
 problem j against the start model's reply i of problem j, whole problems resampled (`stats.bootstrap_mean`).
 
+A checkpoint's policy is our PEFT adapter or a plain transformers model folder (`checkpoint.MODEL_FILES`: a full
+fine-tune saved by another trainer, e.g. TRL's GRPOTrainer in bench/peer_grpo.py), whose KL is taken against the
+start model loaded beside it.
+
 `summarize_task` is pure (tested on made-up records); `task_records` and `evaluate_task_runs` sample (models needed).
 """
 
@@ -23,14 +27,15 @@ from ppo_rlhf.tasks.arithmetic import answer_format, exact_match, problems
 
 
 def task_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], replies_per_prompt: int, seed: int,
-                 batch_size: int, run: str | None = None, iteration: int | None = None) -> list[dict]:
+                 batch_size: int, run: str | None = None, iteration: int | None = None,
+                 reference=None) -> list[dict]:
     """`evaluate`'s per-reply records (prompt/reply indices, reply, tokens, finished, kl) of one model on the task's
     rows ({"prompt", "answer"}), each with "correct" and "formatted" (1.0 or 0.0). `settings`: temperature,
-    max_new_tokens, top_p of the run."""
+    max_new_tokens, top_p of the run; `reference`: the start model, for a fully fine-tuned `model` (its KL)."""
     from ppo_rlhf.study.evaluate import _sample_records  # lazy: imports torch
 
     records = _sample_records(model, tokenizer, [row["prompt"] for row in rows], replies_per_prompt, settings, seed,
-                              batch_size, run, iteration)
+                              batch_size, run, iteration, reference)
     replies = [record["reply"] for record in records]
     answers = [rows[record["prompt_index"]]["answer"] for record in records]
     prompts = [record["prompt"] for record in records]
@@ -92,7 +97,7 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
         values = {repr(config.get(key, default)) for config in configs.values()}
         require(len(values) == 1, f"the runs differ in {key} ({', '.join(sorted(values))}); evaluate them apart")
         settings[key] = next(iter(configs.values())).get(key, default)
-    selected = {name: select_checkpoints(d, checkpoints) for name, d in runs.items()}
+    selected = {name: select_checkpoints(d, checkpoints, full_models=True) for name, d in runs.items()}
     rows = problems(level, "heldout", n_heldout)  # all checked before torch and the models load
 
     from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
@@ -106,11 +111,17 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
     records: list[dict] = []
     jobs = [(None, None, None)] + [(name, i, folder) for name, found in selected.items() for i, folder in found]
     for name, iteration, folder in jobs:
-        model = (load_causal_lm(base, dtype) if folder is None else
-                 load_policy_adapter(base, folder / "policy", dtype)).to(torch_device)
-        records += task_records(model, tokenizer, rows, settings, replies_per_prompt, seed, batch_size, name,
-                                iteration)
-        del model  # one policy in memory at a time
+        reference = None
+        if folder is None:
+            model = load_causal_lm(base, dtype)
+        elif (folder / "policy" / "adapter_config.json").is_file():
+            model = load_policy_adapter(base, folder / "policy", dtype)
+        else:  # a plain model folder (a full fine-tune, e.g. TRL's): the start model beside it, for the KL
+            model = load_causal_lm(str(folder / "policy"), dtype)
+            reference = load_causal_lm(base, dtype).to(torch_device)
+        records += task_records(model.to(torch_device), tokenizer, rows, settings, replies_per_prompt, seed,
+                                batch_size, name, iteration, reference)
+        del model, reference  # one policy (and its reference) in memory at a time
     return {"settings": {**settings, "level": level, "n_heldout": len(rows), "replies_per_prompt": replies_per_prompt,
                          "seed": seed, "runs": {name: str(d.resolve()) for name, d in runs.items()},
                          "checkpoints": checkpoints},
