@@ -45,9 +45,9 @@ def test_plain_and_json_calls_parse():
 
 def test_a_tool_turn_then_an_answer_is_one_sequence_with_the_result_masked(tokenizer):
     sample = scripted(tokenizer, [["<tool>add(2, 3)</tool>", "5"]])
-    rollout, rewards, episodes = run_episodes(sample, tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS,
+    rollout, episodes = run_episodes(sample, tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS,
                                               {"add": add}, None)
-    e = episodes[0]
+    e, rewards = episodes[0], rollout.env_rewards
     assert (e.turns, e.tool_calls, e.tool_errors, e.answer) == (2, 1, 0, "5")
     text = tokenizer.decode(rollout.input_ids[0])
     assert "<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n5<|im_end|>" in text  # the template's layout
@@ -74,9 +74,10 @@ class Guess:
 
 def test_an_environment_gives_observations_and_per_turn_rewards(tokenizer):
     sample = scripted(tokenizer, [["1", "3"], ["3"]])
-    rollout, rewards, episodes = run_episodes(sample, tokenizer, ["Hello", "Hi"], [{}, {}],
+    rollout, episodes = run_episodes(sample, tokenizer, ["Hello", "Hi"], [{}, {}],
                                               [tokenizer.eos_token_id], LIMITS, {}, Guess)
     assert [e.turns for e in episodes] == [2, 1]
+    rewards = rollout.env_rewards
     assert rollout.prompts[0][-1]["content"] == "Hello\n\nGuess a number."
     ends = [(rollout.action_mask[0] * (rewards[0] != 0)).nonzero().flatten().tolist()]
     assert rewards[0].sum().item() == pytest.approx(0.9) and rewards[1].sum().item() == pytest.approx(1.0)
@@ -87,11 +88,11 @@ def test_an_environment_gives_observations_and_per_turn_rewards(tokenizer):
 def test_caps_end_episodes(tokenizer):
     sample = scripted(tokenizer, [["<tool>add(1, 1)</tool>"] * 4])
     limits = EpisodeLimits(max_turns=4, max_tool_calls=1, max_new_tokens=40, max_episode_tokens=400, timeout=2.0)
-    _, _, episodes = run_episodes(sample, tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], limits,
+    _, episodes = run_episodes(sample, tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], limits,
                                   {"add": add}, None)
     assert (episodes[0].turns, episodes[0].tool_calls) == (2, 1)  # the second call is past the budget
     sample = scripted(tokenizer, [["<tool>nope(1)</tool>", "<tool>add(1)</tool>", "done"]])
-    _, _, episodes = run_episodes(sample, tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS,
+    _, episodes = run_episodes(sample, tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS,
                                   {"add": add}, None)
     assert (episodes[0].turns, episodes[0].tool_errors) == (3, 2)  # an unknown tool, a missing argument
 

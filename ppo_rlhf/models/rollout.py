@@ -51,6 +51,7 @@ class Rollout:
     action_mask: torch.Tensor  # [B, L-1] float, 1 where input_ids[:, t+1] is a reply token
     logprobs: torch.Tensor | None = None  # [B, L-1] log pi(token) at the sampling temperature, recorded by generate
     entropy: torch.Tensor | None = None  # [B, L-1] entropy of that distribution; both 0 off the reply tokens
+    env_rewards: torch.Tensor | None = None  # [B, L-1] a multi-turn environment's reward of each turn, at its end
 
     @property
     def reply_lengths(self) -> torch.Tensor:
@@ -71,6 +72,7 @@ class Rollout:
             action_mask=self.action_mask[rows, : width - 1],
             logprobs=None if self.logprobs is None else self.logprobs[rows, : width - 1],
             entropy=None if self.entropy is None else self.entropy[rows, : width - 1],
+            env_rewards=None if self.env_rewards is None else self.env_rewards[rows, : width - 1],
         )
 
 

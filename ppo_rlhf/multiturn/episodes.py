@@ -131,9 +131,9 @@ def _cut_at(tokenizer, tokens: list[int], end: int) -> int:
 
 def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[str, Any]], eos: list[int],
                  limits: EpisodeLimits, tools: dict[str, Callable], environment_factory: Callable | None
-                 ) -> tuple[Rollout, torch.Tensor, list[Episode]]:
+                 ) -> tuple[Rollout, list[Episode]]:
     """One episode per prompt. Returns (the rollout: one row per episode, the action mask 1 on the policy's tokens,
-    log-probs and entropies recorded; the environment's per-turn rewards [B, L-1] at each turn's last token; the
+    log-probs and entropies recorded, `env_rewards` the environment's reward of each turn at its last token; the
     episodes, for their counts)."""
     require(bool(tools) or environment_factory is not None, "a multi-turn rollout needs tools or an environment")
     observations = Observations(tokenizer, eos)
@@ -188,7 +188,7 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
     return _layout(tokenizer, prompts, episodes)
 
 
-def _layout(tokenizer, prompts: list, episodes: list[Episode]) -> tuple[Rollout, torch.Tensor, list[Episode]]:
+def _layout(tokenizer, prompts: list, episodes: list[Episode]) -> tuple[Rollout, list[Episode]]:
     rows = [e.prompt_ids + e.tokens for e in episodes]
     input_ids, attention_mask = right_pad(rows, tokenizer.pad_token_id, min_width=2)
     width = input_ids.shape[1] - 1
@@ -204,5 +204,5 @@ def _layout(tokenizer, prompts: list, episodes: list[Episode]) -> tuple[Rollout,
                       reply_ids=[e.tokens for e in episodes], reply_texts=[e.answer for e in episodes],
                       finished=torch.tensor([e.ended_with_eos for e in episodes], dtype=torch.bool),
                       input_ids=input_ids, attention_mask=attention_mask, action_mask=per_token["mask"],
-                      logprobs=per_token["logprobs"], entropy=per_token["entropy"])
-    return rollout, per_token["rewards"], episodes
+                      logprobs=per_token["logprobs"], entropy=per_token["entropy"], env_rewards=per_token["rewards"])
+    return rollout, episodes

@@ -210,7 +210,8 @@ class TrainConfig:
     naming it and the turn."""
     turn_level_gae: bool = False
     """GAE with one step per turn (the value at each turn's first token, gamma and lambda per turn; oat/GEM, AReaL)
-    instead of one per policy token; multi-turn runs with advantage_estimator gae."""
+    instead of one per policy token (advantage_estimator gae). A single-turn reply is one step: A = its summed reward
+    minus the value at its first token."""
     # --- optimisers
     policy_lr: PositiveFloat = 2e-5
     """AdamW learning rate of the policy's LoRA adapter."""
@@ -327,8 +328,6 @@ class TrainConfig:
         require(not self.multi_turn or self.generation_backend == "hf",
                 "multi-turn episodes (environment, tools) need generation_backend: hf (the vLLM backend samples whole "
                 "replies in its own process: it cannot stop at a tool call and append the observation)")
-        require(self.multi_turn or not self.turn_level_gae, "turn_level_gae needs a multi-turn run (environment or "
-                "tools)")
         require(self.has_value_model or (self.critic_lam is None and self.lam_length_alpha is None),
                 "critic_lam and lam_length_alpha are GAE's lambdas (advantage_estimator gae)")
         require(not (self.kl_placement == "loss" and self.kl_kind == "k1"),
