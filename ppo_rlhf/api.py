@@ -87,6 +87,11 @@ class PPOTrainer:
             name that replaces it. A loaded model is changed in place (LoRA is added to it).
         resume: continue the run in `config.out` from its latest checkpoint (also `config.resume`); without one
             (a new run directory, or a run stopped before its first checkpoint) the run starts from iteration 0.
+        tools: plain Python functions the policy may call, `<tool>name(arguments)</tool>` in a reply, instead of
+            `config.tools`; each returns text or a number (docs/multi-turn.md). Makes the run multi-turn.
+        environment_factory: a callable returning a new environment per episode, instead of `config.environment`:
+            `reset(**row) -> observation text or None` (row: the dataset row, its prompt as `prompt`) and
+            `step(reply text) -> (observation text, reward or None, done)`. Makes the run multi-turn.
 
     Bad settings, files or data raise `ppo_rlhf.UsageError` with one line, before any model loads where they can be
     seen without one. Models load here; `train()` runs.
@@ -94,7 +99,8 @@ class PPOTrainer:
 
     def __init__(self, config: TrainConfig, reward_funcs: Any = None, train_dataset: Any = None,
                  callbacks: list | tuple | None = None, processing_class: Any = None, policy_model: Any = None,
-                 resume: bool = False, monitor_judges: Any = None):
+                 resume: bool = False, monitor_judges: Any = None, tools: list | None = None,
+                 environment_factory: Any = None):
         from ppo_rlhf.data import load_prompt_rows
         from ppo_rlhf.ppo.train import check_run_dir
 
@@ -112,6 +118,12 @@ class PPOTrainer:
             changes["policy_model"] = getattr(loaded_policy, "name_or_path", "") or type(loaded_policy).__name__
         if train_dataset is not None:
             changes["prompts"] = None  # the dataset replaces the file
+        if tools is not None:  # config.yaml records their names, as it does the reward functions'
+            require(all(callable(t) for t in tools), "tools must be Python functions")
+            changes["tools"] = [spec_name(t) for t in tools]
+        if environment_factory is not None:
+            require(callable(environment_factory), "environment_factory must be a callable returning an environment")
+            changes["environment"] = spec_name(environment_factory)
         cfg = dataclasses.replace(config, **changes)
         cfg.require_inputs(dataset=train_dataset is not None)
         named = {name: [str(s) for s in given if isinstance(s, str | Path)]
@@ -136,7 +148,7 @@ class PPOTrainer:
         self.config = cfg
         self.callbacks = list(callbacks or [])
         self.loop = Loop(cfg, reward_funcs=specs, prompt_rows=rows, policy=loaded_policy, tokenizer=processing_class,
-                         monitor_judges=judges)
+                         monitor_judges=judges, tools=tools, environment_factory=environment_factory)
 
     # ------------------------------------------------------------------------------------------ what it holds
     @property

@@ -131,8 +131,9 @@ def as_completion(prompt: Prompt, reply: str) -> str | list[dict[str, str]]:
 
 
 # ------------------------------------------------------------------------------------------------ resolving specs
-def _import_function(spec: str, source: str, function: str) -> Any:
-    """The object `function` of a .py file (imported as a module of its own) or of an importable module."""
+def import_function(spec: str, source: str, function: str, what: str = "reward function") -> Any:
+    """The object `function` of a .py file (imported as a module of its own) or of an importable module; `what` names
+    it in an error ("reward function", "tool", "environment")."""
     try:
         if source.endswith(".py"):
             path = Path(source).expanduser().resolve()
@@ -150,8 +151,8 @@ def _import_function(spec: str, source: str, function: str) -> Any:
         else:
             module = importlib.import_module(source)
     except Exception as error:  # whatever the user's module raises while it loads: one line
-        raise UsageError(f"cannot import {source} (reward function {spec}): {_describe(error)}") from error
-    require(hasattr(module, function), f"reward function {spec}: {source} has no {function!r}")
+        raise UsageError(f"cannot import {source} ({what} {spec}): {_describe(error)}") from error
+    require(hasattr(module, function), f"{what} {spec}: {source} has no {function!r}")
     return getattr(module, function)
 
 
@@ -210,7 +211,7 @@ def _resolve_one(spec: Any, dtype: torch.dtype, device: torch.device | str, trus
     parts = function_spec(spec)
     if parts is None:
         return _folder_or_hub_model(spec, dtype, device, trust_remote_code, batch_size, init_score_head)
-    func = _import_function(spec, *parts)
+    func = import_function(spec, *parts)
     require(callable(func), f"reward function {spec} is a {type(func).__name__}, not a callable")
     return FunctionReward(func, parts[1])
 

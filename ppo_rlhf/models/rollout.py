@@ -51,6 +51,7 @@ class Rollout:
     action_mask: torch.Tensor  # [B, L-1] float, 1 where input_ids[:, t+1] is a reply token
     logprobs: torch.Tensor | None = None  # [B, L-1] log pi(token) at the sampling temperature, recorded by generate
     entropy: torch.Tensor | None = None  # [B, L-1] entropy of that distribution; both 0 off the reply tokens
+    env_rewards: torch.Tensor | None = None  # [B, L-1] a multi-turn environment's reward of each turn, at its end
 
     @property
     def reply_lengths(self) -> torch.Tensor:
@@ -71,6 +72,7 @@ class Rollout:
             action_mask=self.action_mask[rows, : width - 1],
             logprobs=None if self.logprobs is None else self.logprobs[rows, : width - 1],
             entropy=None if self.entropy is None else self.entropy[rows, : width - 1],
+            env_rewards=None if self.env_rewards is None else self.env_rewards[rows, : width - 1],
         )
 
 
@@ -217,10 +219,55 @@ def generate_rollout(
     same random stream, so the same tokens up to the rounding of a smaller batch's matmuls (decode.py).
     """
     require(len(prompts) > 0, "no prompts to generate from")
+    prompt_ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
+    replies = sample_replies(policy, tokenizer, prompt_ids, max_new_tokens, temperature, batch_size, top_p,
+                             record_logprobs, drop_finished)
+    input_ids, attention_mask, action_mask = build_batch(prompt_ids, replies.ids, tokenizer.pad_token_id)
+    width = input_ids.shape[1]
+    return Rollout(
+        prompts=list(prompts),
+        prompt_ids=prompt_ids,
+        reply_ids=replies.ids,
+        reply_texts=tokenizer.batch_decode(replies.ids, skip_special_tokens=True),
+        finished=torch.tensor(replies.finished, dtype=torch.bool),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        action_mask=action_mask,
+        logprobs=per_token_layout(prompt_ids, replies.logprobs, width) if record_logprobs else None,
+        entropy=per_token_layout(prompt_ids, replies.entropies, width) if record_logprobs else None,
+    )
+
+
+@dataclass
+class Replies:
+    """What `sample_replies` drew: per row the token ids (cut after the first EOS, kept), whether an EOS came within
+    the cap, and (recorded) each token's log-prob and entropy; empty lists when not recorded."""
+
+    ids: list[list[int]]
+    finished: list[bool]
+    logprobs: list[list[float]]
+    entropies: list[list[float]]
+
+
+@torch.no_grad()
+def sample_replies(
+    policy: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int | None = None,
+    top_p: float = 1.0,
+    record_logprobs: bool = False,
+    drop_finished: bool = False,
+) -> Replies:
+    """One reply per row of token ids (`generate_rollout` from chat-templated prompts; a multi-turn rollout from a
+    trajectory so far), sampled as `generate_rollout` describes."""
+    require(len(prompt_ids) > 0, "no prompts to generate from")
     require(max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {max_new_tokens}")
     require(temperature > 0, f"temperature must be > 0, got {temperature}")
     require(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}")
-    batch_size = batch_size or len(prompts)
+    batch_size = batch_size or len(prompt_ids)
     require(batch_size >= 1, f"batch_size must be >= 1, got {batch_size}")
     policy.eval()
     device = next(policy.parameters()).device
@@ -228,15 +275,11 @@ def generate_rollout(
     eos = eos_token_ids(policy, tokenizer)
     config = _sampling_config(max_new_tokens, eos, pad)
 
-    prompt_ids = [chat_prompt_ids(tokenizer, p) for p in prompts]
-    reply_ids: list[list[int]] = []
-    finished: list[bool] = []
-    reply_logprobs: list[list[float]] = []
-    reply_entropies: list[list[float]] = []
+    replies = Replies([], [], [], [])
     # FSDP: a process whose replies all ended keeps stepping until every process's have, so that the sharded
     # layers' all-gathers match up
     synced = current().fsdp
-    for start in range(0, len(prompts), batch_size):
+    for start in range(0, len(prompt_ids), batch_size):
         chunk = prompt_ids[start : start + batch_size]
         prompt_width = max(len(p) for p in chunk)
         # Left padding for generation, so every row's next token is appended at the same column.
@@ -254,23 +297,9 @@ def generate_rollout(
         for i, row in enumerate(new_tokens.tolist()):
             # Cut at the first EOS (kept): HF pads finished rows with pad, which may equal EOS.
             end = next((j for j, token in enumerate(row) if token in eos), None)
-            reply_ids.append(row if end is None else row[: end + 1])
-            finished.append(end is not None)
+            replies.ids.append(row if end is None else row[: end + 1])
+            replies.finished.append(end is not None)
             if record_logprobs:
-                reply_logprobs.append(logprobs[i][: len(reply_ids[-1])])
-                reply_entropies.append(entropies[i][: len(reply_ids[-1])])
-
-    input_ids, attention_mask, action_mask = build_batch(prompt_ids, reply_ids, pad)
-    width = input_ids.shape[1]
-    return Rollout(
-        prompts=list(prompts),
-        prompt_ids=prompt_ids,
-        reply_ids=reply_ids,
-        reply_texts=tokenizer.batch_decode(reply_ids, skip_special_tokens=True),
-        finished=torch.tensor(finished, dtype=torch.bool),
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        action_mask=action_mask,
-        logprobs=per_token_layout(prompt_ids, reply_logprobs, width) if record_logprobs else None,
-        entropy=per_token_layout(prompt_ids, reply_entropies, width) if record_logprobs else None,
-    )
+                replies.logprobs.append(logprobs[i][: len(replies.ids[-1])])
+                replies.entropies.append(entropies[i][: len(replies.ids[-1])])
+    return replies

@@ -21,6 +21,7 @@ from ppo_rlhf.ppo.objectives import (
     length_adaptive_lam,
     rloo_advantages,
     sequence_rewards,
+    turn_level_gae,
 )
 from ppo_rlhf.ppo.train_config import TrainConfig
 
@@ -36,21 +37,23 @@ class GAEAdvantages:
     """GAE (gamma, lambda) over the per-token rewards, whitened over the global batch's reply tokens. The advantages
     use `lam` (or, with `length_alpha`, VAPO's length-adaptive lambda per reply), the value targets `critic_lam`
     (decoupled GAE, VC-PPO/VAPO: a critic trained on lambda-1 returns has unbiased targets, while the policy keeps a
-    lower-variance lambda); raw advantages + values = returns only when the two lambdas are the same."""
+    lower-variance lambda); raw advantages + values = returns only when the two lambdas are the same. `turn_level`:
+    one GAE step per turn of a multi-turn trajectory (`turn_level_gae`) instead of one per token."""
 
     needs_critic = True
 
     def __init__(self, gamma: float, lam: float, dist: Dist, critic_lam: float | None = None,
-                 length_alpha: float | None = None):
+                 length_alpha: float | None = None, turn_level: bool = False):
         self.gamma, self.lam, self.dist = gamma, lam, dist
         self.critic_lam = lam if critic_lam is None else critic_lam
         self.length_alpha = length_alpha
+        self.estimate = turn_level_gae if turn_level else gae
 
     def __call__(self, rewards, values, scores, kl, mask, beta):
         lam = self.lam if self.length_alpha is None else length_adaptive_lam(mask.sum(1), self.length_alpha)
-        raw, returns = gae(rewards, values, mask, gamma=self.gamma, lam=lam)
+        raw, returns = self.estimate(rewards, values, mask, gamma=self.gamma, lam=lam)
         if self.length_alpha is not None or self.critic_lam != self.lam:
-            _, returns = gae(rewards, values, mask, gamma=self.gamma, lam=self.critic_lam)
+            _, returns = self.estimate(rewards, values, mask, gamma=self.gamma, lam=self.critic_lam)
         return self.dist.masked_whiten(raw, mask), raw, returns
 
 
@@ -92,7 +95,7 @@ class GRPOAdvantages:
 
 def make_advantages(cfg: TrainConfig, dist: Dist) -> Advantages:
     if cfg.advantage_estimator == "gae":
-        return GAEAdvantages(cfg.gamma, cfg.lam, dist, cfg.critic_lam, cfg.lam_length_alpha)
+        return GAEAdvantages(cfg.gamma, cfg.lam, dist, cfg.critic_lam, cfg.lam_length_alpha, cfg.turn_level_gae)
     if cfg.advantage_estimator == "rloo":
         return RLOOAdvantages(cfg.group_size)
     return GRPOAdvantages(cfg.group_size, cfg.grpo_eps)

@@ -212,9 +212,13 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0,
         lam: float | Tensor = 0.95) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over right-padded rows (section 8.6). Returns (advantages, returns).
 
-    delta_t = r_t + gamma V(s_{t+1}) - V(s_t), A_t = delta_t + gamma lam A_{t+1}, with V = 0 and A = 0 after a
-    row's last reply token (the episode is over). Both outputs are 0 where mask == 0. `lam` is one number or one
-    per row ([B], e.g. `length_adaptive_lam`).
+    delta_t = r_t + gamma V(s_{t'}) - V(s_t), A_t = delta_t + gamma lam A_{t'}, with t' the row's NEXT position where
+    mask == 1, and V = 0 and A = 0 after a row's last one (the episode is over). Positions where mask == 0 are skipped,
+    not treated as ends: in a multi-turn trajectory (docs/multi-turn.md) the environment's tokens between two turns
+    are masked, and each policy token still links to the next policy token, so the final reward reaches every turn;
+    the rewards and values of masked positions never enter. A single reply (prompt, reply, padding) has no masked
+    position between two reply tokens, so this is the chapter's recursion exactly. Both outputs are 0 where
+    mask == 0. `lam` is one number or one per row ([B], e.g. `length_adaptive_lam`).
     """
     rewards, values = _zero_masked(rewards, mask), _zero_masked(values, mask)
     lam = lam.to(values) if isinstance(lam, Tensor) else lam
@@ -223,9 +227,44 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0,
     next_advantage = torch.zeros_like(values[:, 0])
     for t in reversed(range(values.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        advantages[:, t] = _zero_masked(delta + gamma * lam * next_advantage, mask[:, t])
-        next_value, next_advantage = values[:, t], advantages[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        on = mask[:, t].bool()
+        advantages[:, t] = _zero_masked(advantage, on)
+        # a masked position passes the next policy token's value and advantage on, unchanged
+        next_value = torch.where(on, values[:, t], next_value)
+        next_advantage = torch.where(on, advantage, next_advantage)
     return advantages, _zero_masked(advantages + values, mask)
+
+
+def turn_index(mask: Tensor) -> Tensor:
+    """[B, T] long: which turn of its row each position where mask == 1 belongs to (0, 1, ...), -1 elsewhere. A turn
+    is a maximal run of consecutive 1s: in a multi-turn trajectory the environment's tokens (masked) separate them."""
+    on = mask.bool()
+    before = torch.nn.functional.pad(on[:, :-1], (1, 0), value=False)
+    starts = on & ~before
+    return torch.where(on, starts.long().cumsum(1) - 1, -1)
+
+
+@torch.no_grad()
+def turn_level_gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0,
+                   lam: float = 0.95) -> tuple[Tensor, Tensor]:
+    """GAE with one step per turn instead of per token (oat/GEM's and AReaL's turn-level credit assignment):
+    turn k's reward R_k is the sum of its tokens' rewards, its value V_k the value read at its first token (the
+    state the turn starts from: the prompt, the earlier turns and the observations), and
+    delta_k = R_k + gamma V_{k+1} - V_k, A_k = delta_k + gamma lam A_{k+1}, V = A = 0 after the last turn. Every token
+    of turn k gets A_k as its advantage and A_k + V_k as its return. Turns are the runs of 1s of `mask`
+    (`turn_index`). Returns (advantages, returns), 0 where mask == 0."""
+    index = turn_index(mask)
+    on = index >= 0
+    first = on & (torch.nn.functional.pad(index[:, :-1], (1, 0), value=-1) != index)
+    slot = index.clamp(min=0)
+    turns = int(index.max()) + 1
+    per_turn = torch.zeros((mask.shape[0], max(turns, 1)), dtype=values.dtype, device=values.device)
+    turn_rewards = per_turn.clone().scatter_add_(1, slot, _zero_masked(rewards, on).to(values.dtype))
+    turn_values = per_turn.clone().scatter_add_(1, slot, _zero_masked(values, first))
+    turn_mask = (torch.arange(per_turn.shape[1], device=mask.device) < (index.max(1).values + 1)[:, None]).float()
+    advantages, returns = gae(turn_rewards, turn_values, turn_mask, gamma=gamma, lam=lam)
+    return _zero_masked(advantages.gather(1, slot), on), _zero_masked(returns.gather(1, slot), on)
 
 
 def length_adaptive_lam(lengths: Tensor, alpha: float) -> Tensor:

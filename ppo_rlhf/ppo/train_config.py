@@ -195,6 +195,29 @@ class TrainConfig:
     this; the policy trains from then on (null: no gate; GAE only). How long the gate holds is not known in advance:
     the policy's learning-rate schedule counts on iterations - critic_warmup_iterations policy iterations, so each
     iteration the gate adds leaves a linear or cosine schedule one iteration short of its end (its last LR above 0)."""
+    # --- multi-turn episodes (docs/multi-turn.md)
+    environment: str | None = None
+    """A multi-turn environment: "file.py:factory" or "module:factory", a callable returning an object with
+    `reset(**row) -> observation text` and `step(reply text) -> (observation text, reward or None, done)`, one per
+    episode; the API also takes `environment_factory=`. null: no environment (tools alone make a run multi-turn)."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the policy may call: "file.py:function" or "module:function", plain Python functions returning text or a
+    number; the API also takes callables (`tools=[...]`). A call is `<tool>name(arguments)</tool>` in a reply
+    (docs/multi-turn.md); its result comes back as the next observation."""
+    max_turns: PositiveInt = 4
+    """Most policy turns per episode (multi-turn runs); each turn's reply is capped at max_new_tokens."""
+    max_tool_calls: NonNegativeInt = 4
+    """Most tool calls per episode; a turn asking for more ends the episode."""
+    max_episode_tokens: PositiveInt = 512
+    """Most tokens after the prompt per episode, the policy's and the observations' together: the episode ends when a
+    turn or an observation would pass it (the observation is then not appended)."""
+    tool_timeout: PositiveFloat = 10.0
+    """Seconds a tool call or an environment's reset/step may take; one that hangs longer stops the run with a line
+    naming it and the turn."""
+    turn_level_gae: bool = False
+    """GAE with one step per turn (the value at each turn's first token, gamma and lambda per turn; oat/GEM, AReaL)
+    instead of one per policy token (advantage_estimator gae). A single-turn reply is one step: A = its summed reward
+    minus the value at its first token."""
     # --- optimisers
     policy_lr: PositiveFloat = 2e-5
     """AdamW learning rate of the policy's LoRA adapter."""
@@ -307,6 +330,11 @@ class TrainConfig:
                 "tis_cap needs old_logprobs: recompute and generation_backend: hf (the rollout's own log-probs)")
         require(self.has_value_model or (self.critic_warmup_iterations == 0 and self.policy_start_ev is None),
                 "critic_warmup_iterations and policy_start_ev need a value model (advantage_estimator gae)")
+        require(not self.turn_level_gae or (self.has_value_model and self.lam_length_alpha is None),
+                "turn_level_gae is GAE with one lambda (advantage_estimator gae, lam_length_alpha null)")
+        require(not self.multi_turn or self.generation_backend == "hf",
+                "multi-turn episodes (environment, tools) need generation_backend: hf (the vLLM backend samples whole "
+                "replies in its own process: it cannot stop at a tool call and append the observation)")
         require(self.has_value_model or (self.critic_lam is None and self.lam_length_alpha is None),
                 "critic_lam and lam_length_alpha are GAE's lambdas (advantage_estimator gae)")
         require(not (self.kl_placement == "loss" and self.kl_kind == "k1"),
@@ -387,6 +415,11 @@ class TrainConfig:
     def trackers(self) -> list[str]:
         """report_to, less "tensorboard" when the older `tensorboard: false` says so."""
         return [name for name in self.report_to if self.tensorboard or name != "tensorboard"]
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes of several turns: an environment or tools are set (the API's objects count, see api.py)."""
+        return self.environment is not None or bool(self.tools)
 
     @property
     def has_value_model(self) -> bool:

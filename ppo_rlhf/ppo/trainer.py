@@ -44,7 +44,9 @@ from ppo_rlhf.models.loading import (
 )
 from ppo_rlhf.models.logprobs import first_reply_position
 from ppo_rlhf.models.precision import resolve_dtype
-from ppo_rlhf.models.rollout import Rollout
+from ppo_rlhf.models.rollout import Rollout, eos_token_ids, sample_replies
+from ppo_rlhf.multiturn.calls import tool_name
+from ppo_rlhf.multiturn.episodes import Episode, EpisodeLimits, run_episodes
 from ppo_rlhf.parallel.distributed import current, is_sharded
 from ppo_rlhf.ppo.advantages import make_advantages
 from ppo_rlhf.ppo.checkpoint import load_adapter, trained_weights
@@ -71,10 +73,12 @@ from ppo_rlhf.rewards import (
     ModelReward,
     RewardFunctionError,
     RewardScores,
+    import_function,
     is_reward_model_spec,
     model_spec_name,
     resolve_reward_funcs,
 )
+from ppo_rlhf.utils.paths import function_spec
 
 
 class PromptSampler:
@@ -110,10 +114,13 @@ class PromptSampler:
 # what update() reports (means over its optimiser steps; ratio_spread: the first minibatch's), besides skipped_steps
 UPDATE_STATS = ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac", "grad_norm_policy", "grad_norm_value",
                 "ptx_loss", "ratio_spread")
+# a multi-turn run's batch means: turns, tool calls and tool errors per episode, the share of the trajectory's tokens
+# after the prompt that are observations (masked)
+EPISODE_STATS = ("turns", "tool_calls", "tool_errors", "masked_share")
 # the order of an iteration's numbers in history.jsonl; "phase" is "critic-warmup" or "policy", "kl_used" names the
 # estimator and placement of "kl" (mean over replies of the summed per-token estimate at pi_old), e.g. "k1 in reward"
-HISTORY_ORDER = ("iteration", "phase", "score", "rm_raw", "kl", "kl_used", "len", "fin", "ent", "clipfrac",
-                 "approx_kl", "v_loss", "ev", "vclipfrac", "mismatch_kl", "ratio_spread", "pg_loss",
+HISTORY_ORDER = ("iteration", "phase", "score", "rm_raw", "kl", "kl_used", "len", "fin", *EPISODE_STATS, "ent",
+                 "clipfrac", "approx_kl", "v_loss", "ev", "vclipfrac", "mismatch_kl", "ratio_spread", "pg_loss",
                  "grad_norm_policy", "grad_norm_value", "ptx_loss", "lr", "beta", "skipped_steps", "time_gen",
                  "time_score", "time_update", "time_total", "gen_tokens_per_s")
 
@@ -190,8 +197,15 @@ class PPOTrainer:
     The public, documented entry point is `ppo_rlhf.PPOTrainer` (api.py)."""
 
     def __init__(self, cfg: TrainConfig, reward_funcs: list | None = None, prompt_rows: list[PromptRow] | None = None,
-                 policy: torch.nn.Module | None = None, tokenizer=None, monitor_judges: list | None = None):
+                 policy: torch.nn.Module | None = None, tokenizer=None, monitor_judges: list | None = None,
+                 tools: list | None = None, environment_factory=None):
         self.cfg = cfg
+        # multi-turn episodes: the tools by name and the environment factory (objects, or cfg's "file.py:name")
+        self.tools = {tool_name(t): t for t in (tools if tools is not None else map(self._imported, cfg.tools))}
+        self.environment_factory = environment_factory
+        if environment_factory is None and cfg.environment is not None:
+            self.environment_factory = self._imported(cfg.environment, "environment")
+        self.episodes: list[Episode] = []  # the last multi-turn batch's, for its numbers
         if cfg.threads:  # before the models load; 0 keeps torch's default
             torch.set_num_threads(cfg.threads)
         self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
@@ -261,7 +275,7 @@ class PPOTrainer:
         frozen = [f.model for f in funcs if isinstance(f, ModelReward) and f.scorer is not self.critic]
         critic_model = [self.critic.model] if self.critic else []
         check_prompt_lengths(self.prompt_rows, self.tokenizer, [self.policy, *critic_model, *frozen],
-                             cfg.max_new_tokens, cfg.max_prompt_tokens)
+                             cfg.max_episode_tokens if cfg.multi_turn else cfg.max_new_tokens, cfg.max_prompt_tokens)
         require(not (self.dist.fsdp and cfg.generation_backend != "hf"),
                 "FSDP shards the policy's layers: use generation_backend: hf (vLLM needs the whole policy per process)")
         for model in (self.policy, *critic_model, *frozen):  # FSDP: each process keeps a shard of every layer
@@ -293,6 +307,14 @@ class PPOTrainer:
     def rng_untouched(self):
         """A context after which torch's random numbers (CPU, and this process's GPU) are as before it."""
         return torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
+
+    @staticmethod
+    def _imported(spec: str, what: str = "tool"):
+        parts = function_spec(spec)
+        require(parts is not None, f"{what} {spec}: expected 'file.py:function' or 'module:function'")
+        found = import_function(spec, *parts, what=what)
+        require(callable(found), f"{what} {spec} is a {type(found).__name__}, not a callable")
+        return found
 
     def _critic_source(self, specs: list) -> str | None:
         """What the value model starts from (GAE only): value_model; else the run's one reward model when it is
@@ -396,7 +418,29 @@ class PPOTrainer:
         if self.synced_version != self.policy_version:  # the policy changed since the engine last copied it
             self.generator.sync(self.policy)
             self.synced_version = self.policy_version
+        if self.cfg.multi_turn:
+            return self.run_episodes(prompts)
         return self.generator.generate(prompts)
+
+    def run_episodes(self, prompts: list) -> Rollout:
+        """Multi-turn episodes (multiturn/episodes.py), each turn sampled from the policy itself, log-probs recorded;
+        the environment's reset sees each prompt's row (its other columns) when the prompts are `batch_prompts`."""
+        cfg = self.cfg
+        batch_prompts, columns = self.batch
+        if batch_prompts != prompts:
+            columns = [{} for _ in prompts]
+
+        def sample(trajectories: list[list[int]], cap: int):
+            return sample_replies(self.policy, self.tokenizer, trajectories, cap, cfg.temperature,
+                                  cfg.generation_batch_size or None, cfg.top_p, record_logprobs=True,
+                                  drop_finished=cfg.generation_drop_finished)
+
+        limits = EpisodeLimits(cfg.max_turns, cfg.max_tool_calls, cfg.max_new_tokens, cfg.max_episode_tokens,
+                               cfg.tool_timeout)
+        rollout, self.episodes = run_episodes(sample, self.tokenizer, prompts, columns,
+                                              eos_token_ids(self.policy, self.tokenizer), limits, self.tools,
+                                              self.environment_factory)
+        return rollout
 
     def raw_scores(self, rollout: Rollout) -> torch.Tensor:
         """The combined reward of each reply [B] (float32, CPU); each function's values are kept in `reward_scores`.
@@ -497,9 +541,13 @@ class PPOTrainer:
             scores = torch.where(rollout.finished.to(dev), scores, torch.full_like(scores, cfg.unfinished_score))
         reward_beta = self.beta if cfg.kl_placement == "reward" else 0.0  # kl_in: loss keeps the rewards KL-free
         rewards, kl = per_token_rewards(scores, old_logprobs, ref_logprobs, act, reward_beta, cfg.kl_kind)  # 3.
+        totals = scores  # the critic-free estimators' score of a reply: a multi-turn environment's rewards added
+        if rollout.env_rewards is not None:  # each turn's reward at its last policy token
+            env_rewards = rollout.env_rewards.to(dev)
+            rewards, totals = rewards + env_rewards * act, scores + (env_rewards * act).sum(1)
         if cfg.whiten_rewards:
             rewards = self.dist.masked_whiten(rewards, act, shift_mean=False)
-        advantages, raw_advantages, returns = self.advantages(rewards, old_values, scores, kl, act, reward_beta)  # 4.
+        advantages, raw_advantages, returns = self.advantages(rewards, old_values, totals, kl, act, reward_beta)  # 4.
         recorded = rollout.logprobs.to(dev) if rollout.logprobs is not None else None  # what generate sampled with
         return replace(experience, action_mask=act, old_logprobs=old_logprobs, entropy=entropy,
                        ref_logprobs=ref_logprobs, old_values=old_values, raw_scores=raw, scores=scores,
@@ -709,5 +757,18 @@ class PPOTrainer:
         sums = self.dist.sum_dict({"ent": float(masked_sum(experience.entropy, act)), "mismatch_kl": float(mismatch),
                                    "tokens": float(act.sum())})
         means |= {key: sums[key] / sums["tokens"] for key in ("ent", "mismatch_kl")}
+        if self.cfg.multi_turn:
+            means |= self.episode_means(experience)
+        # over the policy's tokens only (in a multi-turn run the observations are off the action mask)
         ev = explained_variance(experience.old_values, experience.returns, act) if self.critic else float("nan")
         return {**means, "ev": ev}
+
+    def episode_means(self, experience: Experience) -> dict[str, float]:
+        """EPISODE_STATS of the last multi-turn batch, means over every process's episodes."""
+        after_prompt = experience.reply_lengths.float()
+        masked = after_prompt - experience.action_mask.sum(1).cpu()
+        means = {"turns": float(np.mean([e.turns for e in self.episodes])),
+                 "tool_calls": float(np.mean([e.tool_calls for e in self.episodes])),
+                 "tool_errors": float(np.mean([e.tool_errors for e in self.episodes])),
+                 "masked_share": float(masked.sum() / after_prompt.sum())}
+        return {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}

@@ -1,0 +1,125 @@
+"""Multi-turn episodes on the tiny tokenizer with a scripted policy: the layout (policy tokens trainable, the
+observations masked), tool calls, environments, the caps, and user code that raises, hangs or returns a wrong type."""
+
+import time
+
+import pytest
+import torch
+
+from ppo_rlhf.errors import UsageError
+from ppo_rlhf.models.rollout import Replies
+from ppo_rlhf.multiturn.calls import first_tool_call
+from ppo_rlhf.multiturn.episodes import EpisodeLimits, run_episodes
+
+LIMITS = EpisodeLimits(max_turns=4, max_tool_calls=2, max_new_tokens=40, max_episode_tokens=400, timeout=2.0)
+
+
+def scripted(tokenizer, script: list[list[str]]):
+    """A policy that says script[row][turn] (with EOS), log-prob -0.5 for every token."""
+    eos = tokenizer.eos_token_id
+    calls = {"turn": 0}
+
+    def sample(trajectories, cap):
+        turn = calls["turn"]
+        calls["turn"] += 1
+        ids = [tokenizer.encode(script[row][turn], add_special_tokens=False) + [eos]
+               for row in range(len(script)) if turn < len(script[row])][: len(trajectories)]
+        ids = [row[:cap] for row in ids]
+        return Replies(ids, [True] * len(ids), [[-0.5] * len(r) for r in ids], [[1.0] * len(r) for r in ids])
+
+    return sample
+
+
+def add(a, b):
+    return a + b
+
+
+def test_plain_and_json_calls_parse():
+    call = first_tool_call('I think <tool>add(2, b=3)</tool> then more')
+    assert (call.name, call.args, call.kwargs) == ("add", (2,), {"b": 3})
+    assert first_tool_call("<tool>calc(12*7+3)</tool>").args == ("12*7+3",)
+    call = first_tool_call('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>')
+    assert (call.name, call.kwargs) == ("add", {"a": 1, "b": 2})
+    assert first_tool_call("no call here") is None
+
+
+def test_a_tool_turn_then_an_answer_is_one_sequence_with_the_result_masked(tokenizer):
+    sample = scripted(tokenizer, [["<tool>add(2, 3)</tool>", "5"]])
+    rollout, episodes = run_episodes(sample, tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS,
+                                              {"add": add}, None)
+    e, rewards = episodes[0], rollout.env_rewards
+    assert (e.turns, e.tool_calls, e.tool_errors, e.answer) == (2, 1, 0, "5")
+    text = tokenizer.decode(rollout.input_ids[0])
+    assert "<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n5<|im_end|>" in text  # the template's layout
+    start = len(rollout.prompt_ids[0]) - 1
+    mask = rollout.action_mask[0, start:].tolist()
+    first = len(tokenizer.encode("<tool>add(2, 3)</tool>", add_special_tokens=False))
+    observation = len(tokenizer.encode("\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n",
+                                       add_special_tokens=False)) + 1  # + the closing EOS the tool turn lacked
+    assert mask == [1.0] * first + [0.0] * observation + [1.0] * 2  # "5" and its EOS
+    assert torch.equal(rollout.logprobs[0] != 0, rollout.action_mask[0].bool())
+    assert bool(rollout.finished[0]) and rewards.abs().sum() == 0
+
+
+class Guess:
+    """Guess the number 3; reward 1 when right, -0.1 per wrong guess."""
+
+    def reset(self, prompt, **row):
+        return "Guess a number."
+
+    def step(self, text):
+        right = text.strip() == "3"
+        return ("right" if right else "higher"), (1.0 if right else -0.1), right
+
+
+def test_an_environment_gives_observations_and_per_turn_rewards(tokenizer):
+    sample = scripted(tokenizer, [["1", "3"], ["3"]])
+    rollout, episodes = run_episodes(sample, tokenizer, ["Hello", "Hi"], [{}, {}],
+                                              [tokenizer.eos_token_id], LIMITS, {}, Guess)
+    assert [e.turns for e in episodes] == [2, 1]
+    rewards = rollout.env_rewards
+    assert rollout.prompts[0][-1]["content"] == "Hello\n\nGuess a number."
+    ends = [(rollout.action_mask[0] * (rewards[0] != 0)).nonzero().flatten().tolist()]
+    assert rewards[0].sum().item() == pytest.approx(0.9) and rewards[1].sum().item() == pytest.approx(1.0)
+    # each reward sits on its turn's last policy token (the EOS)
+    assert all(rollout.input_ids[0, i + 1].item() == tokenizer.eos_token_id for i in ends[0])
+
+
+def test_caps_end_episodes(tokenizer):
+    sample = scripted(tokenizer, [["<tool>add(1, 1)</tool>"] * 4])
+    limits = EpisodeLimits(max_turns=4, max_tool_calls=1, max_new_tokens=40, max_episode_tokens=400, timeout=2.0)
+    _, episodes = run_episodes(sample, tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], limits,
+                                  {"add": add}, None)
+    assert (episodes[0].turns, episodes[0].tool_calls) == (2, 1)  # the second call is past the budget
+    sample = scripted(tokenizer, [["<tool>nope(1)</tool>", "<tool>add(1)</tool>", "done"]])
+    _, episodes = run_episodes(sample, tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS,
+                                  {"add": add}, None)
+    assert (episodes[0].turns, episodes[0].tool_errors) == (3, 2)  # an unknown tool, a missing argument
+
+
+def test_user_code_that_raises_hangs_or_returns_the_wrong_type_stops_in_one_line(tokenizer):
+    def broken(x):
+        raise RuntimeError("disk on fire")
+
+    def slow(x):
+        time.sleep(5)
+        return "late"
+
+    def wrong(x):
+        return {"a": 1}
+
+    for tool, message in ((broken, "tool f (turn 1) raised RuntimeError: disk on fire"),
+                          (slow, "tool f (turn 1) did not return within tool_timeout=0.2 s"),
+                          (wrong, "tool f (turn 1) returned a dict, not text or a number")):
+        limits = EpisodeLimits(4, 2, 40, 400, timeout=0.2)
+        with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            run_episodes(scripted(tokenizer, [["<tool>f(1)</tool>"]]), tokenizer, ["Hello"], [{}],
+                         [tokenizer.eos_token_id], limits, {"f": tool}, None)
+
+    class BadStep(Guess):
+        def step(self, text):
+            return "only text"
+
+    with pytest.raises(UsageError, match=r"environment step \(turn 1\) returned str"):
+        run_episodes(scripted(tokenizer, [["1"]]), tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS, {},
+                     BadStep)

@@ -1,0 +1,103 @@
+"""Multi-turn runs through the public API on tiny models: an environment whose rewards and observations reach the
+batch, the dashboard's episode numbers, GAE (token- and turn-level) and RLOO over whole trajectories, resume to an
+identical history (the environment's Python RNG included), and user code that fails stopping the run in one line
+with its checkpoint intact."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from ppo_rlhf import PPOConfig, PPOTrainer, UsageError
+
+import tiny
+
+PROMPTS = [{"prompt": p, "target": i % 3} for i, p in enumerate(["Tell me a story", "Hello! How are you?",
+                                                                  "Once upon a time", "The quick brown fox"])]
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory, tokenizer):
+    return str(tiny.save_tiny(tiny.tiny_causal_lm(tokenizer), tokenizer, tmp_path_factory.mktemp("mt") / "policy"))
+
+
+class Counter:
+    """Three turns at most; a reward of 0.1 per reply character that is a digit, and a random nudge from Python's
+    RNG (so a resumed run only matches when that RNG's state is restored)."""
+
+    def reset(self, prompt, target, **row):
+        self.target = target
+        return f"Say {target}."
+
+    def step(self, text):
+        digits = sum(c.isdigit() for c in text)
+        return f"You said {len(text)} characters.", 0.1 * digits + random.random() * 0.01, False
+
+
+def settings(policy, out: Path, **overrides) -> PPOConfig:
+    values = dict(policy_model=policy, out=str(out), iterations=3, batch_size=4, minibatch_size=2, epochs=1,
+                  max_new_tokens=5, max_turns=3, max_episode_tokens=200, reward_norm_samples=4, lora_rank=4,
+                  checkpoint_every=1, report_to=[], quiet=True, policy_lr=1e-3, value_lr=1e-3, dtype="float32")
+    return PPOConfig(**(values | overrides))
+
+
+def reply_length(completions, **columns):
+    return [float(len(c)) for c in completions]
+
+
+def history(trainer) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith(("time_", "gen_tokens"))} for row in trainer.history]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"turn_level_gae": True},
+                                       {"advantage_estimator": "rloo", "group_size": 2}])
+def test_an_environment_run_records_its_episodes(policy, tmp_path, overrides):
+    trainer = PPOTrainer(settings(policy, tmp_path / "run", **overrides), reward_funcs=[reply_length],
+                         train_dataset=PROMPTS, environment_factory=Counter)
+    trainer.train()
+    rows = trainer.history
+    assert len(rows) == 3 and all(row["turns"] == 3 for row in rows)  # the environment never says done
+    assert all(0 < row["masked_share"] < 1 and row["tool_calls"] == 0 for row in rows)
+    assert all(torch.isfinite(torch.tensor(row["pg_loss"])) for row in rows)
+    assert trainer.config.environment.endswith("Counter")
+
+
+def test_a_stopped_multi_turn_run_resumes_to_the_same_history(policy, tmp_path):
+    whole = PPOTrainer(settings(policy, tmp_path / "a", checkpoint_every=10), reward_funcs=[reply_length],
+                       train_dataset=PROMPTS, environment_factory=Counter)
+    whole.train()
+    first = PPOTrainer(settings(policy, tmp_path / "b", iterations=2, checkpoint_every=10),
+                       reward_funcs=[reply_length], train_dataset=PROMPTS, environment_factory=Counter)
+    first.train()
+    resumed = PPOTrainer(settings(policy, tmp_path / "b", checkpoint_every=10), reward_funcs=[reply_length],
+                         train_dataset=PROMPTS, environment_factory=Counter, resume=True)
+    resumed.train()
+    assert history(resumed) == history(whole)
+
+
+class Breaks(Counter):
+    calls = 0
+
+    def step(self, text):
+        Breaks.calls += 1
+        if Breaks.calls > 4 * 3 + 4 * 3:  # the reward normalisation's batch and the first iteration's pass
+            raise ValueError("broken board")
+        return super().step(text)
+
+
+def test_an_environment_that_raises_stops_the_run_in_one_line_with_its_checkpoint(policy, tmp_path):
+    trainer = PPOTrainer(settings(policy, tmp_path / "run"), reward_funcs=[reply_length], train_dataset=PROMPTS,
+                         environment_factory=Breaks)
+    with pytest.raises(UsageError, match=r"environment step \(turn 1\) raised ValueError: broken board"):
+        trainer.train()
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "iter_000001"
+
+
+def test_multi_turn_refusals(policy, tmp_path):
+    with pytest.raises(UsageError, match="generation_backend: hf"):
+        settings(policy, tmp_path / "x", generation_backend="vllm", tools=["m.py:f"])
+    with pytest.raises(UsageError, match="turn_level_gae is GAE"):
+        settings(policy, tmp_path / "x", turn_level_gae=True, advantage_estimator="grpo", group_size=2, tools=["m:f"])
