@@ -49,7 +49,11 @@ def test_length_arm_rewards_word_counts_signed_by_the_pairs():
     assert length_sign([longer, shorter, tie]) == 1  # one each way: a tie goes to longer
     assert length_sign([longer, shorter, shorter, tie, tie, tie]) == -1
     # every arm's critic starts from the proxy reward model; only the proxy arm's reward is it
-    assert arm_reward("proxy", "/rm", "gold", 1) == {"reward_model": "/rm", "reward_funcs": [], "value_model": None}
+    assert arm_reward("proxy", "/rm", "gold", 1) == {"reward_model": "/rm", "reward_funcs": [], "value_model": None,
+                                                     "monitor_judges": ["ppo_rlhf.study.arms:gold_reward"]}
+    # the monitor shows what the arm does not optimise: the proxy beside the gold's reward, both beside length's
+    assert arm_reward("gold", "/rm", "gold", 1)["monitor_judges"] == ["/rm"]
+    assert arm_reward("length", "/rm", "gold", 1)["monitor_judges"] == ["ppo_rlhf.study.arms:gold_reward", "/rm"]
     assert {arm_reward(arm, "/rm", "gold", 1)["value_model"] for arm in ("gold", "length")} == {"/rm"}
 
 

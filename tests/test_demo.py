@@ -84,6 +84,11 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
                  "timings.json", "stages.json"):
         assert (out / path).is_file(), path
     assert len((out / "runs/gold_nokl_s1/history.jsonl").read_text().splitlines()) == 5
+    # every arm's dashboard shows the judges it does not optimise beside its reward (the reward-hacking monitor)
+    for run, judges in (("proxy_nokl_s1", {"gold_reward"}), ("gold_nokl_s1", {"reward_model"}),
+                        ("length_nokl_s1", {"gold_reward", "reward_model"})):
+        row = json.loads((out / f"runs/{run}/history.jsonl").read_text().splitlines()[-1])
+        assert {key.removeprefix("monitor/") for key in row if key.startswith("monitor/")} == judges, run
     files = {name: set((out / f"prompts/{name}.jsonl").read_text().splitlines())
              for name in ("rm", "rm_heldout", "ppo")}
     assert all(files.values()) and sum(map(len, files.values())) == len(set.union(*files.values()))  # disjoint
@@ -117,9 +122,9 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     config = {run: read_yaml(out / "runs" / run / "config.yaml") for run in runs}
     assert {k for k in config["proxy_nokl_s1"] if config["proxy_nokl_s1"][k] != config["proxy_nokl_s2"][k]} == {
         "seed", "out"}
-    for run in runs[2:]:
+    for run in runs[2:]:  # (and the monitor's judges: those the arm does not optimise)
         assert {k for k in config[run] if config[run][k] != config["proxy_nokl_s1"][k]} == {
-            "reward_model", "reward_funcs", "value_model", "out"}
+            "reward_model", "reward_funcs", "value_model", "monitor_judges", "out"}
     # the critic starts from the reward model in every arm: by default in the proxy arm, named in the others
     reward_dir = str(out / "reward_model")
     assert config["proxy_nokl_s1"]["reward_model"] == config["gold_nokl_s1"]["value_model"] == reward_dir

@@ -104,10 +104,14 @@ def arm_reward(arm: str, reward_dir: str, gold: str, sign: int) -> dict[str, Any
     arm, so that the arms differ in their reward alone: the proxy arm's by default (value_model null: its one reward
     model, whose weights the critic then shares with the reward, adapter off; naming it would load a second copy),
     the other arms' by `value_model`."""
+    gold_spec = f"{__name__}:{gold}_reward" if gold in TEXT_JUDGES else gold.removeprefix("rm:")
+    # the reward-hacking monitor (ppo/monitor.py) scores each batch with the judges the arm does not optimise, so the
+    # dashboard shows the gold beside the proxy's reward (and the proxy beside the gold's) as the run goes
     if arm == "proxy":
-        return {"reward_model": reward_dir, "reward_funcs": [], "value_model": None}
+        return {"reward_model": reward_dir, "reward_funcs": [], "value_model": None, "monitor_judges": [gold_spec]}
     if arm == "gold":
-        spec = f"{__name__}:{gold}_reward" if gold in TEXT_JUDGES else gold.removeprefix("rm:")
-        return {"reward_model": None, "reward_funcs": [spec], "value_model": reward_dir}
+        return {"reward_model": None, "reward_funcs": [gold_spec], "value_model": reward_dir,
+                "monitor_judges": [reward_dir]}
     function = "more_words" if sign > 0 else "fewer_words"
-    return {"reward_model": None, "reward_funcs": [f"{__name__}:{function}"], "value_model": reward_dir}
+    return {"reward_model": None, "reward_funcs": [f"{__name__}:{function}"], "value_model": reward_dir,
+            "monitor_judges": [gold_spec, reward_dir]}
