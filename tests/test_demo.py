@@ -213,7 +213,7 @@ def test_the_length_options_reach_their_stages_keys_only_when_set():
     before_the_options = {"model": "smollm2", "seed": 1, "gold": "gold", "reply_cap": 64, "rm_share": 0.75,
                           "rm_heldout_share": 0.14, "pair_replies": 12, "min_margin": 0.1, "sample_batch": 100,
                           "dtype": DemoConfig.dtype}
-    old_sizes = {"reply_cap": 64, "pair_replies": 12}  # the demo's defaults when the options came (issue 43 changed them)
+    old_sizes = {"reply_cap": 64, "pair_replies": 12}  # the defaults when the options came
     assert stage_settings(DemoConfig(**old_sizes), "pairs") == before_the_options
     assert "rm_length_head" not in stage_settings(DemoConfig(), "reward model")
     balanced = DemoConfig(pair_length_balance="half", rm_length_head=True, **old_sizes)
