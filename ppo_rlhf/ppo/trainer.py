@@ -275,7 +275,7 @@ class PPOTrainer:
         frozen = [f.model for f in funcs if isinstance(f, ModelReward) and f.scorer is not self.critic]
         critic_model = [self.critic.model] if self.critic else []
         check_prompt_lengths(self.prompt_rows, self.tokenizer, [self.policy, *critic_model, *frozen],
-                             cfg.max_episode_tokens if cfg.multi_turn else cfg.max_new_tokens, cfg.max_prompt_tokens)
+                             self.trajectory_cap, cfg.max_prompt_tokens)
         require(not (self.dist.fsdp and cfg.generation_backend != "hf"),
                 "FSDP shards the policy's layers: use generation_backend: hf (vLLM needs the whole policy per process)")
         for model in (self.policy, *critic_model, *frozen):  # FSDP: each process keeps a shard of every layer
@@ -301,8 +301,13 @@ class PPOTrainer:
             except UsageError as error:
                 raise UsageError(f"monitor_judges: {error}") from None
         models = [judge.model for judge in judges if isinstance(judge, ModelReward)]
-        check_prompt_lengths(self.prompt_rows, self.tokenizer, models, self.cfg.max_new_tokens)
+        check_prompt_lengths(self.prompt_rows, self.tokenizer, models, self.trajectory_cap)
         return CombinedReward(judges)
+
+    @property
+    def trajectory_cap(self) -> int:
+        """Tokens after the prompt that a scored sequence may reach: the reply cap, or a multi-turn episode's."""
+        return self.cfg.max_episode_tokens if self.cfg.multi_turn else self.cfg.max_new_tokens
 
     def rng_untouched(self):
         """A context after which torch's random numbers (CPU, and this process's GPU) are as before it."""
@@ -426,9 +431,6 @@ class PPOTrainer:
         """Multi-turn episodes (multiturn/episodes.py), each turn sampled from the policy itself, log-probs recorded;
         the environment's reset sees each prompt's row (its other columns) when the prompts are `batch_prompts`."""
         cfg = self.cfg
-        batch_prompts, columns = self.batch
-        if batch_prompts != prompts:
-            columns = [{} for _ in prompts]
 
         def sample(trajectories: list[list[int]], cap: int):
             return sample_replies(self.policy, self.tokenizer, trajectories, cap, cfg.temperature,
@@ -437,7 +439,7 @@ class PPOTrainer:
 
         limits = EpisodeLimits(cfg.max_turns, cfg.max_tool_calls, cfg.max_new_tokens, cfg.max_episode_tokens,
                                cfg.tool_timeout)
-        rollout, self.episodes = run_episodes(sample, self.tokenizer, prompts, columns,
+        rollout, self.episodes = run_episodes(sample, self.tokenizer, prompts, self.columns_of(prompts),
                                               eos_token_ids(self.policy, self.tokenizer), limits, self.tools,
                                               self.environment_factory)
         return rollout
