@@ -214,14 +214,19 @@ def overoptimisation_figure(summary: list[dict]) -> Figure:
             for s, x, y in zip(points[1:], kls[1:], means[1:]):
                 axis.annotate(f"it {s['iteration']}", (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
         axis.annotate("start model", (start["kl"], 0.0), textcoords="offset points", xytext=(5, -12), fontsize=8)
-        axis.axhline(0.0, color="grey", linewidth=0.8)
-        axis.set_xlabel("KL to the start model (nats per reply)")
-        axis.set_ylabel("score change (start-model sd)")
-        axis.set_title(JUDGE_TITLES[judge], fontsize=10)
-        axis.grid(alpha=0.3)
-        axis.legend(title="run (bars: 95% interval)", fontsize=9, title_fontsize=9)
+        dress_change_axis(axis, judge, "KL to the start model (nats per reply)", "run (bars: 95% interval)")
     axes[1].yaxis.set_tick_params(labelleft=True)  # shared, but each panel keeps its numbers
     return figure
+
+
+def dress_change_axis(axis, judge: str, xlabel: str, legend_title: str) -> None:
+    """A score-change-against-KL panel's zero line, labels, title, grid and legend (both KL figures)."""
+    axis.axhline(0.0, color="grey", linewidth=0.8)
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel("score change (start-model sd)")
+    axis.set_title(JUDGE_TITLES[judge], fontsize=10)
+    axis.grid(alpha=0.3)
+    axis.legend(title=legend_title, fontsize=9, title_fontsize=9)
 
 
 ARM_COLOURS = {"proxy": "tab:blue", "gold": "tab:orange", "length": "tab:green"}
@@ -249,12 +254,8 @@ def arms_figure(curves: list[dict], start_kl: float) -> Figure:
             axis.plot(kls, [c["mean"] for c in changes], marker="o", label=label, **style)
             axis.fill_between(kls, [c["lo"] for c in changes], [c["hi"] for c in changes], alpha=0.15,
                               color=ARM_COLOURS[arm])
-        axis.axhline(0.0, color="grey", linewidth=0.8)
-        axis.set_xlabel("KL to the start model (nats per reply, held-out replies)")
-        axis.set_ylabel("score change (start-model sd)")
-        axis.set_title(JUDGE_TITLES[judge], fontsize=10)
-        axis.grid(alpha=0.3)
-        axis.legend(title="arm (bands: 95% over prompts and seeds)", fontsize=9, title_fontsize=9)
+        dress_change_axis(axis, judge, "KL to the start model (nats per reply, held-out replies)",
+                          "arm (bands: 95% over prompts and seeds)")
     axes[1].yaxis.set_tick_params(labelleft=True)
     return figure
 
