@@ -77,7 +77,7 @@ def main() -> None:
     import ppo_rlhf.models.logprobs as logprobs_module
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
     path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="ab_"))
@@ -86,7 +86,7 @@ def main() -> None:
                                          out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
                                          max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True,
                                          device="cpu", dtype=args.dtype, init_score_head=True))  # speed only
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     originals = {"first": logprobs_module.first_reply_position, "frozen": logprobs_module._frozen_plain_head}
     trainer.iteration(0)  # warm-up

@@ -171,7 +171,7 @@ def main() -> None:
 
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
     path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="limit_"))
@@ -180,7 +180,7 @@ def main() -> None:
                                          out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
                                          epochs=args.epochs, max_new_tokens=args.max_new_tokens, tensorboard=False,
                                          quiet=True, device="cpu", dtype=args.dtype, init_score_head=True))
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     sizes = model_sizes(trainer)
     n_body, n_head, n_vbody = sizes["n_body"], sizes["n_head"], sizes["n_vbody"]
     weight_bytes = dtype.itemsize * (n_body + n_head)  # what each decoding step reads

@@ -137,16 +137,16 @@ def ours_settings(args, work: Path) -> dict:
 
 
 def ours_trainer(args):
-    """Our PPOTrainer at the configuration held equal with TRL's (bench/README.md)."""
+    """Our PPOLoop at the configuration held equal with TRL's (bench/README.md)."""
     sys.path.insert(0, str(ROOT))
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
     work = Path(tempfile.mkdtemp(prefix="peer_ours_"))
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     cfg = build_config(TrainConfig, ours_settings(args, work))
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # TRL has no score normalisation; skip measuring it
     return trainer
 

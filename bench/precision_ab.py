@@ -41,7 +41,7 @@ def run_side(args: argparse.Namespace) -> dict:
 
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
     path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="precision_ab_"))
@@ -51,7 +51,7 @@ def run_side(args: argparse.Namespace) -> dict:
         batch_size=args.batch, minibatch_size=args.minibatch, max_new_tokens=args.max_new_tokens,
         tensorboard=False, quiet=True, seed=args.seed, device="cpu", dtype=args.side, init_score_head=True))
     started = time.perf_counter()
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     load_s = time.perf_counter() - started
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # both sides alike; the normalisation pass is not timed here
     rows = [trainer.iteration(index)[0] for index in range(1 + args.iterations)][1:]

@@ -102,7 +102,8 @@ class PPOTrainer:
                  resume: bool = False, monitor_judges: Any = None, tools: list | None = None,
                  environment_factory: Any = None):
         from ppo_rlhf.data import load_prompt_rows
-        from ppo_rlhf.ppo.train import check_run_dir
+        from ppo_rlhf.ppo.run import check_run_dir
+        from ppo_rlhf.utils.lock import require_free
 
         require(isinstance(config, TrainConfig), f"config must be a PPOConfig, got {type(config).__name__}")
         specs, judges = _as_list(reward_funcs), _as_list(monitor_judges)
@@ -133,6 +134,7 @@ class PPOTrainer:
         dataclasses.replace(cfg, **named).check_files()  # the files named (objects are checked as they are used)
         # resume=True where there is nothing to resume is a new run (config.yaml is the first file a run writes)
         self.resuming = cfg.resume and (Path(cfg.out) / "config.yaml").is_file()
+        require_free(cfg.out)  # a run in progress is refused before the models load (train() takes the lock)
         if not self.resuming:
             check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
         rows = load_prompt_rows(train_dataset if train_dataset is not None else cfg.prompts, cfg.prompt_column)
@@ -143,11 +145,11 @@ class PPOTrainer:
                     "processing_class= (the model does not name a folder to load it from)")
             processing_class = load_tokenizer(loaded_policy.name_or_path, cfg.trust_remote_code)
 
-        from ppo_rlhf.ppo.trainer import PPOTrainer as Loop  # lazy: torch, transformers and peft
+        from ppo_rlhf.ppo.trainer import PPOLoop  # lazy: torch, transformers and peft
 
         self.config = cfg
         self.callbacks = list(callbacks or [])
-        self.loop = Loop(cfg, reward_funcs=specs, prompt_rows=rows, policy=loaded_policy, tokenizer=processing_class,
+        self.loop = PPOLoop(cfg, reward_funcs=specs, prompt_rows=rows, policy=loaded_policy, tokenizer=processing_class,
                          monitor_judges=judges, tools=tools, environment_factory=environment_factory)
 
     # ------------------------------------------------------------------------------------------ what it holds
@@ -182,7 +184,7 @@ class PPOTrainer:
     def train(self) -> Path:
         """Run PPO for `config.iterations` iterations (or the rest of them, resuming); then, when
         `config.push_to_hub` names a repository, upload the policy. Returns the run directory."""
-        from ppo_rlhf.ppo.train import run_training
+        from ppo_rlhf.ppo.run import run_training
 
         run_dir = run_training(self.loop, self.resuming, self.callbacks, self)
         self.resuming = True  # a second train() continues (its iterations are done: it returns at once)
@@ -196,7 +198,7 @@ class PPOTrainer:
         (`merge=True`); the tokenizer and a model card (README.md: base model, data, rewards, settings, the last
         dashboard numbers) either way. Returns the folder."""
         from ppo_rlhf.export import run_card, save_policy
-        from ppo_rlhf.ppo.train import saved_config
+        from ppo_rlhf.ppo.run import saved_config
 
         history = self.history
         card = run_card(dataclasses.asdict(saved_config(self.config)), history[-1] if history else None, merge)

@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prompts": ("ppo_rlhf.study.prompts", "build train and held-out prompt files"),
     "pairs": ("ppo_rlhf.study.pairs", "sample reply pairs and label them with a gold judge"),
     "reward-model": ("ppo_rlhf.study.reward_model", "train a Bradley-Terry reward model"),
-    "train": ("ppo_rlhf.ppo.train", "run PPO"),
+    "train": ("ppo_rlhf.train", "run PPO"),
     "task": ("ppo_rlhf.tasks.arithmetic",
              "verifiable arithmetic problems (train and held-out JSONL) with an exact checker"),
     "check": ("ppo_rlhf.ppo.check", "the invariants of a correct PPO, measured on a config's models before training"),

@@ -265,7 +265,7 @@ def test_cli_and_api_give_the_same_history(models, tmp_path):
 def test_list_fields_from_yaml_flags_and_python(models, tmp_path, capsys):
     from ppo_rlhf.cli import OneLineParser
     from ppo_rlhf.config import build_config, to_yaml
-    from ppo_rlhf.ppo.train import add_arguments
+    from ppo_rlhf.train import add_arguments
 
     parser = OneLineParser()
     add_arguments(parser)

@@ -69,9 +69,9 @@ def test_reference_fails_when_the_adapter_stays_on(setup, monkeypatch):
 
 
 def test_masks_fail_when_eos_is_dropped(setup, monkeypatch):
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
-    correct = PPOTrainer.rollout
+    correct = PPOLoop.rollout
 
     def drops_eos(self, prompts):  # the bug: a mask built from token != pad, which for pad == eos drops the EOS
         rollout = correct(self, prompts)
@@ -80,7 +80,7 @@ def test_masks_fail_when_eos_is_dropped(setup, monkeypatch):
                 rollout.action_mask[row, len(rollout.prompt_ids[row]) + len(rollout.reply_ids[row]) - 2] = 0
         return rollout
 
-    monkeypatch.setattr(PPOTrainer, "rollout", drops_eos)
+    monkeypatch.setattr(PPOLoop, "rollout", drops_eos)
     assert statuses(setup)["masks"] == "FAIL"
 
 

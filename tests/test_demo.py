@@ -12,7 +12,7 @@ import ppo_rlhf.study.prompts as prompts_module
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import read_yaml
 from ppo_rlhf.errors import Interrupted
-from ppo_rlhf.ppo.trainer import PPOTrainer
+from ppo_rlhf.ppo.trainer import PPOLoop
 from ppo_rlhf.study.arms import length_sign
 from ppo_rlhf.study.demo import DemoConfig, Stages, stage_settings
 from ppo_rlhf.study.judges import make_judge
@@ -41,18 +41,18 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     args = demo_args()
 
     # killed in the second iteration of the gold arm's run (after its checkpoint at iteration 1)
-    original = PPOTrainer.iteration
+    original = PPOLoop.iteration
 
     def killed_in_gold(self, index):
         if self.cfg.out.endswith("gold_nokl_s1") and index == 1:
             raise KeyboardInterrupt
         return original(self, index)
 
-    monkeypatch.setattr(PPOTrainer, "iteration", killed_in_gold)
+    monkeypatch.setattr(PPOLoop, "iteration", killed_in_gold)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert main(args) == 130
-    monkeypatch.setattr(PPOTrainer, "iteration", original)
+    monkeypatch.setattr(PPOLoop, "iteration", original)
     captured = capsys.readouterr()
     printed = captured.out + captured.err
     # each stage's result is one line in words: no dict reprs, no per-model load bars, no library FutureWarnings

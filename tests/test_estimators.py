@@ -13,9 +13,9 @@ from ppo_rlhf.errors import UsageError
 from ppo_rlhf.ppo.checkpoint import latest_checkpoint
 from ppo_rlhf.ppo.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, sequence_rewards
 from ppo_rlhf.ppo.schedules import lr_lambda
-from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.ppo.trainer import PPOTrainer
+from ppo_rlhf.ppo.trainer import PPOLoop
+from ppo_rlhf.train import train
 
 import tiny
 
@@ -108,7 +108,7 @@ def test_validation(setup, tmp_path, flags, message):
 
 
 def test_group_sampling_repeats_each_prompt(setup, tmp_path):
-    trainer = PPOTrainer(config(setup, tmp_path / "run", advantage_estimator="rloo", group_size=2, batch_size=4))
+    trainer = PPOLoop(config(setup, tmp_path / "run", advantage_estimator="rloo", group_size=2, batch_size=4))
     prompts = trainer.next_prompts()
     assert len(prompts) == 4 and prompts[0] == prompts[1] and prompts[2] == prompts[3] and prompts[0] != prompts[2]
     assert trainer.value_model is None and set(trainer.models) == {"policy"}
@@ -117,7 +117,7 @@ def test_group_sampling_repeats_each_prompt(setup, tmp_path):
 @pytest.mark.parametrize("estimator", ["rloo", "grpo"])
 def test_critic_free_run_and_resume(setup, tmp_path, estimator):
     cfg = config(setup, tmp_path / "run", advantage_estimator=estimator, group_size=2, epochs=2)
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     rollout = trainer.rollout(trainer.next_prompts())
     batch = trainer.score(rollout)
     act = batch.action_mask
@@ -146,7 +146,7 @@ def test_critic_free_run_and_resume(setup, tmp_path, estimator):
 def test_ptx_and_schedule_resume(setup, tmp_path):
     cfg = config(setup, tmp_path / "run", ptx_coef=0.5, ptx_data=setup["ptx"], ptx_batch_size=2,
                  lr_schedule="cosine", warmup_iterations=1, iterations=2)
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     assert set(trainer.schedulers) == {"policy", "value"}
     # warm-up: 1 iteration = epochs * batch/minibatch = 2 steps -> first lr is half the peak
     assert trainer.policy_optimizer.param_groups[0]["lr"] == pytest.approx(cfg.policy_lr / 2)
@@ -167,7 +167,7 @@ def test_ptx_gradient_is_the_lm_loss(setup, tmp_path):
     from ppo_rlhf.ppo.ptx import ptx_nll
 
     cfg = config(setup, tmp_path / "run", ptx_coef=2.0, ptx_data=setup["ptx"], ptx_batch_size=3)
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     state = trainer.ptx.state()
     trainer.policy.zero_grad()
     trainer.ptx_step()
@@ -199,7 +199,7 @@ def test_grpo_kl_is_a_loss_term_not_a_reward(setup, tmp_path):
 
     cfg = config(setup, tmp_path / "run", advantage_estimator="grpo", group_size=2, beta=0.3)
     assert (cfg.kl_placement, cfg.kl_kind) == ("loss", "k3")  # GRPO's defaults: one mechanism, one case of it
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     with torch.no_grad():  # move the policy away from the reference, so the KL term is not zero
         for p in trainer.policy.parameters():
             if p.requires_grad:

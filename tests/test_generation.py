@@ -18,7 +18,7 @@ from ppo_rlhf.models.generation import HFGenerator, VLLMGenerator, merged_state_
 from ppo_rlhf.models.loading import LoraSettings, add_policy_lora
 from ppo_rlhf.models.logprobs import token_logprobs
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.ppo.trainer import PPOTrainer
+from ppo_rlhf.ppo.trainer import PPOLoop
 
 import tiny
 
@@ -91,7 +91,7 @@ def test_trainer_recomputes_logprobs_from_vllm_tokens(tmp_path, tokenizer, monke
     cfg = build_config(TrainConfig, dict(policy_model=str(policy), reward_model=str(reward), prompts=str(prompts),
                                          out=str(root / "run"), batch_size=2, minibatch_size=2, max_new_tokens=4,
                                          reward_norm_samples=2, lora_rank=4, quiet=True, tensorboard=False))
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     engine = FakeEngine([[5, 6, tokenizer.eos_token_id], [8, 9, 10, 11]])
     trainer.generator = VLLMGenerator(engine, trainer.tokenizer, [tokenizer.eos_token_id], 4, cfg.temperature)
     rollout = trainer.rollout(["Hi", "Tell me a story"])

@@ -11,9 +11,9 @@ import torch
 from ppo_rlhf.config import build_config
 from ppo_rlhf.models import precision
 from ppo_rlhf.models.precision import describe_dtype, resolve_dtype
-from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.report import write_report
+from ppo_rlhf.train import train
 
 import tiny
 

@@ -18,7 +18,7 @@ from ppo_rlhf.models.rollout import Rollout, build_batch
 from ppo_rlhf.models.scores import reward_scores, sequence_values
 from ppo_rlhf.ppo.roles import RewardModel
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.ppo.trainer import PPOTrainer, trainable_parameters
+from ppo_rlhf.ppo.trainer import PPOLoop, trainable_parameters
 
 import tiny
 
@@ -108,7 +108,7 @@ def one_step(setup, padding_free: bool, **overrides) -> tuple[dict, dict[str, fl
         out=str(setup["root"] / f"run_{padding_free}"), batch_size=4, minibatch_size=4, micro_batch_size=2,
         max_new_tokens=CAP, lora_rank=4, tensorboard=False, quiet=True, dtype="float32", max_grad_norm=1e9,
         beta=0.1, padding_free=padding_free, **overrides))
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     trainer.reward_mean, trainer.reward_std = 0.2, 1.5
     torch.manual_seed(5)
     with torch.no_grad():  # non-zero adapters (LoRA's B starts at 0), the same in both runs

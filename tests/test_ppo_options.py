@@ -15,9 +15,9 @@ from ppo_rlhf.parallel.distributed import current
 from ppo_rlhf.ppo.advantages import GAEAdvantages
 from ppo_rlhf.ppo.objectives import clipped_policy_loss, gae, kl_estimate, length_adaptive_lam
 from ppo_rlhf.ppo.toy import clip_variants
-from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.ppo.trainer import PPOTrainer, trainable_parameters
+from ppo_rlhf.ppo.trainer import PPOLoop, trainable_parameters
+from ppo_rlhf.train import train
 
 import tiny
 
@@ -174,7 +174,7 @@ def moved(before: list[torch.Tensor], model) -> bool:
 
 
 def test_critic_warmup_moves_the_critic_not_the_policy(setup, tmp_path):
-    trainer = PPOTrainer(config(setup, tmp_path / "run", critic_warmup_iterations=1))
+    trainer = PPOLoop(config(setup, tmp_path / "run", critic_warmup_iterations=1))
     policy, value = weights(trainer.policy), weights(trainer.value_model)
     stats, _ = trainer.iteration(0)
     assert stats["phase"] == "critic-warmup" and math.isnan(stats["pg_loss"]) and math.isfinite(stats["v_loss"])
@@ -185,7 +185,7 @@ def test_critic_warmup_moves_the_critic_not_the_policy(setup, tmp_path):
 
 
 def test_policy_start_ev_gates_the_policy(setup, tmp_path):
-    trainer = PPOTrainer(config(setup, tmp_path / "run", policy_start_ev=1.0))  # an EV of 1 is never reached here
+    trainer = PPOLoop(config(setup, tmp_path / "run", policy_start_ev=1.0))  # an EV of 1 is never reached here
     policy = weights(trainer.policy)
     assert [trainer.iteration(i)[0]["phase"] for i in range(2)] == ["critic-warmup"] * 2
     assert not moved(policy, trainer.policy) and not trainer.policy_started
@@ -206,7 +206,7 @@ def test_where_the_kl_goes(setup, tmp_path, kl_in, estimator):
     from ppo_rlhf.ppo.objectives import normalise_loss
 
     cfg = config(setup, tmp_path / "run", kl_in=kl_in, kl_estimator=estimator, beta=0.5)
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     with torch.no_grad():  # move the policy away from the reference, so the KL is not zero
         for p in trainable_parameters(trainer.policy):
             p.add_(0.05 * torch.randn_like(p))
@@ -251,7 +251,7 @@ def test_k1_in_the_loss_is_refused(setup, tmp_path):
 def test_policy_lr_schedule_reaches_zero_after_a_critic_warmup(setup, tmp_path):
     """Issue 29: the policy takes no step in the critic warm-up, so its schedule is sized over its own steps (2
     iterations x 2 steps here): linear reaches 0 at the last iteration; the value model's runs over all 3."""
-    trainer = PPOTrainer(config(setup, tmp_path / "run", iterations=3, critic_warmup_iterations=1,
+    trainer = PPOLoop(config(setup, tmp_path / "run", iterations=3, critic_warmup_iterations=1,
                                 lr_schedule="linear"))
     lrs = [trainer.iteration(i)[0]["lr"] for i in range(3)]  # the policy's LR after each iteration
     assert lrs == [pytest.approx(1e-2), pytest.approx(0.5e-2), 0.0]
@@ -268,7 +268,7 @@ def test_a_causal_lm_as_reward_model_is_refused_unless_asked_for(setup, tmp_path
 
     with pytest.raises(UsageError, match=r"^reward_model: .*causal LM \(LlamaForCausalLM\) without a trained score "
                                          r"head.*init_score_head: true"):
-        PPOTrainer(config(setup, tmp_path / "run", reward_model=setup["policy"]))
-    trainer = PPOTrainer(config(setup, tmp_path / "run", reward_model=setup["policy"], advantage_estimator="rloo",
+        PPOLoop(config(setup, tmp_path / "run", reward_model=setup["policy"]))
+    trainer = PPOLoop(config(setup, tmp_path / "run", reward_model=setup["policy"], advantage_estimator="rloo",
                                 group_size=2, init_score_head=True))
     assert trainer.reward_model.model.score.out_features == 1

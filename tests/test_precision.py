@@ -16,7 +16,7 @@ from ppo_rlhf.models.loading import LoraSettings, load_policy, load_value_model
 from ppo_rlhf.models.precision import resolve_dtype, weight_dtypes
 from ppo_rlhf.ppo.objectives import clipped_policy_loss, kl_k3, masked_mean, truncated_importance_weights
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.ppo.trainer import PPOTrainer
+from ppo_rlhf.ppo.trainer import PPOLoop
 
 import tiny
 
@@ -114,7 +114,7 @@ def test_lora_products_run_in_bf16_from_fp32_factors(setup):
 
 
 def test_bf16_ppo_iteration(setup, tmp_path):
-    trainer = PPOTrainer(config(setup, tmp_path / "run", dtype="bfloat16"))
+    trainer = PPOLoop(config(setup, tmp_path / "run", dtype="bfloat16"))
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     stats, batch = trainer.iteration(1)
     assert stats["skipped_steps"] == 0
@@ -136,7 +136,7 @@ def test_bf16_ppo_iteration(setup, tmp_path):
 def test_recorded_logprobs_are_compared_with_the_forward_and_tis_corrects(setup, tmp_path):
     """A constructed mismatch: the rollout's recorded log-probs shifted by known amounts per token."""
     cap = 1.5
-    trainer = PPOTrainer(config(setup, tmp_path / "run", dtype="float32", tis_cap=cap))
+    trainer = PPOLoop(config(setup, tmp_path / "run", dtype="float32", tis_cap=cap))
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     torch.manual_seed(0)
     rollout = trainer.rollout(PROMPTS)
@@ -154,7 +154,7 @@ def test_recorded_logprobs_are_compared_with_the_forward_and_tis_corrects(setup,
     mismatch_kl = trainer.batch_stats(batch)["mismatch_kl"]
     assert mismatch_kl == pytest.approx(float(expected_kl)) and mismatch_kl > 0.05
     # off by default: the same rollout gives weights 1 and the same measured mismatch
-    plain = PPOTrainer(config(setup, tmp_path / "plain", dtype="float32"))
+    plain = PPOLoop(config(setup, tmp_path / "plain", dtype="float32"))
     plain.reward_mean, plain.reward_std = 0.0, 1.0
     unweighted = plain.score(rollout)
     assert torch.equal(unweighted.tis_weights, torch.ones_like(act))

@@ -37,9 +37,9 @@ from hypothesis import strategies as st
 
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import Bounds, Checked, FieldType, build_config, field_types
-from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.ppo.trainer import PPOTrainer
+from ppo_rlhf.ppo.trainer import PPOLoop
+from ppo_rlhf.train import train
 
 import tiny
 
@@ -545,7 +545,7 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 def nan_scores(monkeypatch):
     """Make the reward model return NaN during the iterations in the returned set (not while measuring the norm)."""
     poisoned: set[int] = set()
-    raw, iteration = PPOTrainer.raw_scores, PPOTrainer.iteration
+    raw, iteration = PPOLoop.raw_scores, PPOLoop.iteration
 
     def scores(self, rollout):
         result = raw(self, rollout)
@@ -558,8 +558,8 @@ def nan_scores(monkeypatch):
         finally:
             self._poisoned = False
 
-    monkeypatch.setattr(PPOTrainer, "raw_scores", scores)
-    monkeypatch.setattr(PPOTrainer, "iteration", one_iteration)
+    monkeypatch.setattr(PPOLoop, "raw_scores", scores)
+    monkeypatch.setattr(PPOLoop, "iteration", one_iteration)
     return poisoned
 
 
@@ -593,7 +593,7 @@ def test_always_nan_stops_with_the_last_good_checkpoint(env, tmp_path, nan_score
         pointer = (out / "checkpoints" / "latest").read_text().strip()
         assert latest is not None and latest.name == pointer == "iter_000002"
         assert same(adapters(out / "checkpoints" / "iter_000001"), adapters(latest))
-        trainer = PPOTrainer(build_config(TrainConfig, small(env, out)))
+        trainer = PPOLoop(build_config(TrainConfig, small(env, out)))
         iteration, state, history = load_checkpoint(latest, ("policy", "value"))
         trainer.load_state_dict(state)
         assert iteration == 2 and len(history) == 2
@@ -601,7 +601,7 @@ def test_always_nan_stops_with_the_last_good_checkpoint(env, tmp_path, nan_score
 
 def test_inf_gradient_and_nan_loss_never_reach_the_weights(env, tmp_path, monkeypatch):
     cfg = build_config(TrainConfig, small(env, tmp_path / "run", epochs=2, max_skipped_steps=100))
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     params = {f"policy.{n}": p for n, p in trainer.policy.named_parameters() if p.requires_grad}
     params |= {f"value.{n}": p for n, p in trainer.value_model.named_parameters() if p.requires_grad}
 

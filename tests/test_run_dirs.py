@@ -14,7 +14,7 @@ import pytest
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import read_yaml
 from ppo_rlhf.ppo.checkpoint import clean_partial_writes, prune_checkpoints
-from ppo_rlhf.ppo.trainer import PPOTrainer
+from ppo_rlhf.ppo.trainer import PPOLoop
 from ppo_rlhf.utils.files import atomic_directory, disk_full
 from ppo_rlhf.utils.lock import lock_file
 
@@ -68,16 +68,16 @@ def test_saved_paths_are_absolute_and_the_run_works_from_elsewhere(workdir, tmp_
 
 
 def test_resume_without_a_checkpoint_says_it_starts_over(workdir, monkeypatch, capsys):
-    original = PPOTrainer.iteration
+    original = PPOLoop.iteration
 
     def dies_at_0(self, index):  # killed during the first iteration: config.yaml written, no checkpoint yet
         if index == 0:
             raise KeyboardInterrupt
         return original(self, index)
 
-    monkeypatch.setattr(PPOTrainer, "iteration", dies_at_0)
+    monkeypatch.setattr(PPOLoop, "iteration", dies_at_0)
     assert main(relative_run("runs/k") + ["--tensorboard"]) == 130
-    monkeypatch.setattr(PPOTrainer, "iteration", original)
+    monkeypatch.setattr(PPOLoop, "iteration", original)
     run_dir = workdir / "runs" / "k"
     assert (run_dir / "config.yaml").is_file() and not (run_dir / "checkpoints" / "latest").exists()
     assert capsys.readouterr().err.splitlines()[-1] == (
@@ -142,7 +142,7 @@ def test_ctrl_c_mid_iteration_checkpoints_the_last_finished_one(workdir, monkeyp
     uninterrupted one."""
     flags = ["--iterations", "4", "--checkpoint-every", "10"]
     assert main(relative_run("runs/whole") + flags) == 0
-    original, updates = PPOTrainer.update, []
+    original, updates = PPOLoop.update, []
 
     def interrupted_in_the_third_update(self, experience, train_policy=True):
         result = original(self, experience, train_policy)
@@ -151,9 +151,9 @@ def test_ctrl_c_mid_iteration_checkpoints_the_last_finished_one(workdir, monkeyp
             raise KeyboardInterrupt
         return result
 
-    monkeypatch.setattr(PPOTrainer, "update", interrupted_in_the_third_update)
+    monkeypatch.setattr(PPOLoop, "update", interrupted_in_the_third_update)
     assert main(relative_run("runs/c") + flags) == 130
-    monkeypatch.setattr(PPOTrainer, "update", original)
+    monkeypatch.setattr(PPOLoop, "update", original)
     assert capsys.readouterr().err.splitlines()[-1] == (
         "ppo-rlhf train: interrupted; the latest checkpoint is iter_000002; continue with: ppo-rlhf train --resume "
         "runs/c")

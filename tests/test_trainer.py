@@ -12,9 +12,9 @@ import torch
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
 from ppo_rlhf.models.logprobs import token_logprobs
-from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.ppo.trainer import PPOTrainer, PromptSampler
+from ppo_rlhf.ppo.trainer import PPOLoop, PromptSampler
+from ppo_rlhf.train import train
 
 import tiny
 
@@ -46,7 +46,7 @@ def config(setup, out: Path, **overrides) -> TrainConfig:
 @pytest.mark.parametrize("old_logprobs", ["recompute", "generation"])
 def test_first_iteration_ratio_is_one_and_kl_zero(setup, tmp_path, old_logprobs):
     cfg = config(setup, tmp_path / "run", old_logprobs=old_logprobs)
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     rollout = trainer.rollout(PROMPTS[:4])
     # the hf backend always records them: mismatch_kl compares them with the forward
@@ -72,7 +72,7 @@ def test_first_iteration_ratio_is_one_and_kl_zero(setup, tmp_path, old_logprobs)
 
 
 def test_masks_rewards_and_advantages(setup, tmp_path):
-    trainer = PPOTrainer(config(setup, tmp_path / "run", beta=0.1))
+    trainer = PPOLoop(config(setup, tmp_path / "run", beta=0.1))
     rollout = trainer.rollout(PROMPTS[:4])
     batch = trainer.score(rollout)
     off = batch.action_mask == 0
@@ -92,7 +92,7 @@ def test_masks_rewards_and_advantages(setup, tmp_path):
 def test_score_batch_size_changes_nothing_but_the_pass_size(setup, tmp_path):
     """Scoring in passes of one reply or of the whole batch gives the same batch on the reply tokens (rows are
     independent; positions past a row's end hold whatever the pass computed there, and nothing reads them)."""
-    trainer = PPOTrainer(config(setup, tmp_path / "run", beta=0.1, minibatch_size=4, micro_batch_size=1))
+    trainer = PPOLoop(config(setup, tmp_path / "run", beta=0.1, minibatch_size=4, micro_batch_size=1))
     trainer.reward_mean, trainer.reward_std = 0.2, 1.5
     rollout = trainer.rollout(PROMPTS[:4])
     small = trainer.score(rollout)
@@ -108,7 +108,7 @@ def test_score_batch_size_changes_nothing_but_the_pass_size(setup, tmp_path):
 def test_reference_is_base_model_after_training(setup, tmp_path):
     cfg = config(setup, tmp_path / "run")
     run_dir = train(cfg)
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint
 
     trainer.load_state_dict(load_checkpoint(latest_checkpoint(run_dir), ("policy", "value"))[1])
@@ -130,7 +130,7 @@ def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
     from ppo_rlhf.models.loading import load_reward_model
     from ppo_rlhf.models.scores import score_texts
 
-    trainer = PPOTrainer(config(setup, tmp_path / "run"))
+    trainer = PPOLoop(config(setup, tmp_path / "run"))
     assert trainer.reward_model is trainer.critic and trainer.critic.model is trainer.value_model
     trainer.iteration(0)
     rollout = trainer.rollout(PROMPTS[:4])
@@ -139,7 +139,7 @@ def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
     torch.testing.assert_close(trainer.raw_scores(rollout), expected, atol=1e-5, rtol=0)
     adapted = score_texts(trainer.value_model, trainer.critic.tokenizer, rollout.prompts, rollout.reply_texts)
     assert (adapted - expected).abs().max() > 1e-4
-    critic_free = PPOTrainer(config(setup, tmp_path / "rloo", advantage_estimator="rloo", group_size=2))
+    critic_free = PPOLoop(config(setup, tmp_path / "rloo", advantage_estimator="rloo", group_size=2))
     assert critic_free.value_model is None
     assert not any(p.requires_grad for p in critic_free.reward_model.model.parameters())
 
@@ -174,9 +174,9 @@ def test_known_reward_rises(setup, tmp_path, monkeypatch, tokenizer):
     def share_low(self, rollout):
         return torch.tensor([sum(t < half for t in r) / max(len(r), 1) for r in rollout.reply_ids])
 
-    monkeypatch.setattr(PPOTrainer, "raw_scores", share_low)
+    monkeypatch.setattr(PPOLoop, "raw_scores", share_low)
     run_dir = train(cfg)
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint
 
     trainer.load_state_dict(load_checkpoint(latest_checkpoint(run_dir), ("policy", "value"))[1])
@@ -196,17 +196,17 @@ def test_known_reward_rises(setup, tmp_path, monkeypatch, tokenizer):
 
 def killed_at_iteration_3(monkeypatch, cfg: TrainConfig) -> None:
     """Run `cfg` until it is interrupted as iteration 3 starts (after the checkpoint at 2), like a killed process."""
-    original = PPOTrainer.iteration
+    original = PPOLoop.iteration
 
     def dies_at_3(self, index):
         if index == 3:
             raise KeyboardInterrupt
         return original(self, index)
 
-    monkeypatch.setattr(PPOTrainer, "iteration", dies_at_3)
+    monkeypatch.setattr(PPOLoop, "iteration", dies_at_3)
     with pytest.raises(KeyboardInterrupt):
         train(cfg)
-    monkeypatch.setattr(PPOTrainer, "iteration", original)
+    monkeypatch.setattr(PPOLoop, "iteration", original)
 
 
 def test_killed_run_resumes_to_same_history(setup, tmp_path, monkeypatch):
@@ -325,7 +325,7 @@ def test_gradient_accumulation_keeps_the_per_token_mean_exact(setup, tmp_path):
     def one_step(micro: int) -> list[torch.Tensor]:
         cfg = config(setup, tmp_path / f"run{micro}", batch_size=4, minibatch_size=4, micro_batch_size=micro, epochs=1,
                      max_grad_norm=1e9)
-        trainer = PPOTrainer(cfg)
+        trainer = PPOLoop(cfg)
         # plain SGD with no clipping: the parameter change is the gradient itself (Adam's first step would hide its
         # scale)
         trainer.actor.step.optimizer = torch.optim.SGD(trainable_parameters(trainer.policy), lr=1.0)

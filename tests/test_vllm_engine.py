@@ -20,9 +20,9 @@ from ppo_rlhf.models.generation import VLLMGenerator, VLLMServer
 from ppo_rlhf.models.loading import LoraSettings, add_policy_lora
 from ppo_rlhf.models.logprobs import token_logprobs
 from ppo_rlhf.models.rollout import eos_token_ids
-from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.ppo.trainer import PPOTrainer
+from ppo_rlhf.ppo.trainer import PPOLoop
+from ppo_rlhf.train import train
 
 import tiny
 
@@ -142,13 +142,13 @@ def test_engine_dtype_is_the_policy_s_resolved_dtype(engine, shared_engine, tmp_
 
     from ppo_rlhf.models.precision import resolve_dtype
 
-    PPOTrainer(config(engine, tmp_path / "run", dtype="auto"))
+    PPOLoop(config(engine, tmp_path / "run", dtype="auto"))
     expected = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
     assert [settings["dtype"] for _, _, settings in shared_engine] == [expected]
 
 
 def test_trainer_scores_vllm_tokens_with_its_own_logprobs(engine, shared_engine, tmp_path):
-    trainer = PPOTrainer(config(engine, tmp_path / "run"))
+    trainer = PPOLoop(config(engine, tmp_path / "run"))
     assert shared_engine == [(str(engine["policy"]), PYTHON, {"dtype": "float32", "seed": 1, "max_model_len": 0})]
     assert trainer.generator.eos == eos_token_ids(trainer.policy, trainer.tokenizer)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
@@ -163,17 +163,17 @@ def test_trainer_scores_vllm_tokens_with_its_own_logprobs(engine, shared_engine,
 
 def test_two_iteration_run_completes_and_resumes(engine, shared_engine, tmp_path, monkeypatch):
     cfg = config(engine, tmp_path / "run")
-    original = PPOTrainer.iteration
+    original = PPOLoop.iteration
 
     def dies_at_2(self, index):
         if index == 1:  # after iteration 1's checkpoint
             raise KeyboardInterrupt
         return original(self, index)
 
-    monkeypatch.setattr(PPOTrainer, "iteration", dies_at_2)
+    monkeypatch.setattr(PPOLoop, "iteration", dies_at_2)
     with pytest.raises(KeyboardInterrupt):
         train(cfg)
-    monkeypatch.setattr(PPOTrainer, "iteration", original)
+    monkeypatch.setattr(PPOLoop, "iteration", original)
     run = train(cfg, resume=True)
     history = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
     assert [row["iteration"] for row in history] == [0, 1]

@@ -186,7 +186,7 @@ class TrainingStopped(UsageError):
     """Too many consecutive non-finite steps: the run stops, its last good checkpoint intact."""
 
 
-class PPOTrainer:
+class PPOLoop:
     """The roles (an Actor, a Critic for GAE), the rewards, their optimisers and one iteration. In the chapter's
     set-up two backbones hold the four models: the reference is the policy with its adapter off, the reward model
     the value model with its adapter off.

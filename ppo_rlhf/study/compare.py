@@ -27,10 +27,10 @@ from ppo_rlhf.config import (
     read_yaml,
 )
 from ppo_rlhf.errors import require
-from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.evaluate import evaluate_runs
 from ppo_rlhf.study.prompts import read_prompts
+from ppo_rlhf.train import train
 
 ESTIMATORS = field_types(TrainConfig)["advantage_estimator"].choices  # (objectives.py imports torch)
 

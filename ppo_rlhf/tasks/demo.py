@@ -110,7 +110,7 @@ def task_demo(task: str, out: str | Path, quick: bool = False, overrides: dict[s
         run_dir = Path(cfg.out)
 
         def ppo(continuing: bool) -> None:
-            from ppo_rlhf.ppo.train import train  # lazy: torch
+            from ppo_rlhf.train import train  # lazy: torch
 
             cfg.check_files()
             if continuing and (run_dir / "config.yaml").is_file():

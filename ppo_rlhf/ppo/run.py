@@ -1,9 +1,12 @@
-"""`ppo-rlhf train`: a PPO run around `PPOTrainer` -- the run directory, reward normalisation, the dashboard,
-the per-token table, samples, atomic checkpoints and `--resume`."""
+"""A PPO run around the loop (`PPOLoop`): the run directory, reward normalisation, the dashboard, the per-token
+table, samples, atomic checkpoints and resuming. `api.PPOTrainer.train` runs it; the `train` command builds that
+object (ppo_rlhf/train.py).
+
+Importing this module loads no torch (the run directory is checked before the models load): the functions that need
+it import it."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
@@ -16,21 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from ppo_rlhf.config import add_config_arguments, build_config, config_from_args, read_yaml, to_yaml
+from ppo_rlhf.config import to_yaml
 from ppo_rlhf.errors import Interrupted, UsageError, require
-from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.dashboard import dashboard_line, history_line, token_table_text
 from ppo_rlhf.utils.files import atomic_write_text, keep_iterations_before
 from ppo_rlhf.utils.lock import hold
-from ppo_rlhf.utils.paths import require_run_dir
 
-if TYPE_CHECKING:  # torch, transformers and peft are imported by `train`, after the config and its files are checked
+if TYPE_CHECKING:
     from ppo_rlhf.ppo.experience import Experience
     from ppo_rlhf.ppo.trackers import Trackers
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.train_config import TrainConfig
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
 
-def token_table(trainer: PPOTrainer, experience: Experience) -> tuple[list[dict[str, Any]], int]:
+def token_table(trainer: PPOLoop, experience: Experience) -> tuple[list[dict[str, Any]], int]:
     """Every number of one reply of the batch (section 8.6): the shortest finished one, or the first."""
     finished = [i for i in range(len(experience.prompts)) if bool(experience.finished[i])]
     row = min(finished, key=lambda i: len(experience.reply_ids[i])) if finished else 0
@@ -53,7 +55,7 @@ def token_table(trainer: PPOTrainer, experience: Experience) -> tuple[list[dict[
     return rows, row
 
 
-def write_token_table(run_dir: Path, trainer: PPOTrainer, experience: Experience) -> None:
+def write_token_table(run_dir: Path, trainer: PPOLoop, experience: Experience) -> None:
     rows, row = token_table(trainer, experience)
     info = {"prompt": experience.prompts[row], "reply": experience.reply_texts[row],
             "finished": bool(experience.finished[row]),
@@ -93,10 +95,7 @@ def check_run_dir(cfg: TrainConfig) -> None:
 def prepare_run_dir(cfg: TrainConfig) -> Path:
     run_dir = Path(cfg.out)
     check_run_dir(cfg)
-    if run_dir.exists() and any(run_dir.iterdir()):
-        require(cfg.overwrite,
-                f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to "
-                "replace it")
+    if run_dir.exists() and any(run_dir.iterdir()):  # (--overwrite: check_run_dir refused it otherwise)
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
@@ -123,7 +122,7 @@ def saved_spec(spec: str) -> str:
 def saved_config(cfg: TrainConfig) -> TrainConfig:
     """The config as config.yaml keeps it: model names resolved and every path absolute, so that `evaluate RUN` and
     `train --resume RUN` read the same files from any directory (`resume` itself is not kept)."""
-    from ppo_rlhf.models.loading import resolve_model_path  # lazy: torch (see train())
+    from ppo_rlhf.models.loading import resolve_model_path  # lazy: torch
 
     files = {name: absolute_if_local(getattr(cfg, name)) for name in FILE_FIELDS if getattr(cfg, name)}
     models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model", "value_model")
@@ -132,10 +131,10 @@ def saved_config(cfg: TrainConfig) -> TrainConfig:
                                monitor_judges=[saved_spec(s) for s in cfg.monitor_judges], resume=False)
 
 
-def record_machine(trainer: PPOTrainer, run_dir: Path, log: Callable[[str], None]) -> None:
+def record_machine(trainer: PPOLoop, run_dir: Path, log: Callable[[str], None]) -> None:
     """What this machine made of the settings, as one line at the start and in run_info.json (config.yaml keeps the
     settings as given, e.g. `dtype: auto`; a resumed run records the machine it continues on)."""
-    import torch  # lazy (see train())
+    import torch  # lazy
 
     from ppo_rlhf.models.precision import describe_dtype, dtype_name
 
@@ -148,21 +147,11 @@ def record_machine(trainer: PPOTrainer, run_dir: Path, log: Callable[[str], None
         atomic_write_text(run_dir / "run_info.json", json.dumps(info, indent=1))
 
 
-def train(cfg: TrainConfig, resume: bool = False) -> Path:
-    """Run (or continue) PPO; returns the run directory. The same as `ppo_rlhf.PPOTrainer(cfg, resume=resume)
-    .train()`, which the `train` command runs too. The run directory is locked from before the models load (lock.py):
-    a second `train` of it is refused."""
-    from ppo_rlhf.api import PPOTrainer  # lazy: torch, transformers and peft load after the config is checked
-
-    with hold(cfg.out):
-        return PPOTrainer(cfg, resume=resume).train()
-
-
-def run_training(trainer: PPOTrainer, resume: bool, callbacks: list | tuple = (), owner: Any = None) -> Path:
+def run_training(trainer: PPOLoop, resume: bool, callbacks: list | tuple = (), owner: Any = None) -> Path:
     """Run (or continue, `resume`) the loaded `trainer`: run directory, normalisation, iterations, checkpoints; the
     callbacks are called with `owner` (the public trainer). Returns the run directory. The run directory is locked
-    meanwhile (lock.py); Ctrl-C raises `Interrupted`, which names the latest checkpoint and the command that
-    continues."""
+    meanwhile (lock.py: the one place a run takes its lock); Ctrl-C raises `Interrupted`, which names the latest
+    checkpoint and the command that continues."""
     cfg = trainer.cfg
     with hold(cfg.out):
         main = trainer.dist.is_main  # with several processes only rank 0 writes the run directory and logs
@@ -182,7 +171,7 @@ def run_training(trainer: PPOTrainer, resume: bool, callbacks: list | tuple = ()
 
 def how_to_continue(run_dir: Path, models: tuple[str, ...]) -> str:
     """What an interrupted run says: its latest checkpoint and the command that continues it."""
-    from ppo_rlhf.ppo.checkpoint import latest_checkpoint  # lazy: torch (see train())
+    from ppo_rlhf.ppo.checkpoint import latest_checkpoint  # lazy: torch
 
     if not (run_dir / "config.yaml").is_file():
         return "nothing was written yet: run the same command again"
@@ -197,7 +186,7 @@ def notify(callbacks: list | tuple, event: str, *args: Any) -> bool:
     return any(answer is True for answer in answers)
 
 
-def start_or_resume(trainer: PPOTrainer, run_dir: Path, resume: bool, log: Callable[[str], None]
+def start_or_resume(trainer: PPOLoop, run_dir: Path, resume: bool, log: Callable[[str], None]
                     ) -> tuple[int, list[str]]:
     """(iterations done, history lines so far): from the latest checkpoint when resuming and there is one, else from
     the start (config.yaml and the reward normalisation measured and written). Sets the trainer's normalisation."""
@@ -236,17 +225,17 @@ def start_or_resume(trainer: PPOTrainer, run_dir: Path, resume: bool, log: Calla
     return start, history
 
 
-def run_iterations(trainer: PPOTrainer, run_dir: Path, start: int, history: list[str],
+def run_iterations(trainer: PPOLoop, run_dir: Path, start: int, history: list[str],
                    log: Callable[[str], None], callbacks: list | tuple = (), owner: Any = None) -> None:
     """Iterations `start` .. cfg.iterations - 1, each logged (rank 0) and checkpointed every checkpoint_every (older
     checkpoints beyond keep_last_checkpoints deleted), and when a callback's on_iteration_end(owner, stats) returns
     True (then the run stops). Ctrl-C writes the last finished iteration's checkpoint first (one process), from a copy
     of the trainer's state taken when that iteration finished: the interrupted iteration may have moved the weights,
     the optimisers, the prompt order and the RNGs, and none of that is kept."""
-    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, list_checkpoints, rng_state  # lazy: torch (see train())
+    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, list_checkpoints, rng_state  # lazy: torch
     from ppo_rlhf.ppo.trackers import make_trackers  # lazy: wandb/trackio when named
-    from ppo_rlhf.ppo.trainer import TrainingStopped  # lazy: torch (see train())
-    from ppo_rlhf.rewards import RewardFunctionError  # lazy: torch (see train())
+    from ppo_rlhf.ppo.trainer import TrainingStopped  # lazy: torch
+    from ppo_rlhf.rewards import RewardFunctionError  # lazy: torch
 
     cfg, main, models = trainer.cfg, trainer.dist.is_main, tuple(trainer.models)
     trackers = make_trackers(cfg.trackers if main else [], run_dir, dataclasses.asdict(saved_config(cfg)), start)
@@ -289,7 +278,7 @@ def run_iterations(trainer: PPOTrainer, run_dir: Path, start: int, history: list
         trackers.close()
 
 
-def completion_rows(trainer: PPOTrainer, experience: Experience) -> list[dict[str, Any]]:
+def completion_rows(trainer: PPOLoop, experience: Experience) -> list[dict[str, Any]]:
     """The batch as a completions table: prompt (text), completion, normalised score, each reward's value."""
     from ppo_rlhf.models.chat import prompt_text
 
@@ -300,17 +289,17 @@ def completion_rows(trainer: PPOTrainer, experience: Experience) -> list[dict[st
             for i in range(len(experience.prompts))]
 
 
-def write_checkpoint(run_dir: Path, done: int, trainer: PPOTrainer, state: dict[str, Any], history: list[str],
+def write_checkpoint(run_dir: Path, done: int, trainer: PPOLoop, state: dict[str, Any], history: list[str],
                      rng: dict[str, Any] | None = None) -> None:
     """Write checkpoint `done` (rank 0), then delete the checkpoints keep_last_checkpoints does not keep."""
-    from ppo_rlhf.ppo.checkpoint import prune_checkpoints, save_checkpoint  # lazy: torch (see train())
+    from ppo_rlhf.ppo.checkpoint import prune_checkpoints, save_checkpoint  # lazy: torch
 
     save_checkpoint(run_dir, done, trainer.models, state, history, rng)
     prune_checkpoints(run_dir, trainer.cfg.keep_last_checkpoints, done, tuple(trainer.models))
 
 
 def record_iteration(run_dir: Path, index: int, stats: dict[str, Any], line: str, experience: Experience,
-                     trainer: PPOTrainer, trackers: Trackers, log: Callable[[str], None]) -> None:
+                     trainer: PPOLoop, trackers: Trackers, log: Callable[[str], None]) -> None:
     """Rank 0's record of one iteration: the token table (first iteration), its history `line`, the trackers, the
     dashboard line, every sample_every iterations the samples, every log_completions_every the completions."""
     if index == 0:
@@ -324,39 +313,3 @@ def record_iteration(run_dir: Path, index: int, stats: dict[str, Any], line: str
     every = trainer.cfg.log_completions_every
     if every and index % every == 0:
         trackers.log_completions(completion_rows(trainer, experience), index)
-
-
-# ------------------------------------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML file with any of the fields below; flags override it")
-    parser.add_argument("--resume", metavar="RUN_DIR",
-                        help="continue a run from its latest checkpoint (its saved config; flags override)")
-    add_config_arguments(parser, TrainConfig, skip=("resume",))  # (--resume names the run: the field is set from it)
-
-
-def run(args: argparse.Namespace) -> int:
-    """The command is a thin layer over the public API: the config from YAML and flags, its files checked before
-    anything heavy is imported, then `ppo_rlhf.PPOTrainer(cfg).train()`."""
-    if args.resume:
-        run_dir = require_run_dir(args.resume)
-        saved = read_yaml(run_dir / "config.yaml")
-        flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and k != "resume"}
-        cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir), "resume": True},
-                           origin={key: str(run_dir / "config.yaml") for key in saved if key not in flags})
-        cfg.require_inputs()
-        cfg.check_files()
-    else:
-        cfg = config_from_args(TrainConfig, args, extra=("resume",))  # (args.resume is --resume RUN_DIR)
-        cfg.require_inputs()
-        cfg.check_files()  # before the config is printed and before anything heavy is imported
-    from ppo_rlhf.api import PPOTrainer  # lazy: torch, transformers and peft
-
-    with hold(cfg.out):  # a run in progress is named before "not empty"; PPOTrainer.train holds it again (reentrant)
-        if not cfg.resume:
-            check_run_dir(cfg)
-            if not cfg.quiet:
-                print(to_yaml(cfg), end="")
-        PPOTrainer(cfg).train()
-    return 0
