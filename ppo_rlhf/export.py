@@ -97,7 +97,7 @@ def _format_number(value: Any) -> str:
 
 
 def _stats_table(last_stats: dict[str, Any]) -> list[str]:
-    from ppo_rlhf.study.dashboard import DASHBOARD  # torch-free
+    from ppo_rlhf.ppo.dashboard import DASHBOARD  # torch-free
 
     keys = [key for key, _, _ in DASHBOARD]
     keys += [key for key in ("beta", "lr", "pg_loss", "mismatch_kl") if key not in keys]

@@ -1,4 +1,4 @@
-from ppo_rlhf.study.dashboard import token_table_text
+from ppo_rlhf.ppo.dashboard import token_table_text
 
 ROWS = [
     {"t": 0, "token": "Hello", "logp_old": -1.2, "logp_ref": -1.3, "value": -7.5, "reward": -0.005, "advantage": 7.9,

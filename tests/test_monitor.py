@@ -14,8 +14,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ppo_rlhf import PPOConfig, PPOTrainer, UsageError
 from ppo_rlhf.cli import main
+from ppo_rlhf.ppo.dashboard import dashboard_line, scalar_tags
 from ppo_rlhf.ppo.monitor import GAIN_STANDARD_ERRORS, HackingMonitor, LengthBaseline, length_share, pearson
-from ppo_rlhf.study.dashboard import dashboard_line, scalar_tags
 
 import tiny
 

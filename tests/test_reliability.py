@@ -564,7 +564,7 @@ def nan_scores(monkeypatch):
 
 
 def test_nan_reward_batch_is_skipped_and_the_run_continues(env, tmp_path, nan_scores):
-    from ppo_rlhf.study.dashboard import dashboard_line
+    from ppo_rlhf.ppo.dashboard import dashboard_line
 
     with survival("numerical faults"):
         nan_scores.add(1)  # (eos_rule off: it would replace the NaN score of an unfinished reply by a fixed one)

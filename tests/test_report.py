@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from ppo_rlhf.cli import main
-from ppo_rlhf.study.dashboard import DASHBOARD
+from ppo_rlhf.ppo.dashboard import DASHBOARD
 from ppo_rlhf.study.evaluate import before_after, format_evaluation, model_label, standardize_records, summarize
 from ppo_rlhf.study.report import (
     MONITOR_PANELS,

@@ -14,8 +14,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.ppo.dashboard import TensorBoard
 from ppo_rlhf.ppo.trackers import CompletionsLog, check_report_to, make_trackers
-from ppo_rlhf.study.dashboard import TensorBoard
 
 REPO = Path(__file__).resolve().parent.parent
 

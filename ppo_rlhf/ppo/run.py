@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import to_yaml
 from ppo_rlhf.errors import Interrupted, UsageError, require
-from ppo_rlhf.study.dashboard import dashboard_line, history_line, token_table_text
+from ppo_rlhf.ppo.dashboard import dashboard_line, history_line, token_table_text
 from ppo_rlhf.utils.files import atomic_write_text, keep_iterations_before
 from ppo_rlhf.utils.lock import hold
 

@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.study.dashboard import TensorBoard, scalar_tags
+from ppo_rlhf.ppo.dashboard import TensorBoard, scalar_tags
 from ppo_rlhf.utils.files import atomic_write_text, keep_iterations_before
 
 TRACKERS = ("tensorboard", "wandb", "trackio")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.study.dashboard import DASHBOARD
+from ppo_rlhf.ppo.dashboard import DASHBOARD
 from ppo_rlhf.study.evaluate import length_correlation, shown_reply
 
 if TYPE_CHECKING:  # matplotlib is imported by the functions that draw: `ppo-rlhf report --help` answers without it
