@@ -14,7 +14,7 @@ import pytest
 
 from ppo_rlhf import PPOConfig
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.ppo.from_trl import TRL_DEFAULTS, ppo_config_from_trl
+from ppo_rlhf.ppo.from_trl import TRL_DEFAULTS, settings_from_trl
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("peer_trl", ROOT / "bench" / "peer_trl.py")
@@ -38,8 +38,8 @@ def bench_args(**overrides) -> argparse.Namespace:
 def test_the_bench_trl_configuration_converts_to_the_bench_settings_of_ours(tmp_path, overrides):
     args = bench_args(**overrides)
     ours = peer_trl.ours_settings(args, tmp_path)
-    converted = ppo_config_from_trl(peer_trl.trl_settings(args, str(tmp_path / "trl")),
-                                    **{key: ours[key] for key in OURS_ONLY})
+    converted = PPOConfig.from_trl(peer_trl.trl_settings(args, str(tmp_path / "trl")),
+                                   **{key: ours[key] for key in OURS_ONLY})
     assert {key: getattr(converted, key) for key in ours} == ours
     # what the bench leaves to the defaults on our side, TRL's side sets the same way
     assert (converted.kl_placement, converted.kl_kind, converted.eos_rule, converted.unfinished_score) == \
@@ -53,8 +53,8 @@ def test_a_config_object_is_read_by_attribute(tmp_path):
         num_mini_batches=4, kl_estimator="k3", num_ppo_epochs=1, missing_eos_penalty=2.0, whiten_rewards=True,
         lr_scheduler_type="cosine", warmup_steps=0.1, report_to=["wandb"], push_to_hub=True, hub_model_id="me/policy",
         output_dir=str(tmp_path / "run"), save_steps=5, local_rollout_forward_batch_size=16, fp16=True))
-    config = ppo_config_from_trl(trl)
-    assert PPOConfig.from_trl(trl) == config  # the public spelling
+    config = PPOConfig.from_trl(trl)
+    assert config == PPOConfig(**settings_from_trl(trl))  # the settings the module converts, as a config
     assert (config.batch_size, config.minibatch_size, config.micro_batch_size) == (32, 8, 4)
     assert config.iterations == math.ceil(1000 / 32)  # TRL's num_total_batches
     assert (config.score_batch_size, config.generation_batch_size) == (16, 16)
@@ -65,8 +65,8 @@ def test_a_config_object_is_read_by_attribute(tmp_path):
     assert (config.policy_lr, config.value_lr, config.adam_eps, config.dtype) == (3e-6, 3e-6, 1e-8, "float16")
     assert config.sample_every == 32 // 10
     # TRL's defaults: bf16 unless fp16; no EOS rule without missing_eos_penalty; our own fields win
-    config = ppo_config_from_trl({"stop_token": "eos", "total_episodes": 64}, num_processes=2, policy_model="smollm2",
-                                 iterations=3)
+    config = PPOConfig.from_trl({"stop_token": "eos", "total_episodes": 64}, num_processes=2, policy_model="smollm2",
+                                iterations=3)
     assert (config.dtype, config.eos_rule, config.batch_size, config.iterations) == ("bfloat16", False, 16, 3)
     assert (config.lr_schedule, config.epochs, config.beta, config.max_new_tokens) == ("linear", 4, 0.05, 53)
 
@@ -78,10 +78,10 @@ def test_enums_of_training_arguments_are_read_by_value():
     trl = SimpleNamespace(**TRL_DEFAULTS | dict(stop_token="eos", total_episodes=64, save_strategy=IntervalStrategy.NO,
                                                 lr_scheduler_type=SchedulerType.COSINE,
                                                 optim=OptimizerNames.ADAMW_TORCH_FUSED))
-    config = ppo_config_from_trl(trl)
+    config = PPOConfig.from_trl(trl)
     assert (config.lr_schedule, config.checkpoint_every) == ("cosine", config.iterations)
     with pytest.raises(UsageError, match="TRL's lr_scheduler_type='polynomial'"):
-        ppo_config_from_trl(SimpleNamespace(**vars(trl) | {"lr_scheduler_type": SchedulerType.POLYNOMIAL}))
+        PPOConfig.from_trl(SimpleNamespace(**vars(trl) | {"lr_scheduler_type": SchedulerType.POLYNOMIAL}))
 
 
 @pytest.mark.parametrize("field, value, says", [
@@ -103,19 +103,19 @@ def test_enums_of_training_arguments_are_read_by_value():
 def test_a_field_without_an_equivalent_is_one_line_saying_why(field, value, says):
     settings = {"stop_token": "eos", "total_episodes": 64, field: value}
     with pytest.raises(UsageError) as error:
-        ppo_config_from_trl(settings)
+        PPOConfig.from_trl(settings)
     text = str(error.value)
     assert len(text.splitlines()) == 1 and text.startswith(f"TRL's {field}=") and says in text
 
 
 def test_typos_and_bad_batches_are_one_line():
     with pytest.raises(UsageError, match="'kl_coeff' is not a field of TRL 1.12's PPOConfig"):
-        ppo_config_from_trl({"stop_token": "eos", "total_episodes": 64, "kl_coeff": 0.1})
+        PPOConfig.from_trl({"stop_token": "eos", "total_episodes": 64, "kl_coeff": 0.1})
     with pytest.raises(UsageError, match=r"TRL's batch \(8\) must be a multiple of num_mini_batches \(3\)"):
-        ppo_config_from_trl({"stop_token": "eos", "total_episodes": 64, "num_mini_batches": 3})
+        PPOConfig.from_trl({"stop_token": "eos", "total_episodes": 64, "num_mini_batches": 3})
     with pytest.raises(UsageError, match="clip_range"):  # our own checks still apply to converted values
-        ppo_config_from_trl({"stop_token": "eos", "total_episodes": 64, "cliprange": 1.5})
+        PPOConfig.from_trl({"stop_token": "eos", "total_episodes": 64, "cliprange": 1.5})
     # TrainingArguments fields that do not change PPO's computation pass (logging, data loading)
-    config = ppo_config_from_trl({"stop_token": "eos", "total_episodes": 64, "logging_steps": 1,
-                                  "dataloader_num_workers": 2, "vf_coef": 1.0, "max_grad_norm": 0.5})
+    config = PPOConfig.from_trl({"stop_token": "eos", "total_episodes": 64, "logging_steps": 1,
+                                 "dataloader_num_workers": 2, "vf_coef": 1.0, "max_grad_norm": 0.5})
     assert config.max_grad_norm == 1.0  # TRL 1.12's PPO loop never clips gradients: ours keeps its own clip

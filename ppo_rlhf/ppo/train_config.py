@@ -353,9 +353,9 @@ class TrainConfig:
         """The settings of TRL 1.12's `PPOConfig` (the object or a dict of its fields) as a `PPOConfig`; `ours` sets
         ppo-rlhf fields directly (policy_model, prompts, out, ...). A TRL field with no equivalent here is refused in
         one line saying why (`ppo_rlhf.ppo.from_trl`, docs/from-trl.md)."""
-        from ppo_rlhf.ppo.from_trl import ppo_config_from_trl
+        from ppo_rlhf.ppo.from_trl import settings_from_trl
 
-        return ppo_config_from_trl(trl_config, num_processes, **ours)
+        return cls(**settings_from_trl(trl_config, num_processes, **ours))
 
     def require_inputs(self, dataset: bool = False) -> None:
         """What a run cannot start without: a reward (reward_model or reward_funcs), one weight per reward, and prompts
