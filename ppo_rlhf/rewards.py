@@ -53,7 +53,7 @@ from transformers import PreTrainedTokenizerBase
 from ppo_rlhf.data import Prompt
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models.loading import backbone_and_head, check_chat_tokenizer, load_reward_model, load_tokenizer
-from ppo_rlhf.ppo.roles import RewardModel
+from ppo_rlhf.models.scores import RewardModel
 from ppo_rlhf.utils.paths import check_reward_spec, function_spec
 
 ARGUMENTS = ("prompts", "completions", "completion_ids")  # the names no dataset column may take

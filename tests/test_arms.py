@@ -9,6 +9,7 @@ import pytest
 
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.ppo.kl_spacing import checkpoint_kl, parse_targets, pick_by_kl, read_kls
 from ppo_rlhf.rewards import CombinedReward, resolve_reward_funcs
 from ppo_rlhf.study import demo as demo_module
 from ppo_rlhf.study.arms import arm_reward, length_sign, parse_arms, run_label
@@ -16,7 +17,6 @@ from ppo_rlhf.study.curves import arm_curves
 from ppo_rlhf.study.demo import FULL, DemoConfig, runs
 from ppo_rlhf.study.findings import caveats, eos_sentences, goal_sentences, reach_sentence
 from ppo_rlhf.study.judges import make_judge
-from ppo_rlhf.study.kl_spacing import checkpoint_kl, parse_targets, pick_by_kl, read_kls
 from ppo_rlhf.study.stats import pooled_bootstrap
 
 REPLIES = ["What a wonderful, happy day!", "I hate this awful, terrible mess.", "The fox jumps.", ""]

@@ -12,11 +12,11 @@ import ppo_rlhf.study.prompts as prompts_module
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import read_yaml
 from ppo_rlhf.errors import Interrupted
+from ppo_rlhf.ppo.kl_spacing import checkpoint_kl, read_kls
 from ppo_rlhf.ppo.trainer import PPOLoop
 from ppo_rlhf.study.arms import length_sign
 from ppo_rlhf.study.demo import DemoConfig, Stages, stage_settings
 from ppo_rlhf.study.judges import make_judge
-from ppo_rlhf.study.kl_spacing import checkpoint_kl, read_kls
 
 import tiny
 

@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.models.logprobs import entropy_from_logits
 from ppo_rlhf.ppo.objectives import (
     AdaptiveKLController,
     clipped_policy_loss,
     clipped_value_loss,
     cpi_objective,
-    entropy_from_logits,
     explained_variance,
     gae,
     kl_k1,

@@ -15,8 +15,7 @@ from ppo_rlhf.models.chat import chat_prompt_ids
 from ppo_rlhf.models.logprobs import first_reply_position, token_logprobs
 from ppo_rlhf.models.packing import Packing
 from ppo_rlhf.models.rollout import Rollout, build_batch
-from ppo_rlhf.models.scores import reward_scores, sequence_values
-from ppo_rlhf.ppo.roles import RewardModel
+from ppo_rlhf.models.scores import RewardModel, reward_scores, sequence_values
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.ppo.trainer import PPOLoop, trainable_parameters
 

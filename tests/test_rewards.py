@@ -12,8 +12,7 @@ import torch
 
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.models.loading import load_sequence_classifier
-from ppo_rlhf.models.scores import score_texts
-from ppo_rlhf.ppo.roles import RewardModel
+from ppo_rlhf.models.scores import RewardModel, score_texts
 from ppo_rlhf.rewards import (
     CombinedReward,
     ModelReward,

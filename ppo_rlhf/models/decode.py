@@ -21,14 +21,17 @@ which some row finished); the columns of left padding stay, masked as before.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-if TYPE_CHECKING:
-    from ppo_rlhf.models.rollout import TokenSampler
+
+class Sampler(Protocol):
+    """What the loop asks of its sampler (`rollout.TokenSampler`): the tokens of the live rows `rows` of a batch."""
+
+    def draw(self, scores: torch.Tensor, rows: torch.Tensor, batch_size: int) -> torch.Tensor: ...
 
 
 def _forward_keywords(model: nn.Module) -> tuple[str, dict]:
@@ -61,7 +64,7 @@ def _anyone_writing(writing_here: bool, synced: bool, device: torch.device) -> b
 
 @torch.no_grad()
 def decode_dropping_finished(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                             sampler: TokenSampler, max_new_tokens: int, eos: list[int], pad: int,
+                             sampler: Sampler, max_new_tokens: int, eos: list[int], pad: int,
                              synced: bool = False) -> torch.Tensor:
     """The new tokens [B, steps] for left-padded prompts `input_ids` [B, P] (pad after a row's EOS; steps = the
     steps until every row has an EOS or the cap), sampled by `sampler`, each step computing only the rows without

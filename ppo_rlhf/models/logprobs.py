@@ -13,7 +13,14 @@ from torch.utils.checkpoint import checkpoint
 
 from ppo_rlhf.errors import require
 from ppo_rlhf.models.packing import Packing
-from ppo_rlhf.ppo.objectives import entropy_from_logits
+
+
+def entropy_from_logits(logits: torch.Tensor, logz: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy in nats of softmax(logits) over the last dim: logsumexp(z) - sum p z, stable for large logits.
+    `logz`: logsumexp(logits) when the caller has it already (the log-probs share it; a second one would round the
+    gradient differently)."""
+    probs = torch.softmax(logits, dim=-1)
+    return (torch.logsumexp(logits, dim=-1) if logz is None else logz) - (probs * logits).sum(-1)
 
 
 def body_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ppo_rlhf.errors import require
-from ppo_rlhf.ppo.train_config import DTYPE_NAMES
+from ppo_rlhf.utils.device import DTYPE_NAMES
 
 _CPU_BF16_FLAGS = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"}  # /proc/cpuinfo flag -> its name
 _warned: set[str] = set()  # warnings already given by this process

@@ -167,7 +167,7 @@ class TokenSampler(LogitsProcessor):
         if self.probs is None or self.probs.shape != logits.shape:
             self.probs = torch.empty_like(logits)
         probs = torch.sub(logits, logz, out=self.probs).exp_()
-        if self.record:  # objectives.entropy_from_logits's formula, on the probabilities already in the buffer
+        if self.record:  # logprobs.entropy_from_logits's formula, on the probabilities already in the buffer
             self.entropies.append(self._in_batch(logz.squeeze(-1) - torch.linalg.vecdot(probs, logits), rows,
                                                  batch_size))
         uniform = torch.rand(batch_size or logits.shape[0], 1, device=logits.device)

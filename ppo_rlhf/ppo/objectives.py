@@ -52,7 +52,7 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
 
 def whiten_with(x: Tensor, mask: Tensor, mean: Tensor | float, variance: Tensor, shift_mean: bool = True) -> Tensor:
     """(x - mean) / sqrt(variance + 1e-8) with given statistics (this batch's, or every process's:
-    `Dist.masked_whiten`); the mean added back when not `shift_mean`; 0 where mask == 0."""
+    `advantages.masked_whiten_over`); the mean added back when not `shift_mean`; 0 where mask == 0."""
     whitened = (x - mean) * torch.rsqrt(variance + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
@@ -295,14 +295,6 @@ def per_token_rewards(
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last_token_index(mask)] += scores.to(rewards.dtype)
     return rewards, kl
-
-
-def entropy_from_logits(logits: Tensor, logz: Tensor | None = None) -> Tensor:
-    """Entropy in nats of softmax(logits) over the last dim: logsumexp(z) - sum p z, stable for large logits.
-    `logz`: logsumexp(logits) when the caller has it already (the log-probs share it; a second one would round the
-    gradient differently)."""
-    probs = torch.softmax(logits, dim=-1)
-    return (torch.logsumexp(logits, dim=-1) if logz is None else logz) - (probs * logits).sum(-1)
 
 
 @torch.no_grad()

@@ -4,7 +4,8 @@
   the reference is the same network with its LoRA adapter off.
 * `Critic`: the value model (reward model + LoRA + a trained copy of its head). Its values at every position; with
   its adapter off it *is* the reward model, so it scores replies too.
-* `RewardModel`: the frozen reward model alone, for the critic-free estimators (rloo, grpo), which have no Critic.
+
+The frozen reward model alone (the critic-free estimators' and a reward function's) is `models.scores.RewardModel`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from ppo_rlhf.models.logprobs import token_logprobs
-from ppo_rlhf.models.scores import score_texts, sequence_values
+from ppo_rlhf.models.scores import RewardModel, sequence_values
 from ppo_rlhf.ppo.train_config import TrainConfig
 
 
@@ -38,18 +39,6 @@ class Actor:
     def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, first: int) -> torch.Tensor:
         with self.model.disable_adapter():  # the reference: the same weights with the adapter off
             return self.logprobs(input_ids, attention_mask, first)
-
-
-class RewardModel:
-    """A frozen reward model: one score per (prompt, reply); `padding_free`: its passes packed (`packing.py`)."""
-
-    def __init__(self, model: nn.Module, tokenizer, padding_free: bool = False):
-        self.model, self.tokenizer, self.padding_free = model, tokenizer, padding_free
-
-    def reward_scores(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
-        """[B] raw scores (on the reward model's own scale), on the CPU."""
-        return score_texts(self.model, self.tokenizer, prompts, replies, batch_size=batch_size,
-                           padding_free=self.padding_free)
 
 
 class Critic(RewardModel):

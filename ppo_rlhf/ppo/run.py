@@ -1,6 +1,6 @@
 """A PPO run around the loop (`PPOLoop`): the run directory, reward normalisation, the dashboard, the per-token
 table, samples, atomic checkpoints and resuming. `api.PPOTrainer.train` runs it; the `train` command builds that
-object (ppo_rlhf/train.py).
+object (ppo_rlhf/train.py). Reading a run back (its config, its checkpoints by name or KL target) is here too.
 
 Importing this module loads no torch (the run directory is checked before the models load): the functions that need
 it import it."""
@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from ppo_rlhf.config import to_yaml
+from ppo_rlhf.config import read_yaml, to_yaml
 from ppo_rlhf.errors import Interrupted, UsageError, require
 from ppo_rlhf.ppo.dashboard import dashboard_line, history_line, token_table_text
+from ppo_rlhf.ppo.kl_spacing import parse_targets, pick_by_kl, read_kls
 from ppo_rlhf.utils.files import atomic_write_text, keep_iterations_before
 from ppo_rlhf.utils.lock import hold
+from ppo_rlhf.utils.paths import require_run_dir
 
 if TYPE_CHECKING:
     from ppo_rlhf.ppo.experience import Experience
@@ -313,3 +315,57 @@ def record_iteration(run_dir: Path, index: int, stats: dict[str, Any], line: str
     every = trainer.cfg.log_completions_every
     if every and index % every == 0:
         trackers.log_completions(completion_rows(trainer, experience), index)
+
+
+# ------------------------------------------------------------------------------------------- reading a run back
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """The config.yaml of a run, checked for the keys evaluation needs."""
+    run_dir = require_run_dir(str(run_dir))
+    config = read_yaml(run_dir / "config.yaml")
+    missing = [key for key in ("policy_model", "temperature", "max_new_tokens") if key not in config]
+    require(not missing, f"{run_dir / 'config.yaml'} lacks {', '.join(missing)}")
+    return config
+
+
+def select_checkpoints(run_dir: Path, which: str, full_models: bool = False) -> list[tuple[int, Path]]:
+    """(iteration, folder) of the checkpoints named by `which`: "all", "latest", iterations like "10,20", or KL targets
+    like "kl:1,2,4" (per target the first checkpoint whose training KL reached it, and the last: kl_spacing.py). Each
+    policy must be a PEFT adapter, or with `full_models` also a plain transformers model folder (the caller loads
+    both)."""
+    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, list_checkpoints  # lazy: torch
+
+    found = list_checkpoints(run_dir)
+    require(bool(found), f"{run_dir} has no complete checkpoints (checkpoints/iter_*/state.pt)")
+    if which.startswith("kl:"):
+        picked = checkpoint_targets(run_dir, which, [iteration for iteration, _ in found])
+        chosen = [(iteration, folder) for iteration, folder in found if iteration in picked]
+    elif which == "all":
+        chosen = found
+    elif which == "latest":
+        latest = latest_checkpoint(run_dir)
+        require(latest is not None, f"{run_dir}/checkpoints/latest is missing or names no complete checkpoint")
+        chosen = [(iteration, folder) for iteration, folder in found if folder.name == latest.name]
+    else:
+        try:
+            wanted = [int(part) for part in which.split(",") if part.strip()]
+        except ValueError:
+            raise UsageError(f"--checkpoints must be all, latest or iterations like 10,20; got {which!r}") from None
+        require(bool(wanted), f"--checkpoints must be all, latest or iterations like 10,20; got {which!r}")
+        by_iteration = dict(found)
+        absent = [str(i) for i in wanted if i not in by_iteration]
+        available = ", ".join(str(i) for i, _ in found)
+        require(not absent, f"{run_dir} has no checkpoint for iteration {', '.join(absent)} (has {available})")
+        chosen = [(i, by_iteration[i]) for i in sorted(set(wanted))]
+    for _, folder in chosen:
+        policy = folder / "policy"
+        require((policy / "adapter_config.json").is_file() or (full_models and (policy / "config.json").is_file()),
+                f"{policy} is not a PEFT adapter folder{' or a transformers model folder' if full_models else ''}")
+    return chosen
+
+
+def checkpoint_targets(run_dir: Path, which: str, iterations: list[int]) -> dict[int, list[float | str]]:
+    """{iteration: the KL targets it stands for} of a "kl:1,2,4" choice among the checkpoints `iterations`."""
+    require((Path(run_dir) / "history.jsonl").is_file(), f"{run_dir} has no history.jsonl to read the KL from")
+    return pick_by_kl(read_kls(run_dir), iterations, parse_targets(which.removeprefix("kl:")))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from ppo_rlhf.config import (
     UNIT_INTERVAL,
@@ -20,14 +20,8 @@ from ppo_rlhf.config import (
     field_types,
 )
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.utils.device import DtypeName, resolve_device
 
-if TYPE_CHECKING:
-    import torch
-
-# The dtype settings, here rather than in precision.py (which imports torch): commands check their flags before torch
-# loads.
-DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
-DTYPE_NAMES: tuple[str, ...] = get_args(DtypeName)
 TrackerName = Literal["tensorboard", "wandb", "trackio", "all", "none"]
 
 
@@ -426,15 +420,3 @@ class TrainConfig:
         """Only GAE needs a critic; rloo and grpo neither load, train nor checkpoint one."""
         return self.advantage_estimator == "gae"
 
-
-def resolve_device(name: str) -> torch.device:
-    import torch  # here, not at the top: a config is checked (and its files) before torch is imported
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"unknown device {name!r}") from None
-    require(device.type != "cuda" or torch.cuda.is_available(), f"device {name!r} asked for, but CUDA is not available")
-    return device

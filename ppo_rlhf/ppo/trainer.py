@@ -10,8 +10,8 @@ One iteration, in the order of the chapter's listing:
                   reply tokens; separate AdamW optimisers, gradient norm clipped to 1 for each model
 
 Steps 1-4 make one `Experience` (`make_experience`), step 5 reads it (`update`); the models act through their roles
-(`roles.py`: Actor, Critic, RewardModel) and the advantages through one strategy per estimator (`advantages.py`).
-The run around it (run directory, checkpoints, logging, resume, the `train` command) is in `train.py`.
+(`roles.py`: Actor, Critic; `models.scores.RewardModel`) and the advantages through one strategy per estimator
+(`advantages.py`). The run around it (run directory, checkpoints, logging, resume) is in `run.py`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from ppo_rlhf.models.rollout import Rollout, eos_token_ids, sample_replies
 from ppo_rlhf.multiturn.calls import tool_name
 from ppo_rlhf.multiturn.episodes import Episode, EpisodeLimits, run_episodes
 from ppo_rlhf.parallel.distributed import current, is_sharded
-from ppo_rlhf.ppo.advantages import make_advantages
+from ppo_rlhf.ppo.advantages import make_advantages, masked_whiten_over
 from ppo_rlhf.ppo.checkpoint import load_adapter, trained_weights
 from ppo_rlhf.ppo.experience import Experience
 from ppo_rlhf.ppo.monitor import HackingMonitor
@@ -548,7 +548,7 @@ class PPOLoop:
             env_rewards = rollout.env_rewards.to(dev)
             rewards, totals = rewards + env_rewards * act, scores + (env_rewards * act).sum(1)
         if cfg.whiten_rewards:
-            rewards = self.dist.masked_whiten(rewards, act, shift_mean=False)
+            rewards = masked_whiten_over(self.dist, rewards, act, shift_mean=False)
         advantages, raw_advantages, returns = self.advantages(rewards, old_values, totals, kl, act, reward_beta)  # 4.
         recorded = rollout.logprobs.to(dev) if rollout.logprobs is not None else None  # what generate sampled with
         return replace(experience, action_mask=act, old_logprobs=old_logprobs, entropy=entropy,

@@ -43,13 +43,14 @@ from ppo_rlhf.config import (
     to_yaml,
 )
 from ppo_rlhf.errors import Interrupted, UsageError, require
-from ppo_rlhf.ppo.train_config import DtypeName, TrainConfig
+from ppo_rlhf.ppo.kl_spacing import parse_targets
+from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.arms import MAIN_ARM, arm_reward, beta_name, length_sign, parse_arms, run_label
-from ppo_rlhf.study.kl_spacing import parse_targets
 from ppo_rlhf.study.pairs import LENGTH_TOLERANCE, make_pairs, read_pairs
 from ppo_rlhf.study.pairs import summary_line as pairs_line
 from ppo_rlhf.study.prompts import build_prompts, read_prompts, summary, write_jsonl
 from ppo_rlhf.train import train
+from ppo_rlhf.utils.device import DtypeName
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.lock import hold
 from ppo_rlhf.utils.paths import check_model_name
@@ -155,7 +156,7 @@ class DemoConfig:
     checkpoint takes about 113 MB."""
     kl_targets: str = "1,2,4,8"
     """KL targets (nats per reply), increasing: per run the evaluation scores the first checkpoint whose training KL
-    reached each (study/kl_spacing.py) and the last; seeds and arms are compared at the same target."""
+    reached each (ppo/kl_spacing.py) and the last; seeds and arms are compared at the same target."""
     dtype: DtypeName = TrainConfig.dtype
     """Weights and compute dtype of every stage (the trainer's default)."""
     betas: str = "0"

@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED, read_yaml
-from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.ppo.train_config import resolve_device
-from ppo_rlhf.study.kl_spacing import parse_targets, pick_by_kl, read_kls
+from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED
+from ppo_rlhf.errors import require
+from ppo_rlhf.ppo.run import checkpoint_targets, read_run_config, select_checkpoints
 from ppo_rlhf.study.prompts import read_prompts
 from ppo_rlhf.study.stats import distinct_n, paired_bootstrap, pearson, standardize
-from ppo_rlhf.utils.paths import check_model_name, require_run_dir
+from ppo_rlhf.utils.device import resolve_device
+from ppo_rlhf.utils.paths import check_model_name
 
 START = "start"
 JUDGES = ("proxy", "gold", "length")
@@ -45,57 +45,6 @@ KL_ESTIMATE = "k3 estimate of KL(model || start model), summed over each reply's
 
 def run_name(run_dir: Path) -> str:
     return Path(run_dir).resolve().name
-
-
-def read_run_config(run_dir: Path) -> dict[str, Any]:
-    """The config.yaml of a run, checked for the keys evaluation needs."""
-    run_dir = require_run_dir(str(run_dir))
-    config = read_yaml(run_dir / "config.yaml")
-    missing = [key for key in ("policy_model", "temperature", "max_new_tokens") if key not in config]
-    require(not missing, f"{run_dir / 'config.yaml'} lacks {', '.join(missing)}")
-    return config
-
-
-def select_checkpoints(run_dir: Path, which: str, full_models: bool = False) -> list[tuple[int, Path]]:
-    """(iteration, folder) of the checkpoints named by `which`: "all", "latest", iterations like "10,20", or KL targets
-    like "kl:1,2,4" (per target the first checkpoint whose training KL reached it, and the last: kl_spacing.py). Each
-    policy must be a PEFT adapter, or with `full_models` also a plain transformers model folder (the caller loads
-    both)."""
-    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, list_checkpoints  # lazy: imports torch (see run())
-
-    found = list_checkpoints(run_dir)
-    require(bool(found), f"{run_dir} has no complete checkpoints (checkpoints/iter_*/state.pt)")
-    if which.startswith("kl:"):
-        picked = checkpoint_targets(run_dir, which, [iteration for iteration, _ in found])
-        chosen = [(iteration, folder) for iteration, folder in found if iteration in picked]
-    elif which == "all":
-        chosen = found
-    elif which == "latest":
-        latest = latest_checkpoint(run_dir)
-        require(latest is not None, f"{run_dir}/checkpoints/latest is missing or names no complete checkpoint")
-        chosen = [(iteration, folder) for iteration, folder in found if folder.name == latest.name]
-    else:
-        try:
-            wanted = [int(part) for part in which.split(",") if part.strip()]
-        except ValueError:
-            raise UsageError(f"--checkpoints must be all, latest or iterations like 10,20; got {which!r}") from None
-        require(bool(wanted), f"--checkpoints must be all, latest or iterations like 10,20; got {which!r}")
-        by_iteration = dict(found)
-        absent = [str(i) for i in wanted if i not in by_iteration]
-        available = ", ".join(str(i) for i, _ in found)
-        require(not absent, f"{run_dir} has no checkpoint for iteration {', '.join(absent)} (has {available})")
-        chosen = [(i, by_iteration[i]) for i in sorted(set(wanted))]
-    for _, folder in chosen:
-        policy = folder / "policy"
-        require((policy / "adapter_config.json").is_file() or (full_models and (policy / "config.json").is_file()),
-                f"{policy} is not a PEFT adapter folder{' or a transformers model folder' if full_models else ''}")
-    return chosen
-
-
-def checkpoint_targets(run_dir: Path, which: str, iterations: list[int]) -> dict[int, list[float | str]]:
-    """{iteration: the KL targets it stands for} of a "kl:1,2,4" choice among the checkpoints `iterations`."""
-    require((Path(run_dir) / "history.jsonl").is_file(), f"{run_dir} has no history.jsonl to read the KL from")
-    return pick_by_kl(read_kls(run_dir), iterations, parse_targets(which.removeprefix("kl:")))
 
 
 def model_label(run: str | None, iteration: int | None) -> str:

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from ppo_rlhf.config import POSITIVE_INT, SEED
 from ppo_rlhf.data import load_hf_dataset, load_prompt_rows, read_records
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.ppo.train_config import DTYPE_NAMES
+from ppo_rlhf.utils.device import DTYPE_NAMES
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.paths import check_model_name
 

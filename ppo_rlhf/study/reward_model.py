@@ -36,11 +36,12 @@ from tqdm import tqdm
 
 from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked, FieldType
 from ppo_rlhf.errors import require
-from ppo_rlhf.ppo.train_config import DTYPE_NAMES, resolve_device
 from ppo_rlhf.study.length_bias import length_fit, length_report, length_scale, report_line
 from ppo_rlhf.study.pairs import LENGTH_TOLERANCE, pair_from_record, read_pairs
 from ppo_rlhf.study.prompts import load_hf_dataset
 from ppo_rlhf.study.stats import pearson
+from ppo_rlhf.study.word_baseline import CURVE_FRACTIONS, word_margins
+from ppo_rlhf.utils.device import DTYPE_NAMES, resolve_device
 from ppo_rlhf.utils.files import atomic_directory
 from ppo_rlhf.utils.paths import check_model_name
 
@@ -172,9 +173,6 @@ def margin_summary(margins: list[float], length_gaps: list[int]) -> dict:
     }
 
 
-CURVE_FRACTIONS = (0.125, 0.25, 0.5)  # of the training pairs, during the first pass; all pairs are always measured
-
-
 def curve_steps(n_train: int, batch_size: int) -> dict[int, int]:
     """{optimiser step (1-based) of the first epoch: training pairs seen after it} for the learning curve's points
     (CURVE_FRACTIONS and the end of the pass); a fraction too small for one batch has no point."""
@@ -285,8 +283,6 @@ def train_reward_model(
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
 
     # the held-out report's fixed parts: each distinct reply's length, the word baseline fitted on the training pairs
-    from ppo_rlhf.study.word_baseline import word_margins  # lazy: word_baseline imports this module
-
     heldout_prompts = [p["prompt"] for p in heldout]
     replies = list(dict.fromkeys((p["prompt"], p[side]) for p in heldout for side in ("chosen", "rejected")))
     reply_lengths = reply_tokens(tokenizer, [reply for _, reply in replies])
