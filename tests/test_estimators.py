@@ -122,7 +122,7 @@ def test_critic_free_run_and_resume(setup, tmp_path, estimator):
     batch = trainer.score(rollout)
     act = batch.action_mask
     # one advantage per reply, on every reply token, from the sequence rewards of its group
-    per_reply = sequence_rewards(batch.scores, batch.kl, act, trainer.beta)
+    per_reply = sequence_rewards(batch.scores, batch.kl, act, trainer.reward_beta)
     # (GRPO: from the scores alone; its KL penalty is a loss term, test_grpo_kl_is_a_loss_term_not_a_reward)
     expected = (rloo_advantages(per_reply, 2) if estimator == "rloo"
                 else grpo_advantages(batch.scores, 2, cfg.grpo_eps))

@@ -11,6 +11,7 @@ from ppo_rlhf.errors import UsageError
 from ppo_rlhf.models.logprobs import entropy_from_logits
 from ppo_rlhf.ppo.objectives import (
     AdaptiveKLController,
+    FixedKLController,
     clipped_policy_loss,
     clipped_value_loss,
     cpi_objective,
@@ -163,6 +164,14 @@ def test_adaptive_kl_controller():
     assert restored.state_dict() == controller.state_dict()
     with pytest.raises(UsageError):
         AdaptiveKLController(init_beta=0.1, target=0.0, horizon=10)
+
+
+def test_fixed_kl_controller_keeps_beta():
+    controller = FixedKLController(0.05)
+    assert controller.update(current_kl=100.0, n_steps=256) == 0.05 and controller.beta == 0.05
+    restored = FixedKLController(1.0)
+    restored.load_state_dict(controller.state_dict())
+    assert restored.beta == 0.05
 
 
 # Masking properties: padding after a reply (mask 0, garbage values) and prompt positions before it never change

@@ -133,8 +133,7 @@ def score_position(trainer: PPOLoop, experience: Experience) -> Result:
     import torch
 
     act = experience.action_mask.bool()
-    reward_beta = trainer.beta if trainer.cfg.kl_placement == "reward" else 0.0
-    score_part = torch.where(act, experience.rewards + reward_beta * experience.kl, 0.0)
+    score_part = torch.where(act, experience.rewards + trainer.reward_beta * experience.kl, 0.0)
     expected = torch.zeros_like(score_part)
     for row in range(len(experience.prompts)):
         expected[row, reply_end(experience, row) - 1] = experience.scores[row]

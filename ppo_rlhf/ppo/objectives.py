@@ -307,6 +307,23 @@ def explained_variance(predictions: Tensor, targets: Tensor, mask: Tensor) -> fl
     return 1 - masked_var(targets - predictions, mask).item() / target_variance
 
 
+class FixedKLController:
+    """beta as set (the default, `adaptive_kl` off), behind the interface of `AdaptiveKLController`: the trainer
+    holds one controller either way, and reads the coefficient from it alone."""
+
+    def __init__(self, beta: float) -> None:
+        self.beta = beta
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        return self.beta
+
+    def state_dict(self) -> dict[str, float]:
+        return {"beta": self.beta}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.beta = state["beta"]
+
+
 class AdaptiveKLController:
     """Ziegler et al. (2019): nudge beta so the measured KL approaches a target.
 

@@ -54,6 +54,7 @@ from ppo_rlhf.ppo.experience import Experience
 from ppo_rlhf.ppo.monitor import HackingMonitor
 from ppo_rlhf.ppo.objectives import (
     AdaptiveKLController,
+    FixedKLController,
     clipped_policy_loss,
     clipped_value_loss,
     explained_variance,
@@ -228,8 +229,9 @@ class PPOLoop:
         self.policy_version, self.synced_version = 0, -1  # optimiser steps taken / copied into the generator
         self.dist.diverge_rngs(cfg.seed)  # identical initial weights everywhere; now different samples per process
         self.sampler = PromptSampler(len(self.prompts), cfg.seed)
-        self.beta = cfg.beta
-        self.kl_controller = AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl else None
+        # the KL coefficient beta: its one owner (`kl_controller.beta`), moved after each iteration when adaptive
+        self.kl_controller = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
+                              else FixedKLController(cfg.beta))
         self.reward_mean, self.reward_std = 0.0, 1.0
         self.consecutive_skips = 0
         self.policy_started = False  # set once past the critic warm-up (`phase`), checkpointed
@@ -391,10 +393,9 @@ class PPOLoop:
             "optimizers": {name: role.step.state_dict() for name, role in self.roles.items()},
             "schedulers": {name: scheduler.state_dict() for name, scheduler in self.schedulers.items()},
             "sampler": self.sampler.state(),
-            "beta": self.beta,
             "consecutive_skips": self.consecutive_skips,
             "policy_started": self.policy_started,
-            "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
+            "kl_controller": self.kl_controller.state_dict(),
             "ptx": self.ptx.state() if self.ptx else None,
             "monitor": self.monitor.state_dict(),
         }
@@ -409,10 +410,10 @@ class PPOLoop:
             require(name in state["schedulers"], f"it has no {name} learning-rate scheduler state")
             scheduler.load_state_dict(state["schedulers"][name])
         self.sampler.load(state["sampler"])
-        self.beta, self.consecutive_skips = state["beta"], state["consecutive_skips"]
+        self.consecutive_skips = state["consecutive_skips"]
         self.policy_started = state.get("policy_started", True)  # checkpoints from before the warm-up option
-        if self.kl_controller is not None:
-            self.kl_controller.load_state_dict(state["kl_controller"])
+        # (checkpoints from before the fixed controller kept a fixed beta beside a None controller state)
+        self.kl_controller.load_state_dict(state["kl_controller"] or {"beta": state["beta"]})
         if self.ptx is not None and state["ptx"] is not None:
             self.ptx.load(state["ptx"])
         self.monitor.load_state_dict(state.get("monitor"))  # (None: a checkpoint from before the monitor)
@@ -450,6 +451,12 @@ class PPOLoop:
         columns = self.columns_of(rollout.prompts)
         self.reward_scores = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.reply_ids, columns)
         return self.reward_scores.total
+
+    @property
+    def reward_beta(self) -> float:
+        """The KL coefficient inside the rewards: beta with `kl_in: reward`; 0 with `kl_in: loss`, which keeps the
+        rewards KL-free and adds beta * KL as a loss term instead (`policy_loss`)."""
+        return self.kl_controller.beta if self.cfg.kl_placement == "reward" else 0.0
 
     def columns_of(self, prompts: list) -> list[dict]:
         """The other dataset columns of `prompts` when they are the last `batch_prompts`; else (tests, `check`) none."""
@@ -541,7 +548,7 @@ class PPOLoop:
         scores = self.normalised(raw)
         if cfg.eos_rule:
             scores = torch.where(rollout.finished.to(dev), scores, torch.full_like(scores, cfg.unfinished_score))
-        reward_beta = self.beta if cfg.kl_placement == "reward" else 0.0  # kl_in: loss keeps the rewards KL-free
+        reward_beta = self.reward_beta  # 0 with kl_in: loss
         rewards, kl = per_token_rewards(scores, old_logprobs, ref_logprobs, act, reward_beta, cfg.kl_kind)  # 3.
         totals = scores  # the critic-free estimators' score of a reply: a multi-turn environment's rewards added
         if rollout.env_rewards is not None:  # each turn's reward at its last policy token
@@ -635,7 +642,7 @@ class PPOLoop:
         loss = pg.loss
         if cfg.kl_placement == "loss":  # beta * KL(pi || pi_ref) of the current policy, a loss term (GRPO's default)
             kl = kl_estimate(new_logprobs, part.ref_logprobs, cfg.kl_kind, act)
-            loss = loss + self.beta * normalise_loss(kl, act, cfg.loss_aggregation, count)
+            loss = loss + self.kl_controller.beta * normalise_loss(kl, act, cfg.loss_aggregation, count)
         if entropy is not None:
             loss = loss - cfg.entropy_coef * normalise_loss(entropy, act, cfg.loss_aggregation, count)
         return loss, {"pg_loss": float(pg.loss.detach()), "clipfrac": float(pg.clip_fraction) * token_share,
@@ -722,14 +729,14 @@ class PPOLoop:
         updated = self.clock()
         stats = {"iteration": index, "phase": phase, **batch, "kl_used": f"{cfg.kl_kind} in {cfg.kl_placement}",
                  **update, **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
-                 "beta": self.beta, "time_gen": generated - start, "time_score": scored - generated,
+                 "beta": self.kl_controller.beta, "time_gen": generated - start, "time_score": scored - generated,
                  "time_update": updated - scored, "time_total": updated - start,
                  "gen_tokens_per_s": float(experience.reply_lengths.sum()) / max(generated - start, 1e-9)}
         if not cfg.ptx_coef > 0:
             del stats["ptx_loss"]
         # a skipped batch must not move beta, nor a warm-up batch (the policy, hence its KL, did not move)
-        if self.kl_controller is not None and math.isfinite(stats["kl"]) and phase == "policy":
-            self.beta = self.kl_controller.update(stats["kl"], cfg.batch_size)
+        if math.isfinite(stats["kl"]) and phase == "policy":
+            self.kl_controller.update(stats["kl"], cfg.batch_size)
         # then each reward's mean (reward/<name>) and the reward-hacking monitor
         ordered = {key: stats[key] for key in HISTORY_ORDER if key in stats}
         return {**ordered, **self.reward_means(), **monitor}, experience
