@@ -91,7 +91,7 @@ def test_two_functions_and_a_reward_model_with_another_tokenizer(models, tmp_pat
     assert loop.critic.model is not loop.reward_model.model
     rollout = loop.rollout(loop.batch_prompts([0, 1, 2, 3]))
     total = loop.raw_scores(rollout)
-    values = loop.reward_scores.by_function
+    values = loop.batch_rewards.by_function
     assert list(values) == ["length", "mentions_answer", "other_rm"]
     for row in range(4):
         expected = 0.5 * values["length"][row] + 2.0 * values["other_rm"][row]

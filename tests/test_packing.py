@@ -145,8 +145,8 @@ def test_the_frozen_reward_model_role_packs_too(tokenizer):
     """The critic-free estimators' RewardModel scores (prompt, reply) texts the same packed or padded."""
     rollout = fixed_rollout(tokenizer)
     model = tiny.tiny_reward_model(tokenizer, arch="qwen2")
-    padded, packed = (RewardModel(model, tokenizer, padding_free=flag).reward_scores(rollout.prompts,
-                                                                                    rollout.reply_texts, 3)
+    padded, packed = (RewardModel(model, tokenizer, padding_free=flag).score_texts(rollout.prompts,
+                                                                                  rollout.reply_texts, 3)
                       for flag in (False, True))
     assert close(packed, padded)
 

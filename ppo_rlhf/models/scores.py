@@ -87,7 +87,7 @@ class RewardModel:
     def __init__(self, model: nn.Module, tokenizer, padding_free: bool = False):
         self.model, self.tokenizer, self.padding_free = model, tokenizer, padding_free
 
-    def reward_scores(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
+    def score_texts(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
         """[B] raw scores (on the reward model's own scale), on the CPU."""
         return score_texts(self.model, self.tokenizer, prompts, replies, batch_size=batch_size,
                            padding_free=self.padding_free)

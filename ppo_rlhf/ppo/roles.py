@@ -53,6 +53,6 @@ class Critic(RewardModel):
         device = model_device(self.model)
         return sequence_values(self.model, input_ids.to(device), attention_mask.to(device), self.padding_free)
 
-    def reward_scores(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
+    def score_texts(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
         with self.model.disable_adapter():
-            return super().reward_scores(prompts, replies, batch_size)
+            return super().score_texts(prompts, replies, batch_size)

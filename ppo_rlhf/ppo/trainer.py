@@ -70,14 +70,15 @@ from ppo_rlhf.ppo.roles import Actor, Critic
 from ppo_rlhf.ppo.schedules import make_scheduler
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.rewards import (
+    BatchRewards,
     CombinedReward,
     ModelReward,
     RewardFunctionError,
-    RewardScores,
     import_function,
     is_reward_model_spec,
-    model_spec_name,
     resolve_reward_funcs,
+    reward_name,
+    scored_means,
 )
 from ppo_rlhf.utils.paths import function_spec
 
@@ -214,7 +215,7 @@ class PPOLoop:
         self.prompt_rows = prompt_rows if prompt_rows is not None else load_prompt_rows(cfg.prompts, cfg.prompt_column)
         self.prompts = [row.prompt for row in self.prompt_rows]
         self.batch: tuple[list, list[dict]] = ([], [])  # the prompts being scored and their rows' other columns
-        self.reward_scores: RewardScores | None = None  # the last batch's rewards, by function
+        self.batch_rewards: BatchRewards | None = None  # the last batch's rewards, by function
         seed_everything(cfg.seed)
         self.advantages = make_advantages(cfg, self.dist)
         self._load_roles(list(cfg.reward_funcs) if reward_funcs is None else list(reward_funcs), policy, tokenizer)
@@ -265,7 +266,7 @@ class PPOLoop:
             self.critic = Critic(value.to(self.device), value_tokenizer, None, cfg.padding_free)
         # the reward model the critic was initialised from scores through it, adapter off (one copy of its weights)
         shared = source if source in specs and source != cfg.value_model else None
-        specs = [ModelReward.from_scorer(self.critic, model_spec_name(spec), self.score_size) if spec == shared
+        specs = [ModelReward.from_scorer(self.critic, reward_name(spec), self.score_size) if spec == shared
                  else spec for spec in specs]
         try:
             funcs = resolve_reward_funcs(specs, dtype=dtype, device=self.device, trust_remote_code=remote,
@@ -446,11 +447,11 @@ class PPOLoop:
         return rollout
 
     def raw_scores(self, rollout: Rollout) -> torch.Tensor:
-        """The combined reward of each reply [B] (float32, CPU); each function's values are kept in `reward_scores`.
+        """The combined reward of each reply [B] (float32, CPU); each function's values are kept in `batch_rewards`.
         The reward functions see the other columns of each prompt's row when the rollout is of `batch_prompts`."""
         columns = self.columns_of(rollout.prompts)
-        self.reward_scores = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.reply_ids, columns)
-        return self.reward_scores.total
+        self.batch_rewards = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.reply_ids, columns)
+        return self.batch_rewards.total
 
     @property
     def reward_beta(self) -> float:
@@ -466,12 +467,11 @@ class PPOLoop:
     def reward_means(self) -> dict[str, float]:
         """Each reward's mean over the last batch's replies it scored ("reward/<name>"; nan where it scored none),
         averaged over processes."""
-        return self.process_means("reward", self.reward_scores.by_function if self.reward_scores is not None else {})
+        return self.process_means("reward", self.batch_rewards.by_function if self.batch_rewards is not None else {})
 
     def process_means(self, prefix: str, values: dict[str, list[float | None]]) -> dict[str, float]:
-        """{"<prefix>/<name>": mean of the values that are not None (nan: none)}, averaged over processes."""
-        means = {f"{prefix}/{name}": float(np.mean([v for v in scored if v is not None] or [np.nan]))
-                 for name, scored in values.items()}
+        """`rewards.scored_means` of this process's values, averaged over processes."""
+        means = scored_means(prefix, values)
         return {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
 
     def monitor_stats(self, index: int, experience: Experience) -> dict[str, float | None]:
