@@ -122,7 +122,7 @@ def test_bf16_ppo_iteration(setup, tmp_path):
         assert math.isfinite(stats[key]), key
     assert stats["mismatch_kl"] >= 0 and stats["ratio_spread"] >= 0
     for name in ("old_logprobs", "ref_logprobs", "entropy", "old_values", "rewards", "kl", "advantages", "returns",
-                 "rollout_logprobs", "tis_weights"):
+                 "logprobs", "tis_weights"):
         assert getattr(batch, name).dtype == torch.float32, name
     for model, optimizer in ((trainer.policy, trainer.policy_optimizer),
                              (trainer.value_model, trainer.value_optimizer)):

@@ -51,15 +51,14 @@ class Generator(Protocol):
 def rollout_from_tokens(tokenizer, prompts: list[Prompt], prompt_ids: list[list[int]], outputs: list[list[int]],
                         eos: list[int]):
     """A Rollout from sampled token ids: each reply cut after its first EOS (kept); no EOS = unfinished."""
-    from ppo_rlhf.models.rollout import Rollout, build_batch
+    from ppo_rlhf.models.rollout import Rollout, build_batch, cut_at_eos
 
     require(len(outputs) == len(prompts), f"the engine returned {len(outputs)} replies for {len(prompts)} prompts")
     reply_ids, finished = [], []
     for row in outputs:
-        row = [int(t) for t in row]
-        end = next((i for i, token in enumerate(row) if token in eos), None)
-        reply_ids.append(row if end is None else row[: end + 1])
-        finished.append(end is not None)
+        ids, done = cut_at_eos([int(t) for t in row], eos)
+        reply_ids.append(ids)
+        finished.append(done)
     input_ids, attention_mask, action_mask = build_batch(prompt_ids, reply_ids, tokenizer.pad_token_id)
     return Rollout(prompts=list(prompts), prompt_ids=prompt_ids, reply_ids=reply_ids,
                    reply_texts=tokenizer.batch_decode(reply_ids, skip_special_tokens=True),

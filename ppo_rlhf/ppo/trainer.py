@@ -561,7 +561,7 @@ class PPOLoop:
         return replace(experience, action_mask=act, old_logprobs=old_logprobs, entropy=entropy,
                        ref_logprobs=ref_logprobs, old_values=old_values, raw_scores=raw, scores=scores,
                        rewards=rewards, kl=kl, advantages=advantages, raw_advantages=raw_advantages, returns=returns,
-                       rollout_logprobs=recorded, tis_weights=policy_token_weights(old_logprobs, recorded, cfg.tis_cap))
+                       logprobs=recorded, tis_weights=policy_token_weights(old_logprobs, recorded, cfg.tis_cap))
 
     def normalised(self, raw: torch.Tensor) -> torch.Tensor:
         """Reward-model outputs (scores or values) on the scale of start-policy replies' scores (detail 1)."""
@@ -761,7 +761,7 @@ class PPOLoop:
         means = {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
         # means over reply tokens, summed and counted over every process (their counts differ): the entropy, and the
         # k3 estimate of KL(generate's recorded log-probs || the trainer's log pi_old) of the same tokens
-        recorded = experience.rollout_logprobs
+        recorded = experience.logprobs
         mismatch = float("nan") if recorded is None else masked_sum(kl_k3(experience.old_logprobs, recorded), act)
         sums = self.dist.sum_dict({"ent": float(masked_sum(experience.entropy, act)), "mismatch_kl": float(mismatch),
                                    "tokens": float(act.sum())})
