@@ -108,30 +108,8 @@ class PPOTrainer:
         require(isinstance(config, TrainConfig), f"config must be a PPOConfig, got {type(config).__name__}")
         specs, judges = _as_list(reward_funcs), _as_list(monitor_judges)
         loaded_policy = None if policy_model is None or isinstance(policy_model, str | Path) else policy_model
-        changes: dict[str, Any] = {"resume": config.resume or resume}
-        if specs is not None:
-            changes["reward_funcs"] = [spec_name(spec) for spec in specs]
-        if judges is not None:
-            changes["monitor_judges"] = [spec_name(judge) for judge in judges]
-        if isinstance(policy_model, str | Path):
-            changes["policy_model"] = str(policy_model)
-        elif loaded_policy is not None:
-            changes["policy_model"] = getattr(loaded_policy, "name_or_path", "") or type(loaded_policy).__name__
-        if train_dataset is not None:
-            changes["prompts"] = None  # the dataset replaces the file
-        if tools is not None:  # config.yaml records their names, as it does the reward functions'
-            require(all(callable(t) for t in tools), "tools must be Python functions")
-            changes["tools"] = [spec_name(t) for t in tools]
-        if environment_factory is not None:
-            require(callable(environment_factory), "environment_factory must be a callable returning an environment")
-            changes["environment"] = spec_name(environment_factory)
-        cfg = dataclasses.replace(config, **changes)
-        cfg.require_inputs(dataset=train_dataset is not None)
-        named = {name: [str(s) for s in given if isinstance(s, str | Path)]
-                 for name, given in (("reward_funcs", specs), ("monitor_judges", judges)) if given is not None}
-        if loaded_policy is not None:  # its name need not be a folder any more
-            named["policy_model"] = "loaded"
-        dataclasses.replace(cfg, **named).check_files()  # the files named (objects are checked as they are used)
+        cfg = self._config_with_arguments(config, specs, judges, policy_model, loaded_policy, train_dataset is not None,
+                                          resume, tools, environment_factory)
         # resume=True where there is nothing to resume is a new run (config.yaml is the first file a run writes)
         self.resuming = cfg.resume and (Path(cfg.out) / "config.yaml").is_file()
         require_free(cfg.out)  # a run in progress is refused before the models load (train() takes the lock)
@@ -149,8 +127,41 @@ class PPOTrainer:
 
         self.config = cfg
         self.callbacks = list(callbacks or [])
-        self.loop = PPOLoop(cfg, reward_funcs=specs, prompt_rows=rows, policy=loaded_policy, tokenizer=processing_class,
-                         monitor_judges=judges, tools=tools, environment_factory=environment_factory)
+        self.loop = PPOLoop(cfg, reward_funcs=specs, prompt_rows=rows, policy=loaded_policy,
+                            tokenizer=processing_class, monitor_judges=judges, tools=tools,
+                            environment_factory=environment_factory)
+
+    @staticmethod
+    def _config_with_arguments(config: TrainConfig, specs: list | None, judges: list | None, policy_model: Any,
+                               loaded_policy: Any, dataset: bool, resume: bool, tools: list | None,
+                               environment_factory: Any) -> TrainConfig:
+        """`config` with what the arguments replace, named as config.yaml records them (objects by `spec_name`), then
+        checked: the inputs a run needs, and the files it names (objects are checked as they are used)."""
+        changes: dict[str, Any] = {"resume": config.resume or resume}
+        if specs is not None:
+            changes["reward_funcs"] = [spec_name(spec) for spec in specs]
+        if judges is not None:
+            changes["monitor_judges"] = [spec_name(judge) for judge in judges]
+        if isinstance(policy_model, str | Path):
+            changes["policy_model"] = str(policy_model)
+        elif loaded_policy is not None:
+            changes["policy_model"] = getattr(loaded_policy, "name_or_path", "") or type(loaded_policy).__name__
+        if dataset:
+            changes["prompts"] = None  # the dataset replaces the file
+        if tools is not None:  # config.yaml records their names, as it does the reward functions'
+            require(all(callable(t) for t in tools), "tools must be Python functions")
+            changes["tools"] = [spec_name(t) for t in tools]
+        if environment_factory is not None:
+            require(callable(environment_factory), "environment_factory must be a callable returning an environment")
+            changes["environment"] = spec_name(environment_factory)
+        cfg = dataclasses.replace(config, **changes)
+        cfg.require_inputs(dataset=dataset)
+        named = {name: [str(s) for s in given if isinstance(s, str | Path)]
+                 for name, given in (("reward_funcs", specs), ("monitor_judges", judges)) if given is not None}
+        if loaded_policy is not None:  # its name need not be a folder any more
+            named["policy_model"] = "loaded"
+        dataclasses.replace(cfg, **named).check_files()
+        return cfg
 
     # ------------------------------------------------------------------------------------------ what it holds
     @property

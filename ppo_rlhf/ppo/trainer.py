@@ -240,13 +240,20 @@ class PPOLoop:
     def _load_roles(self, reward_funcs: list, policy: torch.nn.Module | None, tokenizer) -> None:
         """The policy (Actor), the value model (Critic, GAE only; see `_critic_source`) and the rewards: reward_model
         then `reward_funcs`, combined. The critic-free estimators with reward functions alone load only the policy."""
+        specs = [*([self.cfg.reward_model] if self.cfg.reward_model else []), *reward_funcs]
+        source = self._load_policy_and_critic(specs, policy, tokenizer)
+        funcs = self._load_rewards(specs, source)
+        self._place_roles(funcs)
+
+    def _load_policy_and_critic(self, specs: list, policy: torch.nn.Module | None, tokenizer) -> str | None:
+        """The policy with its LoRA adapter and, for GAE, the critic; returns the critic's source folder (None: a cold
+        critic, a copy of the policy's base with a zero head)."""
         cfg, remote = self.cfg, self.cfg.trust_remote_code
         dtype = self.dtype = resolve_dtype(cfg.dtype, self.device)  # the frozen weights'; trained ones stay fp32
         lora = LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
         if tokenizer is None:
             tokenizer = load_tokenizer(cfg.policy_model, trust_remote_code=remote)
         self.tokenizer = check_chat_tokenizer(tokenizer, cfg.policy_model)
-        specs = [*([cfg.reward_model] if cfg.reward_model else []), *reward_funcs]
         source = self._critic_source(specs)  # (its tokenizer is read before any weights load)
         base = load_causal_lm(cfg.policy_model, dtype, remote) if policy is None else loaded_causal_lm(policy, dtype)
         # a cold critic copies the policy's base before LoRA wraps it
@@ -264,7 +271,12 @@ class PPOLoop:
                 raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
             value_tokenizer = load_tokenizer(source, trust_remote_code=remote) if source else self.tokenizer
             self.critic = Critic(value.to(self.device), value_tokenizer, None, cfg.padding_free)
-        # the reward model the critic was initialised from scores through it, adapter off (one copy of its weights)
+        return source
+
+    def _load_rewards(self, specs: list, source: str | None) -> list:
+        """The reward functions, combined into `self.rewards`; returns them. The reward model the critic was
+        initialised from scores through it, adapter off (one copy of its weights)."""
+        cfg, remote, dtype = self.cfg, self.cfg.trust_remote_code, self.dtype
         shared = source if source in specs and source != cfg.value_model else None
         specs = [ModelReward.from_scorer(self.critic, reward_name(spec), self.score_size) if spec == shared
                  else spec for spec in specs]
@@ -275,6 +287,12 @@ class PPOLoop:
             field = "reward_model" if cfg.reward_model and cfg.reward_model in str(error) else "reward_funcs"
             raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
         self.rewards = CombinedReward(funcs, cfg.reward_weights)
+        return funcs
+
+    def _place_roles(self, funcs: list) -> None:
+        """Every model checked against the prompts' lengths, sharded under FSDP; the gradient steps of the trained
+        ones, and the roles by checkpoint folder name."""
+        cfg = self.cfg
         frozen = [f.model for f in funcs if isinstance(f, ModelReward) and f.scorer is not self.critic]
         critic_model = [self.critic.model] if self.critic else []
         check_prompt_lengths(self.prompt_rows, self.tokenizer, [self.policy, *critic_model, *frozen],

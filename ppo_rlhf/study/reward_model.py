@@ -25,6 +25,7 @@ shorter-chosen pairs, the score's correlation with reply length, the paired diff
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import time
@@ -194,6 +195,72 @@ def save_atomically(model, tokenizer, info: dict, out_dir: Path) -> None:
         (tmp / "learning_curve.json").write_text(json.dumps(info["learning_curve"], indent=1) + "\n")
 
 
+def split_pairs(tokenizer, pairs: list[dict], given: list[dict] | None, max_length: int, heldout_fraction: float,
+                seed: int) -> tuple[list[dict], list[dict], int]:
+    """(training pairs, held-out pairs, pairs dropped as too long): `given` held out whole when there is one, else a
+    seeded `heldout_fraction` of the pairs. A cut-off conversation would lose its closing EOS, the token the score is
+    read at: a pair longer than `max_length` is dropped, not truncated."""
+
+    def fitting(pairs: list[dict]) -> list[dict]:
+        return [p for p, n in zip(pairs, sequence_lengths(tokenizer, pairs)) if max(n) <= max_length]
+
+    usable = fitting(pairs)
+    random.Random(seed).shuffle(usable)
+    if given is None:
+        require(len(usable) >= 2, f"{len(usable)} of {len(pairs)} pairs fit in --max-length {max_length}; need 2")
+        n_heldout = max(1, round(heldout_fraction * len(usable)))
+        require(len(usable) - n_heldout >= 1, f"no training pairs left after holding out {n_heldout} of {len(usable)}")
+        return usable[n_heldout:], usable[:n_heldout], len(pairs) - len(usable)
+    heldout, train = fitting(given), usable
+    require(len(train) >= 1, f"none of {len(pairs)} pairs fits in --max-length {max_length}")
+    require(len(heldout) >= 1, f"none of {len(given)} held-out pairs fits in --max-length {max_length}")
+    return train, heldout, len(pairs) + len(given) - len(train) - len(heldout)
+
+
+def pair_loss(model, tokenizer, batch: list[dict], weight, scale: float, device):
+    """(the Bradley-Terry loss of a batch of pairs, its logits): -log sigmoid(chosen - rejected [+ the length
+    term]), mean over the batch."""
+    import torch.nn.functional as F
+
+    chosen, rejected, gaps = pair_scores(model, tokenizer, batch)
+    logits = bradley_terry_logits(chosen, rejected, gaps.to(device), weight, scale)
+    return -F.logsigmoid(logits).mean(), logits
+
+
+def train_epochs(loss_of_batch: Callable, optimizer, trainable: list, model, train: list[dict], epochs: int,
+                 batch_size: int, seed: int, shuffle_pairs: bool, measure: Callable[[int, int], None]) -> list[float]:
+    """The optimiser's passes over the training pairs (gradients clipped to norm 1); `measure(pairs seen, epochs
+    done)` at the learning curve's points of the first pass (`curve_steps`) and after each later epoch. Returns
+    each epoch's mean loss."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    epoch_losses = []
+    curve_at = curve_steps(len(train), batch_size)
+    for epoch in range(epochs):
+        model.train()
+        order = pair_order(train, generator, shuffle_pairs)
+        total, correct, seen = 0.0, 0, 0
+        bar = tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
+        for step, start in enumerate(bar, start=1):
+            batch = [train[i] for i in order[start : start + batch_size]]
+            loss, logits = loss_of_batch(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            total += loss.item() * len(batch)
+            correct += int((logits > 0).sum())
+            seen += len(batch)
+            bar.set_postfix(loss=f"{total / seen:.4f}", acc=f"{correct / seen:.3f}")
+            if epoch == 0 and step in curve_at:  # the last step of the first pass is one of them
+                measure(curve_at[step], 1)
+        epoch_losses.append(total / seen)
+        if epoch > 0:
+            measure(len(train), epoch + 1)
+    return epoch_losses
+
+
 def train_reward_model(
     pairs_source: str | Path,
     base: str = "smollm2",
@@ -233,7 +300,6 @@ def train_reward_model(
     check_model_name(base)
     # lazy: the files and the model name are checked above, before torch and transformers load
     import torch
-    import torch.nn.functional as F
 
     from ppo_rlhf.models.loading import (
         LoraSettings,
@@ -246,24 +312,7 @@ def train_reward_model(
     from ppo_rlhf.models.precision import dtype_name, resolve_dtype
 
     tokenizer = load_tokenizer(base)
-
-    def fitting(pairs: list[dict]) -> list[dict]:
-        # A cut-off conversation would lose its closing EOS, the token the score is read at: drop, don't truncate.
-        return [p for p, n in zip(pairs, sequence_lengths(tokenizer, pairs)) if max(n) <= max_length]
-
-    usable = fitting(pairs)
-    random.Random(seed).shuffle(usable)
-    if given is None:
-        require(len(usable) >= 2, f"{len(usable)} of {len(pairs)} pairs fit in --max-length {max_length}; need 2")
-        n_heldout = max(1, round(heldout_fraction * len(usable)))
-        require(len(usable) - n_heldout >= 1, f"no training pairs left after holding out {n_heldout} of {len(usable)}")
-        heldout, train = usable[:n_heldout], usable[n_heldout:]
-        dropped = len(pairs) - len(usable)
-    else:
-        heldout, train = fitting(given), usable
-        require(len(train) >= 1, f"none of {len(pairs)} pairs fits in --max-length {max_length}")
-        require(len(heldout) >= 1, f"none of {len(given)} held-out pairs fits in --max-length {max_length}")
-        dropped = len(pairs) + len(given) - len(train) - len(heldout)
+    train, heldout, dropped = split_pairs(tokenizer, pairs, given, max_length, heldout_fraction, seed)
 
     torch.manual_seed(seed)  # the fresh score head is random
     device = resolve_device(device or "auto")
@@ -301,33 +350,9 @@ def train_reward_model(
 
     curve = [measure(0, 0)]
     before = {key: value for key, value in curve[0].items() if key not in ("pairs", "epochs", "length")}
-
-    generator = torch.Generator().manual_seed(seed)
-    epoch_losses = []
-    curve_at = curve_steps(len(train), batch_size)
-    for epoch in range(epochs):
-        model.train()
-        order = pair_order(train, generator, shuffle_pairs)
-        total, correct, seen = 0.0, 0, 0
-        bar = tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
-        for step, start in enumerate(bar, start=1):
-            batch = [train[i] for i in order[start : start + batch_size]]
-            chosen, rejected, gaps = pair_scores(model, tokenizer, batch)
-            logits = bradley_terry_logits(chosen, rejected, gaps.to(device), weight, scale)
-            loss = -F.logsigmoid(logits).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            optimizer.step()
-            total += loss.item() * len(batch)
-            correct += int((logits > 0).sum())
-            seen += len(batch)
-            bar.set_postfix(loss=f"{total / seen:.4f}", acc=f"{correct / seen:.3f}")
-            if epoch == 0 and step in curve_at:  # the last step of the first pass is one of them
-                curve.append(measure(curve_at[step], 1))
-        epoch_losses.append(total / seen)
-        if epoch > 0:
-            curve.append(measure(len(train), epoch + 1))
+    loss_of_batch = functools.partial(pair_loss, model, tokenizer, weight=weight, scale=scale, device=device)
+    epoch_losses = train_epochs(loss_of_batch, optimizer, trainable, model, train, epochs, batch_size, seed,
+                                shuffle_pairs, lambda seen, done: curve.append(measure(seen, done)))
     after = {key: curve[-1][key] for key in before}
 
     # The adapter must name the folder its weights apply to, not an alias like "smollm2".
