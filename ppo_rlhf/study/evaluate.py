@@ -365,6 +365,77 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def read_run_configs(run_dirs: list[Path]) -> dict[str, dict[str, Any]]:
+    """{run name: its config.yaml}, each checked; two runs of one name are refused."""
+    configs = {}
+    for run_dir in run_dirs:
+        name = run_name(run_dir)
+        config = read_run_config(run_dir)
+        require(name not in configs, f"two runs are named {name!r}; give their folders different names")
+        configs[name] = config
+    return configs
+
+
+def score_models(pending: list[tuple[str | None, int | None, Path | None]], settings: dict[str, Any], gold: str,
+                 prompts: list, prompts_path: str | Path, device: str, batch_size: int, replies_per_prompt: int,
+                 seed: int, length_sign: int, model_keys: dict[str | None, str]) -> dict[str, list[dict]]:
+    """{model label: its records}: each pending (run, iteration, checkpoint folder) model, one in memory at a time,
+    samples its replies, which the proxy and the gold judge score; the length score and the model's key added."""
+    # lazy: every argument and file is checked (evaluate_runs) before torch, transformers and the models load
+    import torch
+
+    from ppo_rlhf.data import load_prompt_rows
+    from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
+    from ppo_rlhf.models.precision import resolve_dtype
+    from ppo_rlhf.ppo.trainer import check_prompt_lengths
+    from ppo_rlhf.study.arms import word_count
+    from ppo_rlhf.study.judges import make_judge
+
+    new_records: dict[str, list[dict]] = {}
+    dtype = resolve_dtype(settings["dtype"], torch.device(device))  # the runs' own setting: "auto" resolves here
+    base = settings["policy_model"]
+    tokenizer = load_tokenizer(base)
+    # the proxy in the runs' dtype: the scores PPO maximised (and bf16 forwards are ~2x faster than fp32 here)
+    judges = {"proxy": make_judge(settings["proxy"], batch_size, device, dtype),
+              "gold": make_judge(gold, batch_size, device)}
+    sample = dict(prompts=prompts, replies_per_prompt=replies_per_prompt, settings=settings, seed=seed)
+
+    def load(folder: Path | None) -> torch.nn.Module:
+        """The start model (no folder) or a checkpoint's policy, on the device."""
+        if folder is None:
+            return load_causal_lm(base, dtype).to(device)
+        return load_policy_adapter(base, folder / "policy", dtype).to(device)
+
+    model = load(pending[0][2])
+    # as train does: a prompt beyond a model's context would be cut, and its replies would mean nothing
+    judge_models = [getattr(judge, "model", None) for judge in judges.values()]
+    check_prompt_lengths(load_prompt_rows(str(prompts_path)), tokenizer, [model, *judge_models],
+                         settings["max_new_tokens"])
+    for k, (run, iteration, folder) in enumerate(tqdm(pending, desc="models", unit="model")):
+        model = model if k == 0 else load(folder)
+        new = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration, **sample)
+        del model  # one policy in memory at a time
+        _release_memory()
+        texts_prompts, texts = [r["prompt"] for r in new], [r["reply"] for r in new]
+        for judge_name, judge in judges.items():
+            for record, score in zip(new, judge.score(texts_prompts, texts)):
+                record[f"{judge_name}_raw"] = score
+        for record in new:
+            record["length_raw"] = float(length_sign * word_count(record["reply"]))
+            record["key"] = model_keys.get(run)
+        new_records[model_label(run, iteration)] = new
+    return new_records
+
+
+def mark_kl_targets(summary: list[dict], selected: dict[str, list[tuple[int, Path]]], run_dirs: dict[str, Path],
+                    checkpoints: str) -> None:
+    """Each checkpoint's summary row names the KL targets it was picked for ("kl_targets")."""
+    for row in summary[1:]:
+        # picking again among the picked checkpoints gives each the targets it was picked for
+        found = [iteration for iteration, _ in selected[row["run"]]]
+        row["kl_targets"] = checkpoint_targets(run_dirs[row["run"]], checkpoints, found)[row["iteration"]]
+
+
 def evaluate_runs(
     run_dirs: list[str | Path],
     prompts_path: str | Path,
@@ -396,12 +467,7 @@ def evaluate_runs(
     require(batch_size >= 1, f"--batch-size must be >= 1, got {batch_size}")
     require(length_sign in (1, -1), f"length_sign must be 1 or -1, got {length_sign}")
     run_dirs = [Path(d) for d in run_dirs]
-    configs = {}
-    for run_dir in run_dirs:
-        name = run_name(run_dir)
-        config = read_run_config(run_dir)
-        require(name not in configs, f"two runs are named {name!r}; give their folders different names")
-        configs[name] = config
+    configs = read_run_configs(run_dirs)
     settings = _common_settings(configs, proxy)
     prompts = read_prompts(prompts_path)  # every input is checked before the slow imports and model loads
     for judge in (settings["proxy"], gold):
@@ -410,16 +476,6 @@ def evaluate_runs(
             check_model_name(judge.removeprefix(prefix))
     selected = {run_name(d): select_checkpoints(d, checkpoints) for d in run_dirs}  # (imports torch)
     run_dirs_by_name = {run_name(d): d for d in run_dirs}
-
-    # lazy: every argument and file is checked above before torch, transformers and the models load
-    import torch
-
-    from ppo_rlhf.data import load_prompt_rows
-    from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
-    from ppo_rlhf.models.precision import resolve_dtype
-    from ppo_rlhf.ppo.trainer import check_prompt_lengths
-    from ppo_rlhf.study.arms import word_count
-    from ppo_rlhf.study.judges import make_judge
 
     device = str(resolve_device(device))
     # what a record depends on besides its model: records made otherwise are never reused
@@ -434,50 +490,15 @@ def evaluate_runs(
         print(f"reusing the stored records of {len(reused)} of {len(jobs)} models (keys unchanged): "
               + ", ".join(reused))
     pending = [job for job in jobs if model_label(job[0], job[1]) not in stored]
-    new_records: dict[str, list[dict]] = {}
-    if pending:
-        dtype = resolve_dtype(settings["dtype"], torch.device(device))  # the runs' own setting: "auto" resolves here
-        base = settings["policy_model"]
-        tokenizer = load_tokenizer(base)
-        # the proxy in the runs' dtype: the scores PPO maximised (and bf16 forwards are ~2x faster than fp32 here)
-        judges = {"proxy": make_judge(settings["proxy"], batch_size, device, dtype),
-                  "gold": make_judge(gold, batch_size, device)}
-        sample = dict(prompts=prompts, replies_per_prompt=replies_per_prompt, settings=settings, seed=seed)
-
-        def load(folder: Path | None) -> torch.nn.Module:
-            """The start model (no folder) or a checkpoint's policy, on the device."""
-            if folder is None:
-                return load_causal_lm(base, dtype).to(device)
-            return load_policy_adapter(base, folder / "policy", dtype).to(device)
-
-        model = load(pending[0][2])
-        # as train does: a prompt beyond a model's context would be cut, and its replies would mean nothing
-        judge_models = [getattr(judge, "model", None) for judge in judges.values()]
-        check_prompt_lengths(load_prompt_rows(str(prompts_path)), tokenizer, [model, *judge_models],
-                             settings["max_new_tokens"])
-        for k, (run, iteration, folder) in enumerate(tqdm(pending, desc="models", unit="model")):
-            model = model if k == 0 else load(folder)
-            new = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration, **sample)
-            del model  # one policy in memory at a time
-            _release_memory()
-            texts_prompts, texts = [r["prompt"] for r in new], [r["reply"] for r in new]
-            for judge_name, judge in judges.items():
-                for record, score in zip(new, judge.score(texts_prompts, texts)):
-                    record[f"{judge_name}_raw"] = score
-            for record in new:
-                record["length_raw"] = float(length_sign * word_count(record["reply"]))
-                record["key"] = (model_keys or {}).get(run)
-            new_records[model_label(run, iteration)] = new
+    new_records = score_models(pending, settings, gold, prompts, prompts_path, device, batch_size,
+                               replies_per_prompt, seed, length_sign, model_keys or {}) if pending else {}
     by_label = stored | new_records
     records = [record for run, iteration, _ in jobs for record in by_label[model_label(run, iteration)]]
 
     norms = standardize_records(records, settings["unfinished_score"])
     summary = summarize(records)
     if checkpoints.startswith("kl:"):
-        for row in summary[1:]:
-            # picking again among the picked checkpoints gives each the targets it was picked for
-            found = [iteration for iteration, _ in selected[row["run"]]]
-            row["kl_targets"] = checkpoint_targets(run_dirs_by_name[row["run"]], checkpoints, found)[row["iteration"]]
+        mark_kl_targets(summary, selected, run_dirs_by_name, checkpoints)
     examples = before_after(records, n_examples)
     result = {
         "settings": {
