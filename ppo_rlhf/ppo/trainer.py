@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -50,7 +49,7 @@ from ppo_rlhf.multiturn.episodes import Episode, EpisodeLimits, run_episodes
 from ppo_rlhf.parallel.distributed import current, is_sharded
 from ppo_rlhf.ppo.advantages import make_advantages, masked_whiten_over
 from ppo_rlhf.ppo.checkpoint import load_adapter, trained_weights
-from ppo_rlhf.ppo.experience import Experience
+from ppo_rlhf.ppo.experience import Experience, rollout_fields
 from ppo_rlhf.ppo.monitor import HackingMonitor
 from ppo_rlhf.ppo.objectives import (
     AdaptiveKLController,
@@ -548,7 +547,6 @@ class PPOLoop:
     @torch.no_grad()
     def score(self, rollout: Rollout) -> Experience:
         cfg, dev, size = self.cfg, self.device, self.score_size
-        experience = Experience.sampled(rollout)
         act = rollout.action_mask.to(dev)
         first = first_reply_position(rollout.prompt_ids)  # no LM head over positions that are prompt in every row
         if cfg.old_logprobs == "generation":  # recorded by generate from the same weights
@@ -576,10 +574,11 @@ class PPOLoop:
             rewards = masked_whiten_over(self.dist, rewards, act, shift_mean=False)
         advantages, raw_advantages, returns = self.advantages(rewards, old_values, totals, kl, act, reward_beta)  # 4.
         recorded = rollout.logprobs.to(dev) if rollout.logprobs is not None else None  # what generate sampled with
-        return replace(experience, action_mask=act, old_logprobs=old_logprobs, entropy=entropy,
-                       ref_logprobs=ref_logprobs, old_values=old_values, raw_scores=raw, scores=scores,
-                       rewards=rewards, kl=kl, advantages=advantages, raw_advantages=raw_advantages, returns=returns,
-                       logprobs=recorded, tis_weights=policy_token_weights(old_logprobs, recorded, cfg.tis_cap))
+        sampled = rollout_fields(rollout) | {"action_mask": act, "logprobs": recorded, "entropy": entropy}
+        return Experience(**sampled, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, old_values=old_values,
+                          raw_scores=raw, scores=scores, rewards=rewards, kl=kl, advantages=advantages,
+                          raw_advantages=raw_advantages, returns=returns,
+                          tis_weights=policy_token_weights(old_logprobs, recorded, cfg.tis_cap))
 
     def normalised(self, raw: torch.Tensor) -> torch.Tensor:
         """Reward-model outputs (scores or values) on the scale of start-policy replies' scores (detail 1)."""
