@@ -21,7 +21,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Protocol
 
-from ppo_rlhf.errors import require
+from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.ppo.train_config import TrainConfig
 
 PPOConfig = TrainConfig
@@ -156,7 +156,7 @@ class PPOTrainer:
             changes["environment"] = spec_name(environment_factory)
         cfg = dataclasses.replace(config, **changes)
         cfg.require_inputs(dataset=dataset)
-        named = {name: [str(s) for s in given if isinstance(s, str | Path)]
+        named: dict[str, Any] = {name: [str(s) for s in given if isinstance(s, str | Path)]
                  for name, given in (("reward_funcs", specs), ("monitor_judges", judges)) if given is not None}
         if loaded_policy is not None:  # its name need not be a folder any more
             named["policy_model"] = "loaded"
@@ -221,5 +221,6 @@ class PPOTrainer:
         from ppo_rlhf.export import push_to_hub
 
         repo_id = repo_id or self.config.push_to_hub
-        require(bool(repo_id), "push_to_hub needs a repository id (config.push_to_hub or the repo_id argument)")
+        if not repo_id:
+            raise UsageError("push_to_hub needs a repository id (config.push_to_hub or the repo_id argument)")
         return push_to_hub(self.save_model(self.run_dir / "hub"), repo_id)

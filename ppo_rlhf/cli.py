@@ -52,12 +52,12 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.register("type", None, non_empty_text)  # (subcommand parsers are OneLineParsers too)
 
-    def add_subparsers(self, **kwargs):  # type: ignore[override]
+    def add_subparsers(self, **kwargs):
         action = super().add_subparsers(**kwargs)
         action.type = str  # a subcommand's arguments pass through here unchecked: its own parser checks them
         return action
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 

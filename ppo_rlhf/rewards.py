@@ -142,6 +142,7 @@ def import_function(spec: str, source: str, function: str, what: str = "reward f
             module = sys.modules.get(name)  # two functions of one file: import it once
             if module is None:
                 loader = importlib.util.spec_from_file_location(name, path)
+                assert loader is not None and loader.loader is not None  # (a .py file's spec has a loader)
                 module = importlib.util.module_from_spec(loader)
                 sys.modules[name] = module  # as `import` does: dataclasses and pickling look modules up here
                 try:

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import torch
 from torch import nn
@@ -161,7 +161,7 @@ class VLLMServer:
         self._read()  # {"ready": true} once the engine is up
 
     def _read(self) -> dict:
-        line = self.process.stdout.readline()
+        line = self._pipe("stdout").readline()
         if not line:
             self.process.wait()
             tail = "\n".join(self.log.read_text().splitlines()[-15:])
@@ -171,9 +171,14 @@ class VLLMServer:
             raise RuntimeError(f"the vLLM server refused a request: {reply['error']}")
         return reply
 
+    def _pipe(self, name: str) -> IO[str]:
+        pipe = getattr(self.process, name)
+        assert pipe is not None  # (both are PIPEs: __init__)
+        return pipe
+
     def request(self, request: dict) -> dict:
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
+        self._pipe("stdin").write(json.dumps(request) + "\n")
+        self._pipe("stdin").flush()
         return self._read()
 
     def generate(self, prompt_ids: list[list[int]], params: dict, seeds: list[int]) -> list[list[int]]:
@@ -193,7 +198,7 @@ class VLLMServer:
 
 
 def _stop_server(process: subprocess.Popen, folder: Path) -> None:
-    if process.poll() is None:
+    if process.poll() is None and process.stdin is not None:
         process.stdin.close()  # the server's loop ends on EOF
         try:
             process.wait(timeout=30)

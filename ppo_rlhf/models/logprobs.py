@@ -6,6 +6,8 @@ Tensor conventions (docs/DESIGN.md): per-token tensors are [B, L-1] and entry t 
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 from peft import PeftModel
 from torch import nn
@@ -103,6 +105,14 @@ def _chunk_positions(chunk_size: int | None, positions: int, rows: int, vocabula
     return max(1, step)
 
 
+@overload
+def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
+                   with_entropy: Literal[False] = ..., chunk_size: int | None = ..., first: int = ...,
+                   chunk_mb: float = ..., padding_free: bool = ...) -> torch.Tensor: ...
+@overload
+def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
+                   with_entropy: bool, chunk_size: int | None = ..., first: int = ..., chunk_mb: float = ...,
+                   padding_free: bool = ...) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 def token_logprobs(
     model: nn.Module,
     input_ids: torch.Tensor,

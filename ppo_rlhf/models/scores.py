@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from ppo_rlhf.data import Prompt
 from ppo_rlhf.errors import require
 from ppo_rlhf.models.chat import conversation_ids
 from ppo_rlhf.models.loading import backbone_and_head
@@ -87,7 +88,7 @@ class RewardModel:
     def __init__(self, model: nn.Module, tokenizer, padding_free: bool = False):
         self.model, self.tokenizer, self.padding_free = model, tokenizer, padding_free
 
-    def score_texts(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
+    def score_texts(self, prompts: list[Prompt], replies: list[str], batch_size: int) -> torch.Tensor:
         """[B] raw scores (on the reward model's own scale), on the CPU."""
         return score_texts(self.model, self.tokenizer, prompts, replies, batch_size=batch_size,
                            padding_free=self.padding_free)

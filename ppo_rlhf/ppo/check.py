@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ppo_rlhf.config import POSITIVE_INT, read_yaml
 from ppo_rlhf.ppo.train_config import TrainConfig
@@ -171,7 +171,7 @@ def micro_batches(trainer: PPOLoop, experience: Experience) -> Result:
 
 def cap(trainer: PPOLoop, experience: Experience) -> Result:
     """Some replies finish within max_new_tokens; the prompts none of whose replies finished are named."""
-    finished: dict[str, list[bool]] = {}
+    finished: dict[Any, list[bool]] = {}
     for prompt, done in zip(experience.prompts, experience.finished.tolist()):
         finished.setdefault(prompt, []).append(bool(done))
     never = [prompt for prompt, done in finished.items() if not any(done)]

@@ -17,7 +17,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ def checkpoint_name(iteration: int) -> str:
 
 def rng_state() -> dict[str, Any]:
     """torch, numpy and Python RNG states as plain types, so that `torch.load(weights_only=True)` accepts them."""
-    name, keys, position, has_gauss, cached = np.random.get_state()
+    name, keys, position, has_gauss, cached = cast(tuple, np.random.get_state())  # (legacy=True: the tuple)
     state = {
         "torch": torch.get_rng_state(),
         "numpy": [name, keys.tolist(), position, has_gauss, cached],

@@ -70,26 +70,21 @@ def scalar_tags(stats: dict[str, Any]) -> dict[str, float]:
 
 
 class TensorBoard:
-    """Scalars under RUN_DIR/tb; a no-op when disabled."""
+    """Scalars under RUN_DIR/tb."""
 
-    def __init__(self, folder: Path | None, first_iteration: int = 0):
-        self.writer = None
-        if folder is not None:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: report reads DASHBOARD without torch
+    def __init__(self, folder: Path, first_iteration: int = 0):
+        from torch.utils.tensorboard import SummaryWriter  # lazy: report reads DASHBOARD without torch
 
-            # purge_step: a resumed run drops the points a killed run logged after its last checkpoint
-            self.writer = SummaryWriter(str(folder), purge_step=first_iteration or None)
+        # purge_step: a resumed run drops the points a killed run logged after its last checkpoint
+        self.writer = SummaryWriter(str(folder), purge_step=first_iteration or None)
 
     def log(self, stats: dict[str, Any]) -> None:
-        if self.writer is None:
-            return
         for tag, value in scalar_tags(stats).items():
             self.writer.add_scalar(tag, value, stats["iteration"])
         self.writer.flush()
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        self.writer.close()
 
 
 def token_table_text(rows: list[dict[str, Any]], header: str, estimator: str = "gae") -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ppo_rlhf.data import Prompt
 from ppo_rlhf.models.logprobs import token_logprobs
 from ppo_rlhf.models.scores import RewardModel, sequence_values
 from ppo_rlhf.ppo.train_config import TrainConfig
@@ -53,6 +54,6 @@ class Critic(RewardModel):
         device = model_device(self.model)
         return sequence_values(self.model, input_ids.to(device), attention_mask.to(device), self.padding_free)
 
-    def score_texts(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
+    def score_texts(self, prompts: list[Prompt], replies: list[str], batch_size: int) -> torch.Tensor:
         with self.model.disable_adapter():
             return super().score_texts(prompts, replies, batch_size)

@@ -126,9 +126,10 @@ def saved_config(cfg: TrainConfig) -> TrainConfig:
     `train --resume RUN` read the same files from any directory (`resume` itself is not kept)."""
     from ppo_rlhf.models.loading import resolve_model_path  # lazy: torch
 
-    files = {name: absolute_if_local(getattr(cfg, name)) for name in FILE_FIELDS if getattr(cfg, name)}
-    models = {name: resolve_model_path(getattr(cfg, name)) for name in ("policy_model", "reward_model", "value_model")
-              if getattr(cfg, name) is not None}
+    files: dict[str, Any] = {name: absolute_if_local(getattr(cfg, name)) for name in FILE_FIELDS if getattr(cfg, name)}
+    models: dict[str, Any] = {name: resolve_model_path(getattr(cfg, name))
+                              for name in ("policy_model", "reward_model", "value_model")
+                              if getattr(cfg, name) is not None}
     return dataclasses.replace(cfg, **files, **models, reward_funcs=[saved_spec(s) for s in cfg.reward_funcs],
                                monitor_judges=[saved_spec(s) for s in cfg.monitor_judges], resume=False)
 
@@ -345,7 +346,8 @@ def select_checkpoints(run_dir: Path, which: str, full_models: bool = False) -> 
         chosen = found
     elif which == "latest":
         latest = latest_checkpoint(run_dir)
-        require(latest is not None, f"{run_dir}/checkpoints/latest is missing or names no complete checkpoint")
+        if latest is None:
+            raise UsageError(f"{run_dir}/checkpoints/latest is missing or names no complete checkpoint")
         chosen = [(iteration, folder) for iteration, folder in found if folder.name == latest.name]
     else:
         try:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.data import PromptRow, load_prompt_rows
+from ppo_rlhf.data import Prompt, PromptRow, load_prompt_rows
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models.chat import chat_prompt_ids
 from ppo_rlhf.models.generation import make_generator
@@ -223,6 +223,7 @@ class PPOLoop:
         self.schedulers = self._make_schedulers()
         self.ptx = None
         if cfg.ptx_coef > 0:
+            assert cfg.ptx_data is not None  # (TrainConfig.validate: ptx_coef needs ptx_data)
             self.ptx = PtxData(read_texts(cfg.ptx_data), self.tokenizer, cfg.ptx_batch_size, cfg.ptx_max_tokens,
                                cfg.seed + 2)
         self.generator = make_generator(cfg, self.policy, self.tokenizer)
@@ -276,8 +277,9 @@ class PPOLoop:
         """The reward functions, combined into `self.rewards`; returns them. The reward model the critic was
         initialised from scores through it, adapter off (one copy of its weights)."""
         cfg, remote, dtype = self.cfg, self.cfg.trust_remote_code, self.dtype
-        shared = source if source in specs and source != cfg.value_model else None
-        specs = [ModelReward.from_scorer(self.critic, reward_name(spec), self.score_size) if spec == shared
+        critic = self.critic
+        shared = source if critic is not None and source in specs and source != cfg.value_model else None
+        specs = [ModelReward.from_scorer(critic, reward_name(spec), self.score_size) if critic and spec == shared
                  else spec for spec in specs]
         try:
             funcs = resolve_reward_funcs(specs, dtype=dtype, device=self.device, trust_remote_code=remote,
@@ -308,7 +310,8 @@ class PPOLoop:
         self.reward_model = scorers[0] if len(scorers) == 1 else None
         self.value_model = self.critic.model if self.critic else None
         # the trained roles by checkpoint folder name: each backward, step and optimiser state goes through them
-        self.roles = {"policy": self.actor, **({"value": self.critic} if self.critic else {})}
+        self.roles: dict[str, Actor | Critic] = {"policy": self.actor,
+                                                 **({"value": self.critic} if self.critic else {})}
 
     def _load_judges(self, specs: list) -> CombinedReward | None:
         """The monitor's second judges, resolved as rewards are (never summed into the reward); None without any."""
@@ -336,8 +339,9 @@ class PPOLoop:
     @staticmethod
     def _imported(spec: str, what: str = "tool"):
         parts = function_spec(spec)
-        require(parts is not None, f"{what} {spec}: expected 'file.py:function' or 'module:function'")
-        found = import_function(spec, *parts, what=what)
+        if parts is None:
+            raise UsageError(f"{what} {spec}: expected 'file.py:function' or 'module:function'")
+        found = import_function(spec, parts[0], parts[1], what=what)
         require(callable(found), f"{what} {spec} is a {type(found).__name__}, not a callable")
         return found
 
@@ -437,7 +441,7 @@ class PPOLoop:
         self.monitor.load_state_dict(state.get("monitor"))  # (None: a checkpoint from before the monitor)
 
     # ----------------------------------------------------------------------------------------- 1. rollout
-    def rollout(self, prompts: list[str]) -> Rollout:
+    def rollout(self, prompts: list[Prompt]) -> Rollout:
         # token ids from the backend (generation.py); score() recomputes the log-probs the rollout does not carry
         if self.synced_version != self.policy_version:  # the policy changed since the engine last copied it
             self.generator.sync(self.policy)
@@ -519,8 +523,8 @@ class PPOLoop:
         """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
         n = self.cfg.reward_norm_samples
         rng = np.random.default_rng(self.cfg.seed + 1)
-        picks = rng.choice(len(self.prompts), size=n, replace=n > len(self.prompts))
-        picks = self.dist.shard(picks.tolist())  # this process's share (all of them in one process)
+        picks = rng.choice(len(self.prompts), size=n, replace=n > len(self.prompts)).tolist()
+        picks = self.dist.shard(picks)  # this process's share (all of them in one process)
         scores, finished, lengths = [], [], []
         for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation",
                          disable=self.cfg.quiet, leave=False):
@@ -540,7 +544,7 @@ class PPOLoop:
         return {"mean": float(scores.mean()), "std": std, "n": n, "finished": float(finished.float().mean())}
 
     # ------------------------------------------------------------------------------ 2-4. score, rewards, advantages
-    def make_experience(self, prompts: list[str]) -> Experience:
+    def make_experience(self, prompts: list[Prompt]) -> Experience:
         """Steps 1-4: sample one reply per prompt, then score it."""
         return self.score(self.rollout(prompts))
 
@@ -550,6 +554,7 @@ class PPOLoop:
         act = rollout.action_mask.to(dev)
         first = first_reply_position(rollout.prompt_ids)  # no LM head over positions that are prompt in every row
         if cfg.old_logprobs == "generation":  # recorded by generate from the same weights
+            assert rollout.logprobs is not None and rollout.entropy is not None  # (make_generator records them)
             old_logprobs, entropy = rollout.logprobs.to(dev), rollout.entropy.to(dev)
         else:
             old_logprobs, entropy = per_token_in_chunks(
@@ -627,7 +632,7 @@ class PPOLoop:
                 self.actor.step.backward(policy_loss)
             if "value" in roles:
                 value_loss, value_numbers = self.value_loss(part, count, token_share)
-                self.critic.step.backward(value_loss)
+                self.roles["value"].step.backward(value_loss)
                 numbers |= value_numbers
             for key, value in numbers.items():
                 sums[key] = sums.get(key, 0.0) + value
@@ -667,8 +672,9 @@ class PPOLoop:
 
     def value_loss(self, part: Experience, count: float, token_share: float) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped value loss of a micro-batch, values on the normalised reward scale: its share of the mean."""
-        cfg = self.cfg
-        values = self.normalised(self.critic.values(part.input_ids, part.attention_mask))
+        cfg, critic = self.cfg, self.critic
+        assert critic is not None  # (only GAE, which has one, computes a value loss)
+        values = self.normalised(critic.values(part.input_ids, part.attention_mask))
         vl = clipped_value_loss(values, part.old_values, part.returns, part.action_mask, cfg.value_clip_range,
                                 cfg.loss_aggregation, count)
         return vl.loss, {"v_loss": float(vl.loss.detach()), "vclipfrac": float(vl.clip_fraction) * token_share}
@@ -677,6 +683,7 @@ class PPOLoop:
         """PPO-ptx: backward of ptx_coef * the next-token NLL of one batch of ptx texts (temperature 1), averaged over
         every process's ptx tokens and accumulated into this optimiser step's policy gradient. Returns this process's
         share of the mean NLL (summed over processes: the mean)."""
+        assert self.ptx is not None  # (called only with ptx_coef > 0)
         ids, att = self.ptx.next_batch()
         count = self.dist.sum(float(ptx_targets(att).sum()))
         nll = ptx_nll(self.policy, ids.to(self.device), att.to(self.device), self.cfg.logprob_chunk or None, count)
@@ -708,7 +715,7 @@ class PPOLoop:
         for model in self.models.values():
             model.train(on)
 
-    def next_prompts(self) -> list[str]:
+    def next_prompts(self) -> list[Prompt]:
         """This process's prompts of the next batch: batch_size // group_size prompts drawn (identically on every
         process), each repeated group_size times in consecutive rows, then this rank's contiguous share of whole
         groups."""

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import gc
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -398,7 +399,8 @@ def score_models(pending: list[tuple[str | None, int | None, Path | None]], sett
     # the proxy in the runs' dtype: the scores PPO maximised (and bf16 forwards are ~2x faster than fp32 here)
     judges = {"proxy": make_judge(settings["proxy"], batch_size, device, dtype),
               "gold": make_judge(gold, batch_size, device)}
-    sample = dict(prompts=prompts, replies_per_prompt=replies_per_prompt, settings=settings, seed=seed)
+    sample: dict[str, Any] = dict(prompts=prompts, replies_per_prompt=replies_per_prompt, settings=settings,
+                                  seed=seed)
 
     def load(folder: Path | None) -> torch.nn.Module:
         """The start model (no folder) or a checkpoint's policy, on the device."""
@@ -437,7 +439,7 @@ def mark_kl_targets(summary: list[dict], selected: dict[str, list[tuple[int, Pat
 
 
 def evaluate_runs(
-    run_dirs: list[str | Path],
+    run_dirs: Sequence[str | Path],
     prompts_path: str | Path,
     out_dir: str | Path,
     proxy: str | None = None,
@@ -466,16 +468,16 @@ def evaluate_runs(
     require(replies_per_prompt >= 1, f"--replies-per-prompt must be >= 1, got {replies_per_prompt}")
     require(batch_size >= 1, f"--batch-size must be >= 1, got {batch_size}")
     require(length_sign in (1, -1), f"length_sign must be 1 or -1, got {length_sign}")
-    run_dirs = [Path(d) for d in run_dirs]
-    configs = read_run_configs(run_dirs)
+    dirs = [Path(d) for d in run_dirs]
+    configs = read_run_configs(dirs)
     settings = _common_settings(configs, proxy)
     prompts = read_prompts(prompts_path)  # every input is checked before the slow imports and model loads
     for judge in (settings["proxy"], gold):
         prefix = next((known for known in ("rm:", "rm-init-head:") if judge.startswith(known)), None)
         if prefix is not None:
             check_model_name(judge.removeprefix(prefix))
-    selected = {run_name(d): select_checkpoints(d, checkpoints) for d in run_dirs}  # (imports torch)
-    run_dirs_by_name = {run_name(d): d for d in run_dirs}
+    selected = {run_name(d): select_checkpoints(d, checkpoints) for d in dirs}  # (imports torch)
+    run_dirs_by_name = {run_name(d): d for d in dirs}
 
     device = str(resolve_device(device))
     # what a record depends on besides its model: records made otherwise are never reused
@@ -483,7 +485,8 @@ def evaluate_runs(
                        "batch_size": batch_size, "device": device, "kl": KL_ESTIMATE, "judges": list(JUDGES),
                        "length_sign": length_sign}
     out_dir = Path(out_dir)
-    jobs = [(None, None, None)] + [(run, i, folder) for run, found in selected.items() for i, folder in found]
+    jobs: list[tuple[str | None, int | None, Path | None]] = [(None, None, None)]
+    jobs += [(run, i, folder) for run, found in selected.items() for i, folder in found]
     stored = stored_records(out_dir, record_settings, prompts, model_keys or {})
     reused = [model_label(run, iteration) for run, iteration, _ in jobs if model_label(run, iteration) in stored]
     if reused:
@@ -506,7 +509,7 @@ def evaluate_runs(
             "prompts": str(Path(prompts_path).resolve()),  # absolute, like every saved path
             "n_prompts": len(prompts),
             "checkpoints": checkpoints,
-            "runs": {name: str(d.resolve()) for name, d in zip(configs, run_dirs)},
+            "runs": {name: str(d.resolve()) for name, d in zip(configs, dirs)},
         },
         "norms": norms,
         "summary": summary,

