@@ -18,6 +18,10 @@ import sys
 from ppo_rlhf import __version__
 from ppo_rlhf.errors import RunError, UsageError
 
+# The study's own dependencies (`pip install "ppo-rlhf[study]"`, pyproject.toml): the library and `train` run without
+# them, and a command that needs one says so in one line.
+STUDY_MODULES = ("matplotlib", "scipy", "sklearn", "vaderSentiment", "profanity_check")
+
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "toy": ("ppo_rlhf.ppo.toy_command", "the six-token bandit experiments of section 8.3/8.4"),
@@ -93,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except UsageError as error:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] not in STUDY_MODULES:
+            raise
+        print(f"ppo-rlhf {command}: error: needs {error.name}, a dependency of the study: "
+              "pip install 'ppo-rlhf[study]'", file=sys.stderr)
         return 2
     except RunError as error:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
