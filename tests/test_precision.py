@@ -74,7 +74,7 @@ def test_bf16_storage_keeps_trained_parts_and_heads_fp32(setup):
 
 def test_half_lm_head_reads_a_contiguous_input(setup):
     # torch's CPU matmul of a strided half [B, C, D] slice by the [V, D] head copies the head once per row
-    # (bench/README.md, "A strided slice before the LM head"); generate's first step hands the head hidden[:, -1:],
+    # (bench/HISTORY.md, "A strided slice before the LM head"); generate's first step hands the head hidden[:, -1:],
     # so a half model makes it contiguous
     policy = load_policy(setup["policy"], LoraSettings(rank=4), dtype=torch.bfloat16)
     head = policy.get_output_embeddings()

@@ -2,7 +2,7 @@
 EOS leave the batch and its KV cache, so later steps compute only the rows still writing.
 
 Hugging Face `generate` keeps every row to the last step and appends pad to the finished ones: at SmolLM2 batch 16,
-20% of the decode row-steps at cap 48 and 34% at cap 128 are finished rows (bench/README.md). This loop does what
+20% of the decode row-steps at cap 48 and 34% at cap 128 are finished rows (bench/HISTORY.md). This loop does what
 `generate` does for our greedy-over-TokenSampler set-up (rollout._sampling_config): one prefill of the left-padded
 prompts, then one token per step through a DynamicCache, position ids from the attention mask (generate's rule),
 the LM head on the last position only, and returns the same [B, steps] tokens, pad after each row's EOS.

@@ -83,7 +83,7 @@ def _head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
     logprobs, entropies = [], []  # entropies holds Nones unless with_entropy
     for start in range(0, hidden.shape[1], step):
         # contiguous: torch's CPU matmul of a strided [B, C, D] slice by the [V, D] head copies the head once per row
-        # in bf16 (6x slower on SmolLM2: bench/README.md, "A strided slice before the LM head")
+        # in bf16 (6x slower on SmolLM2: bench/HISTORY.md, "A strided slice before the LM head")
         h, tgt = hidden[:, start : start + step].contiguous(), targets[:, start : start + step]
         with_grad = torch.is_grad_enabled() and h.requires_grad
         if with_grad and not with_entropy and _frozen_plain_head(head):

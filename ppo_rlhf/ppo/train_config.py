@@ -107,7 +107,7 @@ class TrainConfig:
     and its KV cache (ppo_rlhf/models/decode.py) instead of being stepped with pad until the longest reply ends
     (false: Hugging Face `generate`). The same random numbers, so the same tokens wherever the smaller batch's matmuls
     round as the whole batch's did (float32: 415 of 416 SmolLM2 replies, tiny models always). Faster at every batch
-    and cap measured, 0.75-0.96x the time (bench/generation_drop.py, bench/README.md)."""
+    and cap measured, 0.75-0.96x the time (bench/generation_drop.py, bench/HISTORY.md)."""
     generation_backend: Literal["hf", "vllm"] = "hf"
     """"hf" (Hugging Face generate on the policy) or "vllm" (a vLLM engine in its own process and environment, `make
     venv-vllm`; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""

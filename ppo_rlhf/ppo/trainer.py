@@ -139,7 +139,7 @@ def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 def make_optimizer(model: torch.nn.Module, lr: float, cfg: TrainConfig) -> torch.optim.AdamW:
     params = trainable_parameters(model)
     # fused: one kernel for all parameters (CPU and CUDA); the per-tensor loop took ~4x as long over LoRA's many small
-    # factors (bench/README.md), with the same numbers to float rounding. Not under FSDP, whose optimiser mixes
+    # factors (bench/HISTORY.md), with the same numbers to float rounding. Not under FSDP, whose optimiser mixes
     # sharded (DTensor) and whole parameters, which the fused kernel refuses.
     fused = not any(is_sharded(p) for p in params)
     return torch.optim.AdamW(params, lr=lr, eps=cfg.adam_eps, weight_decay=0.0, fused=fused)

@@ -117,7 +117,7 @@ class DemoConfig:
     rm_lora_layers: NonNegativeInt = 0
     """Reward-model LoRA on the last N blocks only (0: every block): backward stops at the lowest adapted block, so
     fewer blocks are cheaper (10 of SmolLM2's 30: ~0.7x the step time), but every block was the one setting of the
-    search that raised validation accuracy beyond noise (bench/README.md, "The reward-model search")."""
+    search that raised validation accuracy beyond noise (bench/HISTORY.md, "The reward-model search")."""
     rm_lora_rank: PositiveInt = 16
     """Reward-model LoRA rank (alpha twice the rank)."""
     rm_shuffle_pairs: bool = False
