@@ -62,7 +62,7 @@ The goal (issue 45 item 2): ours (PPO) reaches the final accuracy of TRL's best 
 printed table gives, for each of our sides, the first checkpoint at or above that accuracy and its seconds and
 tokens over TRL's. And ours-grpo against trl-lora: seconds per step and per reply token.
 
-Not run yet at the full budget (the machine must be quiet); --dry-run is tests/test_peer_grpo.py.
+Not run yet at the full budget (the machine must be quiet); --dry-run is tests/bench/test_peer_grpo.py.
 """
 
 from __future__ import annotations
@@ -425,7 +425,7 @@ def main() -> None:
                         help="TRL's: bf16 (bf16=True, autocast over fp32 weights, its default), fp32, bf16-weights")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dry-run", action="store_true",
-                        help="tiny random models, one step a side, 4 held-out problems (tests/test_peer_grpo.py)")
+                        help="tiny random models, one step a side, 4 held-out problems (tests/bench/test_peer_grpo.py)")
     args = parser.parse_args()
     if args.dry_run:
         args.max_steps, args.heldout, args.eval_batch = 1, min(args.heldout, 4), 8

@@ -122,7 +122,7 @@ def peak_gpu_gb() -> float | None:
 
 # ------------------------------------------------------------------------------------------------ ours
 def ours_settings(args, work: Path) -> dict:
-    """Our side's TrainConfig settings (tests/test_from_trl.py checks that TRL's side, converted, gives them)."""
+    """Our side's TrainConfig settings (tests/ppo/test_from_trl.py checks that TRL's side, converted, gives them)."""
     return dict(
         policy_model=args.model_path, reward_model=args.model_path, prompts=str(work / "prompts.jsonl"),
         init_score_head=True,  # the policy as reward model, with a random head: a speed comparison

@@ -1,7 +1,7 @@
-"""One process of tests/test_distributed.py: a fixed global rollout, this rank's rows, score + update, a checkpoint
-written, one more update (weights and moments move on), the checkpoint read back, and an update from it; the losses,
-the whitened advantages, the trained parameters (after the first update and after the resumed one) and whether the
-checkpoint restored weights and moments go to OUT/rank{R}.pt. WORLD_SIZE=1 is the single-process run."""
+"""One process of tests/parallel/test_distributed.py: a fixed global rollout, this rank's rows, score + update, a
+checkpoint written, one more update (weights and moments move on), the checkpoint read back, and an update from it;
+the losses, the whitened advantages, the trained parameters (after the first update and after the resumed one) and
+whether the checkpoint restored weights and moments go to OUT/rank{R}.pt. WORLD_SIZE=1 is the single-process run."""
 
 from __future__ import annotations
 

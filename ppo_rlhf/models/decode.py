@@ -12,7 +12,7 @@ differently (CPU GEMM kernels change with the row count: on an AMX CPU fp32 [M, 
 from the 64-row product's for M <= 15, bf16 ones at other M), and a row whose draw falls within that rounding of a
 token boundary then takes the neighbouring token. Measured: the same tokens in float32 and bf16 on SmolLM2 (two
 batches of 8, cap 40) and in float32 on the tests' tiny models, where only a last row alone (M = 1) rounds its
-log-probs differently (4e-6; tests/test_generation_drop.py).
+log-probs differently (4e-6; tests/models/test_generation_drop.py).
 
 Dropping a row selects the surviving rows of every cached key and value (a copy of the cache, once per step in
 which some row finished); the columns of left padding stay, masked as before.

@@ -13,7 +13,7 @@
 With vLLM only the sampled token ids leave the engine: the trainer recomputes log pi_old, log pi_ref and the
 values itself from those ids, at the training temperature (docs/DESIGN.md). The engine's own log-probs are never
 used for training: vLLM's kernels and sampler differ slightly from the training forward pass, and the PPO ratio
-must be 1 before the first update (tests/test_vllm_engine.py measures how close they are). The HF backend samples
+must be 1 before the first update (tests/models/test_vllm_engine.py measures how close they are). The HF backend samples
 from the training policy itself, so with `old_logprobs: generation` it may hand over log pi_old recorded from its
 own logits.
 """

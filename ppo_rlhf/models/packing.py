@@ -33,7 +33,7 @@ from transformers import AttentionInterface
 from ppo_rlhf.errors import require
 
 # Architectures whose forward passes position ids to the rotary embedding and attention kwargs to each attention
-# call, checked against the padded path by tests/test_packing.py (SmolLM2 is llama, Qwen2.5 is qwen2). Another
+# call, checked against the padded path by tests/models/test_packing.py (SmolLM2 is llama, Qwen2.5 is qwen2). Another
 # architecture may not: refused rather than trusted.
 PACKED_MODEL_TYPES = ("llama", "qwen2")
 PACKED_SDPA = "ppo_rlhf_packed_sdpa"  # its name among transformers' attention implementations

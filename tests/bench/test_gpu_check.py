@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ppo_rlhf.models.precision import cpu_has_native_bf16
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PARTS = ["gemm", "ours", "trl", "fsdp", "zero2", "tests"]
 
 

@@ -168,7 +168,7 @@ def test_setting_reaches_the_generator_on_by_default_and_off_only_with_hf(tokeni
 
 
 def test_benchmark_dry_run(tiny_model_dirs, capsys):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import generation_drop
 
     results = generation_drop.main(["--model", str(tiny_model_dirs["policy"]), "--rounds", "1", "--batches", "2,3",

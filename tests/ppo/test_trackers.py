@@ -17,7 +17,7 @@ from ppo_rlhf.errors import UsageError
 from ppo_rlhf.ppo.dashboard import TensorBoard
 from ppo_rlhf.ppo.trackers import CompletionsLog, check_report_to, make_trackers
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def iteration_stats(index: int) -> dict:

@@ -16,7 +16,7 @@ from ppo_rlhf import PPOConfig
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.ppo.from_trl import TRL_DEFAULTS, settings_from_trl
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("peer_trl", ROOT / "bench" / "peer_trl.py")
 peer_trl = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(peer_trl)

@@ -18,7 +18,7 @@ from ppo_rlhf.ppo.objectives import masked_whiten
 
 import tiny
 
-WORKER = Path(__file__).parent / "dist_worker.py"
+WORKER = Path(__file__).parents[1] / "dist_worker.py"
 
 
 def free_port() -> int:
