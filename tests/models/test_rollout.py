@@ -9,7 +9,7 @@ from ppo_rlhf.models.chat import chat_prompt_ids
 from ppo_rlhf.models.loading import LoraSettings, add_policy_lora, add_value_lora, load_causal_lm, load_tokenizer
 from ppo_rlhf.models.logprobs import token_logprobs
 from ppo_rlhf.models.padding import right_pad
-from ppo_rlhf.models.rollout import build_batch, generate_rollout
+from ppo_rlhf.models.rollout import build_batch, cut_at_eos, generate_rollout
 from ppo_rlhf.models.scores import reward_inputs, reward_scores, score_texts, sequence_values
 
 import tiny
@@ -438,3 +438,10 @@ def test_right_pad_masks_by_length_not_by_pad_id():
     assert input_ids.tolist() == [[5, 7, 0, 0], [9, 0, 0, 0]]
     assert attention_mask.tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]  # the row's own trailing 0 is a token
     assert input_ids.dtype == attention_mask.dtype == torch.long
+
+
+def test_a_reply_is_cut_after_its_first_eos():
+    """One cut for every backend: the first EOS kept, what a backend pads after it dropped; no EOS: unfinished."""
+    assert cut_at_eos([5, 6, 2, 2, 2], [2]) == ([5, 6, 2], True)
+    assert cut_at_eos([5, 3, 6, 2], [2, 3]) == ([5, 3], True)
+    assert cut_at_eos([5, 6, 7], [2]) == ([5, 6, 7], False)
