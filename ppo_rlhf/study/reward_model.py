@@ -261,6 +261,41 @@ def train_epochs(loss_of_batch: Callable, optimizer, trainable: list, model, tra
     return epoch_losses
 
 
+def length_term(tokenizer, train: list[dict], device):
+    """(scale in tokens, weight) of the length expert: one trained scalar, started at what length alone says of the
+    training pairs (length_bias.length_fit)."""
+    import torch
+
+    train_gaps = [a - b for a, b in sequence_lengths(tokenizer, train)]
+    scale = length_scale(train_gaps)
+    return scale, torch.tensor(length_fit([g / scale for g in train_gaps]), device=device, requires_grad=True)
+
+
+def heldout_measure(model, tokenizer, train: list[dict], heldout: list[dict], batch_size: int, length_tolerance: int,
+                    seed: int, on_heldout: Callable[[dict, list[dict], list[float]], None] | None
+                    ) -> Callable[[int, int], dict]:
+    """measure(pairs seen, epochs done) -> a learning-curve point: the held-out margins' summary and the length
+    report (on_heldout gets every margin). Its fixed parts are computed once, here: each distinct reply's length, and
+    the word baseline fitted on the training pairs."""
+    heldout_prompts = [p["prompt"] for p in heldout]
+    replies = list(dict.fromkeys((p["prompt"], p[side]) for p in heldout for side in ("chosen", "rejected")))
+    reply_lengths = reply_tokens(tokenizer, [reply for _, reply in replies])
+    words = word_margins(train, heldout, seed)[len(train)].tolist()
+
+    def measure(pairs_seen: int, epochs_done: int) -> dict:
+        margins, length_gaps, scores = pair_margins(model, tokenizer, heldout, batch_size)
+        report = length_report(margins, length_gaps, heldout_prompts, [scores[r] for r in replies], reply_lengths,
+                               words, length_tolerance, seed)
+        point = {"pairs": pairs_seen, "epochs": epochs_done, **margin_summary(margins, length_gaps),
+                 "length": report}
+        if on_heldout is not None:
+            on_heldout(point, heldout, margins)
+        model.train()
+        return point
+
+    return measure
+
+
 def train_reward_model(
     pairs_source: str | Path,
     base: str = "smollm2",
@@ -322,32 +357,13 @@ def train_reward_model(
                            LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank, top_layers=lora_layers))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    scale, weight = 1.0, None
-    if length_head:  # the length expert: one scalar, started at what length alone says (length_bias.length_fit)
-        train_gaps = [a - b for a, b in sequence_lengths(tokenizer, train)]
-        scale = length_scale(train_gaps)
-        weight = torch.tensor(length_fit([g / scale for g in train_gaps]), device=device, requires_grad=True)
+    scale, weight = length_term(tokenizer, train, device) if length_head else (1.0, None)
+    if weight is not None:
         trainable.append(weight)
     started_weight = None if weight is None else weight.item()
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
 
-    # the held-out report's fixed parts: each distinct reply's length, the word baseline fitted on the training pairs
-    heldout_prompts = [p["prompt"] for p in heldout]
-    replies = list(dict.fromkeys((p["prompt"], p[side]) for p in heldout for side in ("chosen", "rejected")))
-    reply_lengths = reply_tokens(tokenizer, [reply for _, reply in replies])
-    words = word_margins(train, heldout, seed)[len(train)].tolist()
-
-    def measure(pairs_seen: int, epochs_done: int) -> dict:
-        margins, length_gaps, scores = pair_margins(model, tokenizer, heldout, batch_size)
-        report = length_report(margins, length_gaps, heldout_prompts, [scores[r] for r in replies], reply_lengths,
-                               words, length_tolerance, seed)
-        point = {"pairs": pairs_seen, "epochs": epochs_done, **margin_summary(margins, length_gaps),
-                 "length": report}
-        if on_heldout is not None:
-            on_heldout(point, heldout, margins)
-        model.train()
-        return point
-
+    measure = heldout_measure(model, tokenizer, train, heldout, batch_size, length_tolerance, seed, on_heldout)
     curve = [measure(0, 0)]
     before = {key: value for key, value in curve[0].items() if key not in ("pairs", "epochs", "length")}
     loss_of_batch = functools.partial(pair_loss, model, tokenizer, weight=weight, scale=scale, device=device)
