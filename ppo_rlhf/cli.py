@@ -41,6 +41,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# A command handed on to another module's `run` when one of its flags is given (the same parser and arguments): the
+# study's demo and compare on a verifiable task (--task) are the tasks' own, so the study never imports the tasks.
+HANDED_ON: dict[str, tuple[str, str]] = {"demo": ("task", "ppo_rlhf.tasks.demo"),
+                                         "compare": ("task", "ppo_rlhf.tasks.compare")}
+
+
 def non_empty_text(text: str) -> str:
     """The type of every text argument without one of its own: an empty path or name is never meant."""
     if not text.strip():
@@ -93,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         args = build_parser(only=command).parse_args(argv)
-        module = importlib.import_module(COMMANDS[command][0])
-        return int(module.run(args) or 0)
+        module_name = COMMANDS[command][0]
+        if command in HANDED_ON and getattr(args, HANDED_ON[command][0], None) is not None:  # (demo: unset is absent)
+            module_name = HANDED_ON[command][1]
+        return int(importlib.import_module(module_name).run(args) or 0)
     except UsageError as error:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
         return 2

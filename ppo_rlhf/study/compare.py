@@ -104,10 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.task is not None:
-        from ppo_rlhf.tasks.compare import run_task_compare
-
-        return run_task_compare(args)
+    """`ppo-rlhf compare` (with --task the CLI runs `ppo_rlhf.tasks.compare.run` instead)."""
     task_only = [flag for flag, value in (("--variants", args.variants), ("--checkpoints", args.checkpoints),
                                           ("--heldout", args.heldout)) if value is not None]
     require(not task_only, f"{', '.join(task_only)}: only with --task")

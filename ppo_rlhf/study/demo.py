@@ -474,12 +474,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, DemoConfig)
 
 
-def run(args: argparse.Namespace) -> int:
-    given = {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(DemoConfig)}}
-    if given.get("task") is not None:
-        from ppo_rlhf.tasks.demo import run_task_demo
+def given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The DemoConfig settings among the parsed arguments (the task demo's too: `ppo_rlhf.tasks.demo.run`)."""
+    return {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(DemoConfig)}}
 
-        return run_task_demo(given)
+
+def run(args: argparse.Namespace) -> int:
+    """`ppo-rlhf demo` (with --task the CLI runs `ppo_rlhf.tasks.demo.run` instead)."""
+    given = given_settings(args)
     preset = QUICK if given.get("quick") else FULL if given.get("full") else {}
     cfg = build_config(DemoConfig, preset, given)
     demo(cfg)

@@ -25,6 +25,7 @@ The preset is read from the repository's configs/ folder (one source of truth: t
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import shutil
@@ -36,7 +37,7 @@ import yaml
 from ppo_rlhf.config import build_config, read_yaml
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.study.demo import Stages
+from ppo_rlhf.study.demo import Stages, given_settings
 from ppo_rlhf.tasks.arithmetic import level, write_task
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.lock import hold
@@ -64,6 +65,12 @@ def preset() -> dict[str, Any]:
     require(PRESET.is_file(), f"the task preset {PRESET} is missing: it ships with the repository, not the wheel; "
                               "run the task demo from a clone")
     return read_yaml(PRESET)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`ppo-rlhf demo --task ...` (the CLI hands the demo command here when --task is given; its parser is
+    `ppo_rlhf.study.demo`'s)."""
+    return run_task_demo(given_settings(args))
 
 
 def run_task_demo(given: dict[str, Any]) -> int:
