@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pairs": ("ppo_rlhf.study.pairs", "sample reply pairs and label them with a gold judge"),
     "reward-model": ("ppo_rlhf.study.reward_model", "train a Bradley-Terry reward model"),
     "train": ("ppo_rlhf.train", "run PPO"),
-    "task": ("ppo_rlhf.tasks.arithmetic",
+    "task": ("ppo_rlhf.tasks.command",
              "verifiable arithmetic problems (train and held-out JSONL) with an exact checker"),
     "check": ("ppo_rlhf.ppo.check", "the invariants of a correct PPO, measured on a config's models before training"),
     "evaluate": ("ppo_rlhf.study.evaluate", "evaluate checkpoints on held-out prompts"),
