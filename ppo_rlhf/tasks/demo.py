@@ -51,8 +51,8 @@ QUICK = dict(iterations=2, batch_size=4, minibatch_size=2, max_new_tokens=32, re
              critic_warmup_iterations=1, checkpoint_every=1)
 QUICK_PROBLEMS = dict(train=32, heldout=20)  # the full demo writes every problem of the level
 HELDOUT = 200  # held-out problems the evaluation scores (QUICK_PROBLEMS["heldout"] in the smoke run)
-# `ppo-rlhf task evaluate`'s defaults, so that the demo's evaluation of the preset reproduces bench/README.md's table
-EVALUATION = dict(replies_per_prompt=1, seed=1234, batch_size=32, checkpoints="all")
+# `ppo-rlhf task evaluate`'s defaults, so that the demo's evaluation of the preset reproduces bench/HISTORY.md's table
+EVALUATION: dict[str, Any] = dict(replies_per_prompt=1, seed=1234, batch_size=32, checkpoints="all")
 
 # demo flags that mean something here, and the TrainConfig field each of the others sets
 APPLIES = ("task", "out", "quick", "model", "seed", "device", "dtype", "iterations")

@@ -18,7 +18,7 @@ from ppo_rlhf.study.evaluate import START
 from ppo_rlhf.tasks.demo import PRESET, train_config
 from ppo_rlhf.tasks.report import opening_sentence, time_sentence
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_demo_trains_exactly_the_shipped_preset(tmp_path):

@@ -73,7 +73,7 @@ def test_a_run_and_its_checkpoints_on_heldout_problems(tiny_model_dirs, tmp_path
 def test_the_shipped_task_config_trains_through_the_cli(tiny_model_dirs, tmp_path):
     from ppo_rlhf.cli import main
 
-    config = Path(__file__).resolve().parent.parent / "configs" / "smollm2_add_tiny.yaml"
+    config = Path(__file__).resolve().parents[2] / "configs" / "smollm2_add_tiny.yaml"
     assert main(["task", "write", "add-tiny", "--out", str(tmp_path / "data"), "--train", "8"]) == 0
     tiny = ["--policy-model", str(tiny_model_dirs["policy"]), "--prompts", str(tmp_path / "data" / "train.jsonl"),
             "--out", str(tmp_path / "run"), "--iterations", "2", "--batch-size", "4", "--minibatch-size", "2",
