@@ -76,6 +76,7 @@ demo-full: $(STAMP) $(GARAK)
 # The suite without the optional vLLM environment (its tests: `make test-vllm`; .ci/run runs both).
 test: $(STAMP) venv-grpo
 	$(BIN)/ruff check ppo_rlhf tests bench examples
+	$(BIN)/python -m mypy
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not vllm"
 
 # The tests marked vllm, on a real vLLM CPU engine from $(VLLM_VENV) (they skip, saying why, where it did not install).
