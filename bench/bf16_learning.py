@@ -7,9 +7,9 @@ prompts, `--iterations` iterations per run. Each run is a `ppo-rlhf train` run o
 memory and threads do not touch the next. The raw reward-model score of each iteration's replies (history `rm_raw`)
 is the learning curve. The verdict compares the two dtypes' mean score over the last `--tail` iterations with the
 seed-to-seed spread of that same number within each dtype: the difference of the dtype means against the larger of
-the two seed standard deviations. bench/README.md holds a run's numbers; OUT/curves.png the curves.
+the two seed standard deviations. bench/HISTORY.md holds a run's numbers; OUT/curves.png the curves.
 
-Last run (bench/README.md, ninth session), 2026-12-04 08:47-10:56 UTC, against a fresh demo reward model:
+Last run (bench/HISTORY.md, ninth session), 2026-12-04 08:47-10:56 UTC, against a fresh demo reward model:
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python bench/bf16_learning.py \
         --reward-model runs/demo/reward_model --prompts runs/demo/prompts/ppo.jsonl --seeds 1,2,3,4,5,6,7,8 \

@@ -17,7 +17,7 @@ bench/padding_share.py counts it). The model runs in `--dtype` (auto: bf16 where
 with torch's default threads: run it on a quiet machine.
 
 Last run (2026-12-05 11:46-12:03 UTC, AVX2-only AMD EPYC, fp32, `--rounds 2`): drop/today time 0.75-0.96 at every
-batch and cap, 415 of 416 replies the same tokens (bench/README.md, "Issue 32 on an AVX2-only CPU").
+batch and cap, 415 of 416 replies the same tokens (bench/HISTORY.md, "Issue 32 on an AVX2-only CPU").
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/README.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/HISTORY.md)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parent.parent

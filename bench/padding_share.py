@@ -4,7 +4,7 @@
     .venv/bin/python bench/padding_share.py --lengths /tmp/lengths.json   # the table again from saved lengths
 
 Replies: the real SmolLM2-135M-Instruct ("smollm2", offline) in bf16 samples `--batches` batches of 16 replies to
-bench/peer_trl.py's 16 prompts (the prompts every timed comparison in bench/README.md uses) at temperature 0.7, once
+bench/peer_trl.py's 16 prompts (the prompts every timed comparison in bench/HISTORY.md uses) at temperature 0.7, once
 per cap; their token lengths are saved (`--save`) and every number below is counted from them.
 
 What is counted (positions = token rows through the transformer body; the LM head is counted separately):
@@ -19,7 +19,7 @@ What is counted (positions = token rows through the transformer body; the LM hea
 * LM head: the log-prob passes run the head from the first position that is a reply token in some row
   (`first_reply_position`) to the chunk's width; real work: the positions from there whose next token is real.
 
-Configurations: SmolLM2 batch 16 / minibatch 8 (micro-batch 8 and 4, scoring over the whole batch: bench/README.md's
+Configurations: SmolLM2 batch 16 / minibatch 8 (micro-batch 8 and 4, scoring over the whole batch: bench/HISTORY.md's
 runs); the issue's Qwen2.5-0.5B shape, batch 32 / minibatch 16 / micro-batch 8, scoring over the batch. The
 Qwen-shaped model has random weights and never emits EOS, so as benchmarked every reply is exactly the cap (only
 the prompts pad; the reward model's rows are counted as prompt + cap + 1 tokens); a real instruct model's replies

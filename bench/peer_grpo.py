@@ -7,7 +7,7 @@
         --heldout 20                                                       # the real path, a few minutes
 
 Each side trains in its own process, one after another (peak memory is the process's own): ours in the project's
-.venv, TRL's in bench/.venv-grpo (TRL_VERSION, never a runtime dependency; set-up in bench/README.md). Both read the
+.venv, TRL's in bench/.venv-grpo (TRL_VERSION, never a runtime dependency; set-up in bench/HISTORY.md). Both read the
 same problems file (OUT/data/train.jsonl, all of add-tiny's training problems) and start from the same model folder
 (SmolLM2-135M-Instruct, offline). TRL's driver adds the repository to its path and imports the reward functions
 themselves (`ppo_rlhf.tasks.arithmetic.exact_match` and `answer_format`, weights 1 and 0.1 as the preset's): that
@@ -56,13 +56,13 @@ after seeing a result of this benchmark; each run once (seed 1) for --budget-s s
 best final held-out accuracy among its runs. TRL's two: trl-tuned (a 10x rate for a 135M model trained for minutes,
 the reply cap and temperature of our preset since add-tiny's answers take ~15 tokens, no gradient checkpointing as
 memory is ample) and trl-lora (our preset's LoRA and rate). Ours uses one of its two: ours-ppo-warm0 (critic warm-up
-0 reached 69.5% against 57.5% with the preset's 3 in `ppo-rlhf compare`, bench/README.md).
+0 reached 69.5% against 57.5% with the preset's 3 in `ppo-rlhf compare`, bench/HISTORY.md).
 
 The goal (issue 45 item 2): ours (PPO) reaches the final accuracy of TRL's best run in <= 0.5x TRL's seconds; the
 printed table gives, for each of our sides, the first checkpoint at or above that accuracy and its seconds and
 tokens over TRL's. And ours-grpo against trl-lora: seconds per step and per reply token.
 
-Not run yet at the full budget (the machine must be quiet); --dry-run is tests/test_peer_grpo.py.
+Not run yet at the full budget (the machine must be quiet); --dry-run is tests/bench/test_peer_grpo.py.
 """
 
 from __future__ import annotations
@@ -425,7 +425,7 @@ def main() -> None:
                         help="TRL's: bf16 (bf16=True, autocast over fp32 weights, its default), fp32, bf16-weights")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dry-run", action="store_true",
-                        help="tiny random models, one step a side, 4 held-out problems (tests/test_peer_grpo.py)")
+                        help="tiny random models, one step a side, 4 held-out problems (tests/bench/test_peer_grpo.py)")
     args = parser.parse_args()
     if args.dry_run:
         args.max_steps, args.heldout, args.eval_batch = 1, min(args.heldout, 4), 8
@@ -441,7 +441,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--sides: unknown {', '.join(unknown)}; choose from {', '.join(SIDES)}")
     if any(SIDES[s]["trainer"] == "trl" for s in sides) and not GRPO_PY.exists():
-        raise SystemExit(f"{GRPO_PY} missing: see bench/README.md (TRL's GRPO environment) or `make venv-grpo`")
+        raise SystemExit(f"{GRPO_PY} missing: see bench/HISTORY.md (TRL's GRPO environment) or `make venv-grpo`")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model, data, dtype = prepare(args, out)

@@ -1,4 +1,4 @@
-"""Our PPO trainer and TRL's PPO trainer, the same configuration, side by side, alternating (bench/README.md).
+"""Our PPO trainer and TRL's PPO trainer, the same configuration, side by side, alternating (bench/HISTORY.md).
 
     .venv/bin/python bench/peer_trl.py                      # both models, the default (small) configuration
     .venv/bin/python bench/peer_trl.py --models smollm2 --batch 32 --minibatch 16 --max-new-tokens 48
@@ -23,7 +23,7 @@ or `tuned` (and large freed blocks returned to the OS: lower peaks, slower SmolL
 each minibatch's forward+backward into smaller passes on both sides (TRL's per_device_train_batch_size), which trades
 speed for activation memory; `--logprob-chunk-mb` is ours only (TRL forms the whole [B, L, V] logits).
 
-Last run (bench/README.md, ninth session), 2026-12-04 09:24-09:39 UTC, quiet machine:
+Last run (bench/HISTORY.md, ninth session), 2026-12-04 09:24-09:39 UTC, quiet machine:
 
     .venv/bin/python bench/peer_trl.py --models qwen-shape --batch 32 --minibatch 16 --micro-batch 8 \
         --max-new-tokens 48 --warmup 0 --iterations 1 --rounds 2 --trl bf16-weights --tuned-malloc
@@ -60,7 +60,7 @@ PROMPTS = [
     "Write one sentence about the sea.", "What is a good breakfast?", "Translate 'thank you' into French.",
 ]
 # glibc allocator settings, the same for both sides: "hugetlb" is what `make demo` sets (transparent huge pages);
-# "tuned" adds returning large freed blocks to the OS (lower peak memory, slower SmolLM2 fwd+bwd: bench/README.md)
+# "tuned" adds returning large freed blocks to the OS (lower peak memory, slower SmolLM2 fwd+bwd: bench/HISTORY.md)
 MALLOC_SETTINGS = {"default": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
                    "tuned": {"MALLOC_MMAP_THRESHOLD_": "131072", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
 QWEN_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -122,7 +122,7 @@ def peak_gpu_gb() -> float | None:
 
 # ------------------------------------------------------------------------------------------------ ours
 def ours_settings(args, work: Path) -> dict:
-    """Our side's TrainConfig settings (tests/test_from_trl.py checks that TRL's side, converted, gives them)."""
+    """Our side's TrainConfig settings (tests/ppo/test_from_trl.py checks that TRL's side, converted, gives them)."""
     return dict(
         policy_model=args.model_path, reward_model=args.model_path, prompts=str(work / "prompts.jsonl"),
         init_score_head=True,  # the policy as reward model, with a random head: a speed comparison
@@ -137,16 +137,16 @@ def ours_settings(args, work: Path) -> dict:
 
 
 def ours_trainer(args):
-    """Our PPOTrainer at the configuration held equal with TRL's (bench/README.md)."""
+    """Our PPOLoop at the configuration held equal with TRL's (bench/HISTORY.md)."""
     sys.path.insert(0, str(ROOT))
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
     work = Path(tempfile.mkdtemp(prefix="peer_ours_"))
     (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     cfg = build_config(TrainConfig, ours_settings(args, work))
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # TRL has no score normalisation; skip measuring it
     return trainer
 
@@ -349,7 +349,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--trl: unknown setting(s) {', '.join(unknown)}; choose from {', '.join(TRL_MODES)}")
     if not TRL_PY.exists():
-        raise SystemExit(f"{TRL_PY} missing: see bench/README.md to create the TRL environment")
+        raise SystemExit(f"{TRL_PY} missing: see bench/HISTORY.md to create the TRL environment")
     # PASSIVE: OpenMP threads sleep instead of spinning while they wait. On this shared 2-core machine the default
     # (spinning) made a 2-thread forward+backward 3-4x slower whenever other processes held the cores.
     env = {"OMP_WAIT_POLICY": "PASSIVE", "TRL_EXPERIMENTAL_SILENCE": "1", **os.environ, "HF_HUB_OFFLINE": "1",

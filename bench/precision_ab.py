@@ -7,7 +7,7 @@ builds its bf16 kernels on first use), then `--iterations` timed ones. `--rounds
 order. The replies differ after the first sampled token whose probabilities rounded differently, so the sides
 do not run the same token counts; the table shows them.
 
-Last run (bench/README.md, fifth session), 2026-12-03 17:00-17:05 UTC, SmolLM2, quiet machine:
+Last run (bench/HISTORY.md, fifth session), 2026-12-03 17:00-17:05 UTC, SmolLM2, quiet machine:
 
     .venv/bin/python bench/precision_ab.py --batch 8 --minibatch 4 --max-new-tokens 24 --rounds 2
 
@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/README.md)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP (see bench/HISTORY.md)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,7 +41,7 @@ def run_side(args: argparse.Namespace) -> dict:
 
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
     path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="precision_ab_"))
@@ -51,7 +51,7 @@ def run_side(args: argparse.Namespace) -> dict:
         batch_size=args.batch, minibatch_size=args.minibatch, max_new_tokens=args.max_new_tokens,
         tensorboard=False, quiet=True, seed=args.seed, device="cpu", dtype=args.side, init_score_head=True))
     started = time.perf_counter()
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     load_s = time.perf_counter() - started
     trainer.reward_mean, trainer.reward_std = 0.0, 1.0  # both sides alike; the normalisation pass is not timed here
     rows = [trainer.iteration(index)[0] for index in range(1 + args.iterations)][1:]

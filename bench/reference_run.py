@@ -25,8 +25,8 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from ppo_rlhf.config import build_config  # noqa: E402
-from ppo_rlhf.ppo.train import train  # noqa: E402
 from ppo_rlhf.ppo.train_config import TrainConfig  # noqa: E402
+from ppo_rlhf.train import train  # noqa: E402
 
 import tiny  # noqa: E402
 

@@ -40,7 +40,7 @@ nothing else running; the project's pool and search live in git, so each command
     HF_HUB_OFFLINE=1 .venv/bin/python bench/rm_search.py test --pool bench/results/rm_pool \\
         --search bench/results/rm_search
 
-What it printed last: bench/README.md, "The reward-model search on the validation split" (the project's pool,
+What it printed last: bench/HISTORY.md, "The reward-model search on the validation split" (the project's pool,
 bench/results/rm_pool, is whole; the search's records are in bench/results/rm_search/search.jsonl, the test split's
 one look in bench/results/rm_pool/test.jsonl).
 """

@@ -24,7 +24,7 @@ Run it on a quiet machine; the CPU's flags are printed first (AMX, AVX512-BF16 o
 Last run (2026-12-05 12:04-13:17 UTC, AVX2-only AMD EPYC, fp32 both sides): every point ran; generation grows
 fastest with the cap (k 0.71 ours, 0.87 TRL), scoring and update with batch; ours/TRL 0.86-0.99 in time except the
 smallest point (1.40, which did not reproduce: 0.96 over three iterations a side at 15:04-15:14), 0.54-0.71 in
-memory (bench/README.md, "Issue 32 on an AVX2-only CPU").
+memory (bench/HISTORY.md, "Issue 32 on an AVX2-only CPU").
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(side not in ("ours", "trl") for side in sides):
         parser.error(f"--sides: ours, trl or both, got {args.sides}")
     if "trl" in sides and not TRL_PY.exists():
-        raise SystemExit(f"{TRL_PY} missing: see bench/README.md to create the TRL environment")
+        raise SystemExit(f"{TRL_PY} missing: see bench/HISTORY.md to create the TRL environment")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "points.jsonl"

@@ -1,6 +1,6 @@
 """GPU check of the vLLM generation backend, on a machine with CUDA and a GPU build of vLLM in its own environment
 (PPO_RLHF_VLLM_PYTHON=that environment's python; the engine runs in its own process, ppo_rlhf/models/vllm_server.py).
-Not run yet (no GPU lent so far); the CPU build is checked by tests/test_vllm_engine.py and bench/vllm_cpu.py:
+Not run yet (no GPU lent so far); the CPU build is checked by tests/models/test_vllm_engine.py and bench/vllm_cpu.py:
 
     python bench/vllm_check.py [--model smollm2] [--prompts 16] [--max-new-tokens 32]
 

@@ -9,7 +9,7 @@ stop at EOS, the reply cap) through the trainer's own code paths: `rollout.gener
 starts one engine (its start time is printed); each (side, batch) has one untimed warm-up call first (vLLM's first
 call of a shape is slow). Replies end at different lengths on the two sides, so tokens/s, not seconds, is compared.
 
-Last run (bench/README.md, "Results, vLLM on this CPU"), 2026-12-03 14:09-14:24 UTC, quiet machine:
+Last run (bench/HISTORY.md, "Results, vLLM on this CPU"), 2026-12-03 14:09-14:24 UTC, quiet machine:
 
     .venv/bin/python bench/vllm_cpu.py --models smollm2,qwen-shape --batches 8,32 --dtypes float32,bfloat16
 

@@ -3,7 +3,7 @@ with the held-out exact-match accuracy of the policy before and after training."
 from ppo_rlhf import PPOConfig, PPOTrainer
 from ppo_rlhf.tasks.arithmetic import FORMAT_WEIGHT, answer_format, exact_match, problems
 
-LEVEL = "add-tiny"  # SmolLM2-135M-Instruct starts near 18% here (bench/README.md); `ppo-rlhf task list` shows others
+LEVEL = "add-tiny"  # SmolLM2-135M-Instruct starts near 18% here (bench/HISTORY.md); `ppo-rlhf task list` shows others
 
 
 def accuracy(trainer: PPOTrainer, rows: list[dict], seed: int = 0) -> float:
@@ -26,7 +26,7 @@ def main(heldout: int = 200, **settings):  # settings override the defaults belo
                           "critic_warmup_iterations": 3, **settings})  # no reward model: the critic starts cold
     trainer = PPOTrainer(config, reward_funcs=[exact_match, answer_format],
                          train_dataset=problems(LEVEL, "train"))  # {"prompt", "answer"} rows; answer reaches rewards
-    test = problems(LEVEL, "heldout", heldout)  # never a training problem (tests/test_tasks.py)
+    test = problems(LEVEL, "heldout", heldout)  # never a training problem (tests/tasks/test_tasks.py)
     before = accuracy(trainer, test)  # the LoRA adapter starts at zero: this is the start policy
     trainer.train()  # RUN/history.jsonl: reward/exact_match and reward/answer_format per iteration
     after = accuracy(trainer, test)

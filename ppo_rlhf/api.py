@@ -21,7 +21,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Protocol
 
-from ppo_rlhf.errors import require
+from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.ppo.train_config import TrainConfig
 
 PPOConfig = TrainConfig
@@ -102,37 +102,17 @@ class PPOTrainer:
                  resume: bool = False, monitor_judges: Any = None, tools: list | None = None,
                  environment_factory: Any = None):
         from ppo_rlhf.data import load_prompt_rows
-        from ppo_rlhf.ppo.train import check_run_dir
+        from ppo_rlhf.ppo.run import check_run_dir
+        from ppo_rlhf.utils.lock import require_free
 
         require(isinstance(config, TrainConfig), f"config must be a PPOConfig, got {type(config).__name__}")
         specs, judges = _as_list(reward_funcs), _as_list(monitor_judges)
         loaded_policy = None if policy_model is None or isinstance(policy_model, str | Path) else policy_model
-        changes: dict[str, Any] = {"resume": config.resume or resume}
-        if specs is not None:
-            changes["reward_funcs"] = [spec_name(spec) for spec in specs]
-        if judges is not None:
-            changes["monitor_judges"] = [spec_name(judge) for judge in judges]
-        if isinstance(policy_model, str | Path):
-            changes["policy_model"] = str(policy_model)
-        elif loaded_policy is not None:
-            changes["policy_model"] = getattr(loaded_policy, "name_or_path", "") or type(loaded_policy).__name__
-        if train_dataset is not None:
-            changes["prompts"] = None  # the dataset replaces the file
-        if tools is not None:  # config.yaml records their names, as it does the reward functions'
-            require(all(callable(t) for t in tools), "tools must be Python functions")
-            changes["tools"] = [spec_name(t) for t in tools]
-        if environment_factory is not None:
-            require(callable(environment_factory), "environment_factory must be a callable returning an environment")
-            changes["environment"] = spec_name(environment_factory)
-        cfg = dataclasses.replace(config, **changes)
-        cfg.require_inputs(dataset=train_dataset is not None)
-        named = {name: [str(s) for s in given if isinstance(s, str | Path)]
-                 for name, given in (("reward_funcs", specs), ("monitor_judges", judges)) if given is not None}
-        if loaded_policy is not None:  # its name need not be a folder any more
-            named["policy_model"] = "loaded"
-        dataclasses.replace(cfg, **named).check_files()  # the files named (objects are checked as they are used)
+        cfg = self._config_with_arguments(config, specs, judges, policy_model, loaded_policy, train_dataset is not None,
+                                          resume, tools, environment_factory)
         # resume=True where there is nothing to resume is a new run (config.yaml is the first file a run writes)
         self.resuming = cfg.resume and (Path(cfg.out) / "config.yaml").is_file()
+        require_free(cfg.out)  # a run in progress is refused before the models load (train() takes the lock)
         if not self.resuming:
             check_run_dir(cfg)  # before the models load: a refusal is instant, and nothing is removed on bad input
         rows = load_prompt_rows(train_dataset if train_dataset is not None else cfg.prompts, cfg.prompt_column)
@@ -143,12 +123,45 @@ class PPOTrainer:
                     "processing_class= (the model does not name a folder to load it from)")
             processing_class = load_tokenizer(loaded_policy.name_or_path, cfg.trust_remote_code)
 
-        from ppo_rlhf.ppo.trainer import PPOTrainer as Loop  # lazy: torch, transformers and peft
+        from ppo_rlhf.ppo.trainer import PPOLoop  # lazy: torch, transformers and peft
 
         self.config = cfg
         self.callbacks = list(callbacks or [])
-        self.loop = Loop(cfg, reward_funcs=specs, prompt_rows=rows, policy=loaded_policy, tokenizer=processing_class,
-                         monitor_judges=judges, tools=tools, environment_factory=environment_factory)
+        self.loop = PPOLoop(cfg, reward_funcs=specs, prompt_rows=rows, policy=loaded_policy,
+                            tokenizer=processing_class, monitor_judges=judges, tools=tools,
+                            environment_factory=environment_factory)
+
+    @staticmethod
+    def _config_with_arguments(config: TrainConfig, specs: list | None, judges: list | None, policy_model: Any,
+                               loaded_policy: Any, dataset: bool, resume: bool, tools: list | None,
+                               environment_factory: Any) -> TrainConfig:
+        """`config` with what the arguments replace, named as config.yaml records them (objects by `spec_name`), then
+        checked: the inputs a run needs, and the files it names (objects are checked as they are used)."""
+        changes: dict[str, Any] = {"resume": config.resume or resume}
+        if specs is not None:
+            changes["reward_funcs"] = [spec_name(spec) for spec in specs]
+        if judges is not None:
+            changes["monitor_judges"] = [spec_name(judge) for judge in judges]
+        if isinstance(policy_model, str | Path):
+            changes["policy_model"] = str(policy_model)
+        elif loaded_policy is not None:
+            changes["policy_model"] = getattr(loaded_policy, "name_or_path", "") or type(loaded_policy).__name__
+        if dataset:
+            changes["prompts"] = None  # the dataset replaces the file
+        if tools is not None:  # config.yaml records their names, as it does the reward functions'
+            require(all(callable(t) for t in tools), "tools must be Python functions")
+            changes["tools"] = [spec_name(t) for t in tools]
+        if environment_factory is not None:
+            require(callable(environment_factory), "environment_factory must be a callable returning an environment")
+            changes["environment"] = spec_name(environment_factory)
+        cfg = dataclasses.replace(config, **changes)
+        cfg.require_inputs(dataset=dataset)
+        named: dict[str, Any] = {name: [str(s) for s in given if isinstance(s, str | Path)]
+                 for name, given in (("reward_funcs", specs), ("monitor_judges", judges)) if given is not None}
+        if loaded_policy is not None:  # its name need not be a folder any more
+            named["policy_model"] = "loaded"
+        dataclasses.replace(cfg, **named).check_files()
+        return cfg
 
     # ------------------------------------------------------------------------------------------ what it holds
     @property
@@ -182,7 +195,7 @@ class PPOTrainer:
     def train(self) -> Path:
         """Run PPO for `config.iterations` iterations (or the rest of them, resuming); then, when
         `config.push_to_hub` names a repository, upload the policy. Returns the run directory."""
-        from ppo_rlhf.ppo.train import run_training
+        from ppo_rlhf.ppo.run import run_training
 
         run_dir = run_training(self.loop, self.resuming, self.callbacks, self)
         self.resuming = True  # a second train() continues (its iterations are done: it returns at once)
@@ -196,7 +209,7 @@ class PPOTrainer:
         (`merge=True`); the tokenizer and a model card (README.md: base model, data, rewards, settings, the last
         dashboard numbers) either way. Returns the folder."""
         from ppo_rlhf.export import run_card, save_policy
-        from ppo_rlhf.ppo.train import saved_config
+        from ppo_rlhf.ppo.run import saved_config
 
         history = self.history
         card = run_card(dataclasses.asdict(saved_config(self.config)), history[-1] if history else None, merge)
@@ -208,5 +221,6 @@ class PPOTrainer:
         from ppo_rlhf.export import push_to_hub
 
         repo_id = repo_id or self.config.push_to_hub
-        require(bool(repo_id), "push_to_hub needs a repository id (config.push_to_hub or the repo_id argument)")
+        if not repo_id:
+            raise UsageError("push_to_hub needs a repository id (config.push_to_hub or the repo_id argument)")
         return push_to_hub(self.save_model(self.run_dir / "hub"), repo_id)

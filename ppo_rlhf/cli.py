@@ -18,6 +18,10 @@ import sys
 from ppo_rlhf import __version__
 from ppo_rlhf.errors import RunError, UsageError
 
+# The study's own dependencies (`pip install "ppo-rlhf[study]"`, pyproject.toml): the library and `train` run without
+# them, and a command that needs one says so in one line.
+STUDY_MODULES = ("matplotlib", "scipy", "sklearn", "vaderSentiment", "profanity_check")
+
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "toy": ("ppo_rlhf.ppo.toy_command", "the six-token bandit experiments of section 8.3/8.4"),
@@ -25,8 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prompts": ("ppo_rlhf.study.prompts", "build train and held-out prompt files"),
     "pairs": ("ppo_rlhf.study.pairs", "sample reply pairs and label them with a gold judge"),
     "reward-model": ("ppo_rlhf.study.reward_model", "train a Bradley-Terry reward model"),
-    "train": ("ppo_rlhf.ppo.train", "run PPO"),
-    "task": ("ppo_rlhf.tasks.arithmetic",
+    "train": ("ppo_rlhf.train", "run PPO"),
+    "task": ("ppo_rlhf.tasks.command",
              "verifiable arithmetic problems (train and held-out JSONL) with an exact checker"),
     "check": ("ppo_rlhf.ppo.check", "the invariants of a correct PPO, measured on a config's models before training"),
     "evaluate": ("ppo_rlhf.study.evaluate", "evaluate checkpoints on held-out prompts"),
@@ -35,6 +39,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("ppo_rlhf.study.report", "plots and a report page for runs and evaluations"),
     "demo": ("ppo_rlhf.study.demo", "the whole offline study end to end"),
 }
+
+
+# A command handed on to another module's `run` when one of its flags is given (the same parser and arguments): the
+# study's demo and compare on a verifiable task (--task) are the tasks' own, so the study never imports the tasks.
+HANDED_ON: dict[str, tuple[str, str]] = {"demo": ("task", "ppo_rlhf.tasks.demo"),
+                                         "compare": ("task", "ppo_rlhf.tasks.compare")}
 
 
 def non_empty_text(text: str) -> str:
@@ -52,12 +62,12 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.register("type", None, non_empty_text)  # (subcommand parsers are OneLineParsers too)
 
-    def add_subparsers(self, **kwargs):  # type: ignore[override]
+    def add_subparsers(self, **kwargs):
         action = super().add_subparsers(**kwargs)
         action.type = str  # a subcommand's arguments pass through here unchecked: its own parser checks them
         return action
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
@@ -89,10 +99,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         args = build_parser(only=command).parse_args(argv)
-        module = importlib.import_module(COMMANDS[command][0])
-        return int(module.run(args) or 0)
+        module_name = COMMANDS[command][0]
+        if command in HANDED_ON and getattr(args, HANDED_ON[command][0], None) is not None:  # (demo: unset is absent)
+            module_name = HANDED_ON[command][1]
+        return int(importlib.import_module(module_name).run(args) or 0)
     except UsageError as error:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] not in STUDY_MODULES:
+            raise
+        print(f"ppo-rlhf {command}: error: needs {error.name}, a dependency of the study: "
+              "pip install 'ppo-rlhf[study]'", file=sys.stderr)
         return 2
     except RunError as error:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)

@@ -219,8 +219,8 @@ def _csv_records(path: Path, delimiter: str) -> list[tuple[str, dict]]:
     text = read_text(path)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)  # newline="": CRLF and quoted newlines
     try:
-        header = next(reader, None)
-        require(header is not None and any(name.strip() for name in header), f"{path} is empty")
+        header = next(reader, [])
+        require(any(name.strip() for name in header), f"{path} is empty")
         records, start = [], reader.line_num + 1
         for cells in reader:
             if any(cell.strip() for cell in cells):  # blank lines are skipped, as in JSON Lines

@@ -97,7 +97,7 @@ def _format_number(value: Any) -> str:
 
 
 def _stats_table(last_stats: dict[str, Any]) -> list[str]:
-    from ppo_rlhf.study.dashboard import DASHBOARD  # torch-free
+    from ppo_rlhf.ppo.dashboard import DASHBOARD  # torch-free
 
     keys = [key for key, _, _ in DASHBOARD]
     keys += [key for key in ("beta", "lr", "pg_loss", "mismatch_kl") if key not in keys]
@@ -295,7 +295,7 @@ def export_run(run_dir: str | Path, checkpoint: int | None, out: str | Path, mer
     """Export a run's policy at checkpoint `checkpoint` (None: the latest complete one) to `out`, with a card made
     from config.yaml and the checkpoint's last history line. The base loads in the dtype its config declares, so a
     merged export keeps the base's size."""
-    from ppo_rlhf.study.evaluate import read_run_config, select_checkpoints
+    from ppo_rlhf.ppo.run import read_run_config, select_checkpoints
 
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
@@ -380,7 +380,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppo_rlhf.study.evaluate import read_run_config
+    from ppo_rlhf.ppo.run import read_run_config
 
     read_run_config(Path(args.run_dir))  # every check before torch loads
     check_out_dir(args.out)

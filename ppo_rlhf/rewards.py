@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -53,7 +54,7 @@ from transformers import PreTrainedTokenizerBase
 from ppo_rlhf.data import Prompt
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models.loading import backbone_and_head, check_chat_tokenizer, load_reward_model, load_tokenizer
-from ppo_rlhf.ppo.roles import RewardModel
+from ppo_rlhf.models.scores import RewardModel
 from ppo_rlhf.utils.paths import check_reward_spec, function_spec
 
 ARGUMENTS = ("prompts", "completions", "completion_ids")  # the names no dataset column may take
@@ -93,9 +94,9 @@ class ModelReward:
     @classmethod
     def from_scorer(cls, scorer: RewardModel, name: str, batch_size: int = 16) -> ModelReward:
         """Wrap a scorer the trainer already holds (e.g. `roles.Critic`, whose adapter off is the reward model): any
-        object with `.model`, `.tokenizer` and `.reward_scores(prompts, replies, batch_size)`. Loads nothing."""
+        object with `.model`, `.tokenizer` and `.score_texts(prompts, replies, batch_size)`. Loads nothing."""
         reward = cls(scorer.model, scorer.tokenizer, name, batch_size)
-        reward.scorer = scorer  # its own reward_scores: the Critic's turns its adapter off
+        reward.scorer = scorer  # its own score_texts: the Critic's turns its adapter off
         return reward
 
     @property
@@ -113,7 +114,7 @@ class ModelReward:
     def scores(self, prompts: list[Prompt], completions: list) -> torch.Tensor:
         """[B] float32 raw scores on the CPU, exactly the scorer's."""
         replies = [completion_text(completion) for completion in completions]
-        return self.scorer.reward_scores(prompts, replies, self.batch_size)
+        return self.scorer.score_texts(prompts, replies, self.batch_size)
 
     def __call__(self, prompts: list[Prompt], completions: list, completion_ids: list[list[int]] | None = None,
                  **columns: list) -> list[float]:
@@ -141,6 +142,7 @@ def import_function(spec: str, source: str, function: str, what: str = "reward f
             module = sys.modules.get(name)  # two functions of one file: import it once
             if module is None:
                 loader = importlib.util.spec_from_file_location(name, path)
+                assert loader is not None and loader.loader is not None  # (a .py file's spec has a loader)
                 module = importlib.util.module_from_spec(loader)
                 sys.modules[name] = module  # as `import` does: dataclasses and pickling look modules up here
                 try:
@@ -156,15 +158,23 @@ def import_function(spec: str, source: str, function: str, what: str = "reward f
     return getattr(module, function)
 
 
-def _callable_name(func: Callable) -> str:
-    inner = getattr(func, "func", func)  # functools.partial: the wrapped function's name
-    return getattr(inner, "__name__", None) or type(func).__name__
+def reward_name(spec: Callable | nn.Module | str) -> str:
+    """A reward's name in the history (`reward/<name>`): a function's name (a partial's: the wrapped function's); a
+    loaded model's folder name (else its class); a reward model's folder name, or a hub id's last part. (How
+    config.yaml records a reward is `api.spec_name`'s: torch-free, before anything loads.)"""
+    if isinstance(spec, nn.Module):  # (before callables: a model is callable too)
+        return Path(getattr(spec, "name_or_path", "") or "").name or type(spec).__name__
+    if isinstance(spec, str):
+        path = Path(spec).expanduser()
+        return path.resolve().name if path.is_dir() else spec.rstrip("/").split("/")[-1]
+    inner = getattr(spec, "func", spec)  # functools.partial: the wrapped function's name
+    return getattr(inner, "__name__", None) or type(spec).__name__
 
 
 def _loaded_model(model: nn.Module, tokenizer: PreTrainedTokenizerBase | None, trust_remote_code: bool,
                   batch_size: int) -> ModelReward:
     source = getattr(model, "name_or_path", "") or ""
-    name = Path(source).name or type(model).__name__
+    name = reward_name(model)
     num_labels = getattr(getattr(model, "config", None), "num_labels", None)
     require(type(model).__name__.endswith("ForSequenceClassification"),
             f"reward model {name} is a {type(model).__name__}, not a sequence-classification model")
@@ -177,15 +187,9 @@ def _loaded_model(model: nn.Module, tokenizer: PreTrainedTokenizerBase | None, t
     return ModelReward(model.eval(), tokenizer, name, batch_size)
 
 
-def model_spec_name(spec: str) -> str:
-    """A reward model's name (`reward/<name>` in the history): its folder's name, or a hub id's last part."""
-    path = Path(spec).expanduser()
-    return path.resolve().name if path.is_dir() else spec.rstrip("/").split("/")[-1]
-
-
 def _folder_or_hub_model(spec: str, dtype: torch.dtype, device: torch.device | str, trust_remote_code: bool,
                          batch_size: int, init_score_head: bool) -> ModelReward:
-    name = model_spec_name(spec)
+    name = reward_name(spec)
     tokenizer = load_tokenizer(spec, trust_remote_code=trust_remote_code)
     model = load_reward_model(spec, dtype, trust_remote_code, init_score_head).to(device)
     return ModelReward(model, tokenizer, name, batch_size)
@@ -204,7 +208,7 @@ def _resolve_one(spec: Any, dtype: torch.dtype, device: torch.device | str, trus
     if isinstance(spec, nn.Module):  # before callables: a model is callable too
         return _loaded_model(spec, None, trust_remote_code, batch_size)
     if callable(spec):
-        return FunctionReward(spec, _callable_name(spec))
+        return FunctionReward(spec, reward_name(spec))
     require(isinstance(spec, str | Path), f"reward function {spec!r:.60} is not {SPEC_KINDS}")
     spec = str(spec)
     check_reward_spec(spec)
@@ -266,20 +270,22 @@ def _number(value: Any) -> float | None:
 
 
 @dataclass
-class RewardScores:
+class BatchRewards:
     """One batch's rewards: the weighted sum, and each function's values by name (None where not applicable)."""
 
     total: torch.Tensor  # [B] float32 on the CPU
     by_function: dict[str, list[float | None]]
 
     def means(self) -> dict[str, float]:
-        """Each function's mean over the samples it scored, keyed "reward/<name>" (absent if it scored none)."""
-        means = {}
-        for name, values in self.by_function.items():
-            scored = [value for value in values if value is not None]
-            if scored:
-                means[f"reward/{name}"] = sum(scored) / len(scored)
-        return means
+        """Each function's mean over the samples it scored, keyed "reward/<name>" (nan if it scored none)."""
+        return scored_means("reward", self.by_function)
+
+
+def scored_means(prefix: str, values: dict[str, list[float | None]]) -> dict[str, float]:
+    """{"<prefix>/<name>": the mean of the values that are not None (nan: none)}: the rule of every reward's and
+    monitor judge's mean in the history."""
+    return {f"{prefix}/{name}": float(np.mean([v for v in scored if v is not None] or [np.nan]))
+            for name, scored in values.items()}
 
 
 class CombinedReward:
@@ -311,7 +317,7 @@ class CombinedReward:
         return scores.total, scores.means()
 
     def scores(self, prompts: list[Prompt], completions: list[str], completion_ids: list[list[int]],
-               columns: list[dict[str, Any]]) -> RewardScores:
+               columns: list[dict[str, Any]]) -> BatchRewards:
         """As `__call__`, with each function's values per sample (for a completions table)."""
         by_function = self.function_values(prompts, completions, completion_ids, columns)
         totals = []
@@ -326,7 +332,7 @@ class CombinedReward:
                 raise RewardFunctionError(f"no reward function ({names}) scored the completion "
                                           f"{_quote(completions[row])}: each returned None")
             totals.append(total)
-        return RewardScores(torch.tensor(totals, dtype=torch.float32), by_function)
+        return BatchRewards(torch.tensor(totals, dtype=torch.float32), by_function)
 
     def function_values(self, prompts: list[Prompt], completions: list[str], completion_ids: list[list[int]],
                         columns: list[dict[str, Any]]) -> dict[str, list[float | None]]:

@@ -49,10 +49,27 @@ def tiny_model_dirs(tmp_path_factory, tokenizer):
     return {"policy": policy, "reward": reward}
 
 
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, tiny_model_dirs):
+    """The reliability tests' tiny models and prompts file (tests/reliability.py)."""
+    import json
+
+    from transformers.utils import logging as hf_logging
+
+    from reliability import PROMPTS
+
+    hf_logging.disable_progress_bar()  # transformers' "Loading weights" bars are not ours; stderr is one error line
+    root = tmp_path_factory.mktemp("reliability")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    yield {"policy": str(tiny_model_dirs["policy"]), "reward": str(tiny_model_dirs["reward"]),
+           "prompts": str(prompts), "root": root}
+    hf_logging.enable_progress_bar()
+
+
 def pytest_terminal_summary(terminalreporter):
-    """Survival counts of tests/test_reliability.py (a module-level RELIABILITY_SURVIVAL dict), shown even with -q."""
-    for name, module in list(sys.modules.items()):
-        counts = getattr(module, "RELIABILITY_SURVIVAL", None) if name.endswith("test_reliability") else None
-        if isinstance(counts, dict) and any(tried for tried, _ in counts.values()):
-            parts = [f"{name}: {survived}/{tried} survived" for name, (tried, survived) in counts.items()]
-            terminalreporter.write_line("reliability: " + ", ".join(parts))
+    """The reliability tests' survival counts (tests/reliability.py's RELIABILITY_SURVIVAL), shown even with -q."""
+    counts = getattr(sys.modules.get("reliability"), "RELIABILITY_SURVIVAL", None)
+    if isinstance(counts, dict) and any(tried for tried, _ in counts.values()):
+        parts = [f"{name}: {survived}/{tried} survived" for name, (tried, survived) in counts.items()]
+        terminalreporter.write_line("reliability: " + ", ".join(parts))

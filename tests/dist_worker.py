@@ -1,7 +1,7 @@
-"""One process of tests/test_distributed.py: a fixed global rollout, this rank's rows, score + update, a checkpoint
-written, one more update (weights and moments move on), the checkpoint read back, and an update from it; the losses,
-the whitened advantages, the trained parameters (after the first update and after the resumed one) and whether the
-checkpoint restored weights and moments go to OUT/rank{R}.pt. WORLD_SIZE=1 is the single-process run."""
+"""One process of tests/parallel/test_distributed.py: a fixed global rollout, this rank's rows, score + update, a
+checkpoint written, one more update (weights and moments move on), the checkpoint read back, and an update from it;
+the losses, the whitened advantages, the trained parameters (after the first update and after the resumed one) and
+whether the checkpoint restored weights and moments go to OUT/rank{R}.pt. WORLD_SIZE=1 is the single-process run."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ppo_rlhf.models.rollout import generate_rollout  # noqa: E402
 from ppo_rlhf.parallel.distributed import is_sharded  # noqa: E402
 from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from ppo_rlhf.ppo.train_config import TrainConfig  # noqa: E402
-from ppo_rlhf.ppo.trainer import PPOTrainer  # noqa: E402
+from ppo_rlhf.ppo.trainer import PPOLoop  # noqa: E402
 
 
 def main(policy: str, reward: str, prompts: str, out: str) -> None:
@@ -26,7 +26,7 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
                                          batch_size=4, minibatch_size=4, epochs=2, max_new_tokens=5, lora_rank=4,
                                          reward_norm_samples=4, policy_lr=1e-2, value_lr=1e-2, quiet=True,
                                          tensorboard=False, device="cpu", dtype="float32"))
-    trainer = PPOTrainer(cfg)
+    trainer = PPOLoop(cfg)
     dist = trainer.dist
     # the same global batch everywhere: sampled from the base model with a fixed seed, then this rank's rows
     torch.manual_seed(0)

@@ -91,7 +91,7 @@ def test_two_functions_and_a_reward_model_with_another_tokenizer(models, tmp_pat
     assert loop.critic.model is not loop.reward_model.model
     rollout = loop.rollout(loop.batch_prompts([0, 1, 2, 3]))
     total = loop.raw_scores(rollout)
-    values = loop.reward_scores.by_function
+    values = loop.batch_rewards.by_function
     assert list(values) == ["length", "mentions_answer", "other_rm"]
     for row in range(4):
         expected = 0.5 * values["length"][row] + 2.0 * values["other_rm"][row]
@@ -265,7 +265,7 @@ def test_cli_and_api_give_the_same_history(models, tmp_path):
 def test_list_fields_from_yaml_flags_and_python(models, tmp_path, capsys):
     from ppo_rlhf.cli import OneLineParser
     from ppo_rlhf.config import build_config, to_yaml
-    from ppo_rlhf.ppo.train import add_arguments
+    from ppo_rlhf.train import add_arguments
 
     parser = OneLineParser()
     add_arguments(parser)

@@ -73,3 +73,14 @@ def test_top_level_help_loads_no_heavy_library():
     assert bare_code == 2 and bare_out == help_out  # no command: the same help, but an exit code that says "error"
     assert bad_code == 2 and "unknown command 'no-such-command'" in bad_err
     assert heavy == []
+
+
+def test_a_missing_study_dependency_is_one_line(monkeypatch, capsys):
+    """The study's dependencies are an extra: a command that needs one missing says which, and how to install it."""
+    def run(args: argparse.Namespace) -> int:
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr("ppo_rlhf.study.report.run", run)
+    assert cli.main(["report", "runs/r", "--out", "report"]) == 2
+    assert capsys.readouterr().err == ("ppo-rlhf report: error: needs matplotlib, a dependency of the study: "
+                                       "pip install 'ppo-rlhf[study]'\n")

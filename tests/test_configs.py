@@ -10,8 +10,9 @@ import torch
 
 from ppo_rlhf.config import Bounds, build_config, check_value, field_types, read_yaml, to_yaml
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.ppo.train_config import DTYPE_NAMES, TrainConfig
+from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.demo import DemoConfig
+from ppo_rlhf.utils.device import DTYPE_NAMES
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
 

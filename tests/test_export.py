@@ -30,8 +30,8 @@ from ppo_rlhf.export import (
     save_policy,
 )
 from ppo_rlhf.models.loading import LoraSettings, load_policy
-from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.train import train
 
 import tiny
 

@@ -12,8 +12,7 @@ import torch
 
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.models.loading import load_sequence_classifier
-from ppo_rlhf.models.scores import score_texts
-from ppo_rlhf.ppo.roles import RewardModel
+from ppo_rlhf.models.scores import RewardModel, score_texts
 from ppo_rlhf.rewards import (
     CombinedReward,
     ModelReward,
@@ -276,7 +275,7 @@ class FixedScorer:
     model = tokenizer = None
     scores = torch.tensor([-0.0, 1e-45, 3.4e38, -1.1754944e-38, 0.1, math.nan], dtype=torch.float32)
 
-    def reward_scores(self, prompts, replies, batch_size):
+    def score_texts(self, prompts, replies, batch_size):
         assert batch_size == 7
         return self.scores[: len(replies)].clone()
 
@@ -291,7 +290,7 @@ def test_one_reward_model_of_weight_one_is_its_scores_bit_for_bit(tiny_model_dir
 
     model = load_sequence_classifier(str(tiny_model_dirs["reward"]))
     real = RewardModel(model, tokenizer)
-    expected = real.reward_scores(PROMPTS, REPLIES, 2)
+    expected = real.score_texts(PROMPTS, REPLIES, 2)
     total, _ = CombinedReward([ModelReward.from_scorer(real, "reward", batch_size=2)])(PROMPTS, REPLIES, IDS, COLUMNS)
     assert torch.equal(total.view(torch.int32), expected.view(torch.int32))
 
@@ -302,7 +301,7 @@ def test_a_reward_model_failure_is_not_reworded():
     class FailingScorer:
         model = tokenizer = None
 
-        def reward_scores(self, prompts, replies, batch_size):
+        def score_texts(self, prompts, replies, batch_size):
             raise RuntimeError("CUDA out of memory")
 
     with pytest.raises(RuntimeError, match="CUDA out of memory") as error:

@@ -2,7 +2,7 @@
 EOS leave the batch and its KV cache, so later steps compute only the rows still writing.
 
 Hugging Face `generate` keeps every row to the last step and appends pad to the finished ones: at SmolLM2 batch 16,
-20% of the decode row-steps at cap 48 and 34% at cap 128 are finished rows (bench/README.md). This loop does what
+20% of the decode row-steps at cap 48 and 34% at cap 128 are finished rows (bench/HISTORY.md). This loop does what
 `generate` does for our greedy-over-TokenSampler set-up (rollout._sampling_config): one prefill of the left-padded
 prompts, then one token per step through a DynamicCache, position ids from the attention mask (generate's rule),
 the LM head on the last position only, and returns the same [B, steps] tokens, pad after each row's EOS.
@@ -12,7 +12,7 @@ differently (CPU GEMM kernels change with the row count: on an AMX CPU fp32 [M, 
 from the 64-row product's for M <= 15, bf16 ones at other M), and a row whose draw falls within that rounding of a
 token boundary then takes the neighbouring token. Measured: the same tokens in float32 and bf16 on SmolLM2 (two
 batches of 8, cap 40) and in float32 on the tests' tiny models, where only a last row alone (M = 1) rounds its
-log-probs differently (4e-6; tests/test_generation_drop.py).
+log-probs differently (4e-6; tests/models/test_generation_drop.py).
 
 Dropping a row selects the surviving rows of every cached key and value (a copy of the cache, once per step in
 which some row finished); the columns of left padding stay, masked as before.
@@ -21,14 +21,17 @@ which some row finished); the columns of left padding stay, masked as before.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-if TYPE_CHECKING:
-    from ppo_rlhf.models.rollout import TokenSampler
+
+class Sampler(Protocol):
+    """What the loop asks of its sampler (`rollout.TokenSampler`): the tokens of the live rows `rows` of a batch."""
+
+    def draw(self, scores: torch.Tensor, rows: torch.Tensor, batch_size: int) -> torch.Tensor: ...
 
 
 def _forward_keywords(model: nn.Module) -> tuple[str, dict]:
@@ -61,7 +64,7 @@ def _anyone_writing(writing_here: bool, synced: bool, device: torch.device) -> b
 
 @torch.no_grad()
 def decode_dropping_finished(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                             sampler: TokenSampler, max_new_tokens: int, eos: list[int], pad: int,
+                             sampler: Sampler, max_new_tokens: int, eos: list[int], pad: int,
                              synced: bool = False) -> torch.Tensor:
     """The new tokens [B, steps] for left-padded prompts `input_ids` [B, P] (pad after a row's EOS; steps = the
     steps until every row has an EOS or the cap), sampled by `sampler`, each step computing only the rows without

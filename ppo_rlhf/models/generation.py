@@ -13,7 +13,7 @@
 With vLLM only the sampled token ids leave the engine: the trainer recomputes log pi_old, log pi_ref and the
 values itself from those ids, at the training temperature (docs/DESIGN.md). The engine's own log-probs are never
 used for training: vLLM's kernels and sampler differ slightly from the training forward pass, and the PPO ratio
-must be 1 before the first update (tests/test_vllm_engine.py measures how close they are). The HF backend samples
+must be 1 before the first update (tests/models/test_vllm_engine.py measures how close they are). The HF backend samples
 from the training policy itself, so with `old_logprobs: generation` it may hand over log pi_old recorded from its
 own logits.
 """
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import weakref
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import torch
 from torch import nn
@@ -51,15 +51,14 @@ class Generator(Protocol):
 def rollout_from_tokens(tokenizer, prompts: list[Prompt], prompt_ids: list[list[int]], outputs: list[list[int]],
                         eos: list[int]):
     """A Rollout from sampled token ids: each reply cut after its first EOS (kept); no EOS = unfinished."""
-    from ppo_rlhf.models.rollout import Rollout, build_batch
+    from ppo_rlhf.models.rollout import Rollout, build_batch, cut_at_eos
 
     require(len(outputs) == len(prompts), f"the engine returned {len(outputs)} replies for {len(prompts)} prompts")
     reply_ids, finished = [], []
     for row in outputs:
-        row = [int(t) for t in row]
-        end = next((i for i, token in enumerate(row) if token in eos), None)
-        reply_ids.append(row if end is None else row[: end + 1])
-        finished.append(end is not None)
+        ids, done = cut_at_eos([int(t) for t in row], eos)
+        reply_ids.append(ids)
+        finished.append(done)
     input_ids, attention_mask, action_mask = build_batch(prompt_ids, reply_ids, tokenizer.pad_token_id)
     return Rollout(prompts=list(prompts), prompt_ids=prompt_ids, reply_ids=reply_ids,
                    reply_texts=tokenizer.batch_decode(reply_ids, skip_special_tokens=True),
@@ -162,7 +161,7 @@ class VLLMServer:
         self._read()  # {"ready": true} once the engine is up
 
     def _read(self) -> dict:
-        line = self.process.stdout.readline()
+        line = self._pipe("stdout").readline()
         if not line:
             self.process.wait()
             tail = "\n".join(self.log.read_text().splitlines()[-15:])
@@ -172,9 +171,14 @@ class VLLMServer:
             raise RuntimeError(f"the vLLM server refused a request: {reply['error']}")
         return reply
 
+    def _pipe(self, name: str) -> IO[str]:
+        pipe = getattr(self.process, name)
+        assert pipe is not None  # (both are PIPEs: __init__)
+        return pipe
+
     def request(self, request: dict) -> dict:
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
+        self._pipe("stdin").write(json.dumps(request) + "\n")
+        self._pipe("stdin").flush()
         return self._read()
 
     def generate(self, prompt_ids: list[list[int]], params: dict, seeds: list[int]) -> list[list[int]]:
@@ -194,7 +198,7 @@ class VLLMServer:
 
 
 def _stop_server(process: subprocess.Popen, folder: Path) -> None:
-    if process.poll() is None:
+    if process.poll() is None and process.stdin is not None:
         process.stdin.close()  # the server's loop ends on EOF
         try:
             process.wait(timeout=30)

@@ -342,7 +342,7 @@ def load_policy_adapter(base_name: str, adapter_dir: str | Path, dtype: torch.dt
     """A saved policy adapter on its base model, for evaluation: eval mode, no gradients.
 
     The LoRA factors take the base's dtype (training keeps them fp32 for the optimiser; sampling needs no such
-    care): PEFT's fp32 factors on a bf16 base cast every adapted layer's input each step (bench/README.md,
+    care): PEFT's fp32 factors on a bf16 base cast every adapted layer's input each step (bench/HISTORY.md,
     "Evaluation adapters in bf16": the time saved and the log-prob change)."""
     adapter_dir = Path(adapter_dir)
     require((adapter_dir / "adapter_config.json").is_file(), f"{adapter_dir} is not a PEFT adapter folder")

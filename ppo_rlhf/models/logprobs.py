@@ -6,6 +6,8 @@ Tensor conventions (docs/DESIGN.md): per-token tensors are [B, L-1] and entry t 
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 from peft import PeftModel
 from torch import nn
@@ -13,7 +15,14 @@ from torch.utils.checkpoint import checkpoint
 
 from ppo_rlhf.errors import require
 from ppo_rlhf.models.packing import Packing
-from ppo_rlhf.ppo.objectives import entropy_from_logits
+
+
+def entropy_from_logits(logits: torch.Tensor, logz: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy in nats of softmax(logits) over the last dim: logsumexp(z) - sum p z, stable for large logits.
+    `logz`: logsumexp(logits) when the caller has it already (the log-probs share it; a second one would round the
+    gradient differently)."""
+    probs = torch.softmax(logits, dim=-1)
+    return (torch.logsumexp(logits, dim=-1) if logz is None else logz) - (probs * logits).sum(-1)
 
 
 def body_and_lm_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
@@ -74,7 +83,7 @@ def _head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
     logprobs, entropies = [], []  # entropies holds Nones unless with_entropy
     for start in range(0, hidden.shape[1], step):
         # contiguous: torch's CPU matmul of a strided [B, C, D] slice by the [V, D] head copies the head once per row
-        # in bf16 (6x slower on SmolLM2: bench/README.md, "A strided slice before the LM head")
+        # in bf16 (6x slower on SmolLM2: bench/HISTORY.md, "A strided slice before the LM head")
         h, tgt = hidden[:, start : start + step].contiguous(), targets[:, start : start + step]
         with_grad = torch.is_grad_enabled() and h.requires_grad
         if with_grad and not with_entropy and _frozen_plain_head(head):
@@ -96,6 +105,14 @@ def _chunk_positions(chunk_size: int | None, positions: int, rows: int, vocabula
     return max(1, step)
 
 
+@overload
+def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
+                   with_entropy: Literal[False] = ..., chunk_size: int | None = ..., first: int = ...,
+                   chunk_mb: float = ..., padding_free: bool = ...) -> torch.Tensor: ...
+@overload
+def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
+                   with_entropy: bool, chunk_size: int | None = ..., first: int = ..., chunk_mb: float = ...,
+                   padding_free: bool = ...) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 def token_logprobs(
     model: nn.Module,
     input_ids: torch.Tensor,

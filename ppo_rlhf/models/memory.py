@@ -232,7 +232,7 @@ def build_report(rows: list[tuple[str, int]], shape: ModelShape | None, rank: in
                         for p in PRECISIONS},
     }
     if shape is not None:
-        require(shape.lora_linears, f"{shape.name}: no {'/'.join(LORA_TARGETS)} layers to put LoRA on")
+        require(bool(shape.lora_linears), f"{shape.name}: no {'/'.join(LORA_TARGETS)} layers to put LoRA on")
         report["shape"] = {k: v for k, v in asdict(shape).items() if k != "lora_linears"}
         report["lora"] = {"rank": rank, "targets": list(LORA_TARGETS), "trainable": lora_parameters(shape, rank),
                           "setups": {p: lora_setups(shape, rank, p) for p in PRECISIONS}}

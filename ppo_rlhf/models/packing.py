@@ -33,7 +33,7 @@ from transformers import AttentionInterface
 from ppo_rlhf.errors import require
 
 # Architectures whose forward passes position ids to the rotary embedding and attention kwargs to each attention
-# call, checked against the padded path by tests/test_packing.py (SmolLM2 is llama, Qwen2.5 is qwen2). Another
+# call, checked against the padded path by tests/models/test_packing.py (SmolLM2 is llama, Qwen2.5 is qwen2). Another
 # architecture may not: refused rather than trusted.
 PACKED_MODEL_TYPES = ("llama", "qwen2")
 PACKED_SDPA = "ppo_rlhf_packed_sdpa"  # its name among transformers' attention implementations
@@ -50,6 +50,7 @@ def packed_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     right padding sits after every real token, so causality alone keeps it out of every real token's attention. That
     is the padded path's attention work (b x l^2, no mask), while every other layer runs on the T real tokens."""
     require(getattr(module, "sliding_window", None) is None, "padding_free does not do sliding-window attention")
+    assert cu_seq_lens_q is not None  # (transformers passes the packing's boundaries with the position ids)
     lengths = cu_seq_lens_q.diff()
     rows = torch.repeat_interleave(torch.arange(len(lengths), device=query.device), lengths)
     cols = torch.arange(query.shape[2], device=query.device) - cu_seq_lens_q[:-1].to(query.device)[rows]

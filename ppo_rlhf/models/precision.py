@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ppo_rlhf.errors import require
-from ppo_rlhf.ppo.train_config import DTYPE_NAMES
+from ppo_rlhf.utils.device import DTYPE_NAMES
 
 _CPU_BF16_FLAGS = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"}  # /proc/cpuinfo flag -> its name
 _warned: set[str] = set()  # warnings already given by this process
@@ -131,7 +131,7 @@ def store_frozen_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     if head is not None:
         # generate's first step slices the last position (hidden[:, -1:]) before the LM head; on a CPU a strided
         # half input makes torch copy the [V, D] head once per row (3.8 s instead of 0.013 s for 64 rows of SmolLM2,
-        # bench/README.md, "A strided slice before the LM head")
+        # bench/HISTORY.md, "A strided slice before the LM head")
         head.register_forward_pre_hook(_contiguous_input)
     return model
 
@@ -143,7 +143,7 @@ def _contiguous_input(module: nn.Module, args: tuple) -> tuple:
 class HalfMatmulLinear(nn.Linear):
     """A LoRA factor stored in fp32 (the copy AdamW updates) that multiplies in its input's half dtype, like autocast:
     each call casts the small [r, d] factor, where PEFT would cast the [b, l, d] activations to fp32 and autograd
-    their gradients back (bench/README.md, "LoRA products in bf16"). The factor's gradient arrives in fp32."""
+    their gradients back (bench/HISTORY.md, "LoRA products in bf16"). The factor's gradient arrives in fp32."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)

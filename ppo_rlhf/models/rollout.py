@@ -8,7 +8,8 @@ entry t is about choosing token t+1 after tokens 0..t. Masks come from known len
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -37,9 +38,14 @@ def build_batch(
     return input_ids, attention_mask, action_mask
 
 
+SEQUENCE_FIELDS = ("input_ids", "attention_mask")  # [B, L]; every other 2-D field is per-token, [B, L-1]
+Selected = TypeVar("Selected", bound="Rollout")
+
+
 @dataclass
 class Rollout:
-    """One reply per prompt, with the right-padded tensors PPO works on."""
+    """One reply per prompt, with the right-padded tensors PPO works on (`ppo.experience.Experience` adds what is
+    scored about them)."""
 
     prompts: list[Prompt]  # strings or chat-message lists (data.Prompt)
     prompt_ids: list[list[int]]
@@ -57,23 +63,28 @@ class Rollout:
     def reply_lengths(self) -> torch.Tensor:
         return torch.tensor([len(r) for r in self.reply_ids], dtype=torch.long)
 
-    def select(self, index: list[int] | torch.Tensor | slice) -> Rollout:
-        """A subset of rows (list, tensor or slice), re-trimmed to its own longest sequence."""
+    def select(self: Selected, index: list[int] | torch.Tensor | slice) -> Selected:
+        """A subset of rows (list, tensor or slice), every field (a subclass's too), re-trimmed to its own longest
+        sequence (short replies cost no padding)."""
         rows = torch.arange(len(self.prompts))[index].reshape(-1).tolist()
         width = max(max(len(self.prompt_ids[i]) + len(self.reply_ids[i]) for i in rows), 2)
-        return Rollout(
-            prompts=[self.prompts[i] for i in rows],
-            prompt_ids=[self.prompt_ids[i] for i in rows],
-            reply_ids=[self.reply_ids[i] for i in rows],
-            reply_texts=[self.reply_texts[i] for i in rows],
-            finished=self.finished[rows],
-            input_ids=self.input_ids[rows, :width],
-            attention_mask=self.attention_mask[rows, :width],
-            action_mask=self.action_mask[rows, : width - 1],
-            logprobs=None if self.logprobs is None else self.logprobs[rows, : width - 1],
-            entropy=None if self.entropy is None else self.entropy[rows, : width - 1],
-            env_rewards=None if self.env_rewards is None else self.env_rewards[rows, : width - 1],
-        )
+        picked = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, list):
+                picked[field.name] = [value[i] for i in rows]
+            elif value is not None:
+                value = value[rows]
+                cut = width if field.name in SEQUENCE_FIELDS else width - 1
+                picked[field.name] = value[:, :cut] if value.dim() == 2 else value
+        return replace(self, **picked)
+
+
+def cut_at_eos(row: list[int], eos: list[int]) -> tuple[list[int], bool]:
+    """A reply's token ids cut after its first EOS (kept), and whether it had one (finished). After it come only
+    what a backend pads finished rows with (HF: pad, which may equal EOS)."""
+    end = next((j for j, token in enumerate(row) if token in eos), None)
+    return (row if end is None else row[: end + 1]), end is not None
 
 
 def eos_token_ids(model: nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -167,7 +178,7 @@ class TokenSampler(LogitsProcessor):
         if self.probs is None or self.probs.shape != logits.shape:
             self.probs = torch.empty_like(logits)
         probs = torch.sub(logits, logz, out=self.probs).exp_()
-        if self.record:  # objectives.entropy_from_logits's formula, on the probabilities already in the buffer
+        if self.record:  # logprobs.entropy_from_logits's formula, on the probabilities already in the buffer
             self.entropies.append(self._in_batch(logz.squeeze(-1) - torch.linalg.vecdot(probs, logits), rows,
                                                  batch_size))
         uniform = torch.rand(batch_size or logits.shape[0], 1, device=logits.device)
@@ -295,10 +306,9 @@ def sample_replies(
         if record_logprobs:
             logprobs, entropies = (t.tolist() for t in sampler.finish(new_tokens.shape[1]))
         for i, row in enumerate(new_tokens.tolist()):
-            # Cut at the first EOS (kept): HF pads finished rows with pad, which may equal EOS.
-            end = next((j for j, token in enumerate(row) if token in eos), None)
-            replies.ids.append(row if end is None else row[: end + 1])
-            replies.finished.append(end is not None)
+            ids, finished = cut_at_eos(row, eos)
+            replies.ids.append(ids)
+            replies.finished.append(finished)
             if record_logprobs:
                 replies.logprobs.append(logprobs[i][: len(replies.ids[-1])])
                 replies.entropies.append(entropies[i][: len(replies.ids[-1])])

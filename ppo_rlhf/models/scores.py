@@ -1,4 +1,5 @@
-"""Value-head and reward-model outputs: V at every position of a sequence, and one score per (prompt, reply)."""
+"""Value-head and reward-model outputs: V at every position of a sequence, and one score per (prompt, reply)
+(`RewardModel`: a frozen reward model as the trainer and the reward functions use it)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from ppo_rlhf.data import Prompt
 from ppo_rlhf.errors import require
 from ppo_rlhf.models.chat import conversation_ids
 from ppo_rlhf.models.loading import backbone_and_head
@@ -78,3 +80,15 @@ def score_texts(
     input_ids, attention_mask = reward_inputs(tokenizer, prompts, replies)
     return reward_scores(reward_model, input_ids.to(device), attention_mask.to(device), batch_size,
                          padding_free).cpu()
+
+
+class RewardModel:
+    """A frozen reward model: one score per (prompt, reply); `padding_free`: its passes packed (`packing.py`)."""
+
+    def __init__(self, model: nn.Module, tokenizer, padding_free: bool = False):
+        self.model, self.tokenizer, self.padding_free = model, tokenizer, padding_free
+
+    def score_texts(self, prompts: list[Prompt], replies: list[str], batch_size: int) -> torch.Tensor:
+        """[B] raw scores (on the reward model's own scale), on the CPU."""
+        return score_texts(self.model, self.tokenizer, prompts, replies, batch_size=batch_size,
+                           padding_free=self.padding_free)

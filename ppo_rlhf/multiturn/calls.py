@@ -40,6 +40,8 @@ class ToolCall:
 def _plain_arguments(text: str) -> tuple[tuple, dict[str, Any]]:
     try:
         call = ast.parse(f"f({text})", mode="eval").body
+        if not isinstance(call, ast.Call):  # the text closed f( and went on: not plain arguments
+            raise ValueError(text)
         args = tuple(ast.literal_eval(a) for a in call.args)
         kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg is not None}
         if len(kwargs) == len(call.keywords):

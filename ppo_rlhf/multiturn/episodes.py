@@ -180,6 +180,7 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
             if episode.done or turn == limits.max_turns:
                 episode.done = True
                 continue
+            assert observation is not None  # (every way on without one set done above)
             ids = observations.ids(observation, role, episode.ended_with_eos)
             if len(episode.tokens) + len(ids) >= limits.max_episode_tokens:  # no room for the observation and a turn
                 episode.done = True

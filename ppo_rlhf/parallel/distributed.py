@@ -9,7 +9,7 @@ What each process does (docs/DESIGN.md, "Data parallel"):
   of whole prompt groups (`shard`), so rloo/grpo groups never straddle processes;
 * rewards: the normalisation statistics come from every process's start-policy replies (`gather_1d`);
 * advantages: GAE advantages are whitened with the mean and variance of the global batch's reply tokens
-  (all-reduced sums and counts, `masked_whiten`);
+  (all-reduced sums and counts, `advantages.masked_whiten_over`);
 * update: each process backpropagates its rows' share of the global minibatch's per-token mean (the token count is
   all-reduced first), then the gradients are all-reduced (summed): every process takes the same step as one
   process on the global minibatch would (DDP's arithmetic, written out);
@@ -44,8 +44,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ppo_rlhf.errors import require
-from ppo_rlhf.ppo.objectives import masked_sum, masked_whiten, whiten_with
-from ppo_rlhf.ppo.train_config import resolve_device
+from ppo_rlhf.utils.device import resolve_device
 
 
 class Dist:
@@ -201,16 +200,6 @@ class Dist:
         td.all_gather(pieces, padded)
         out = torch.cat([piece[: int(n)] for piece, n in zip(pieces, lengths)])
         return out.to(tensor.dtype).cpu() if tensor.dtype != torch.bool else out.bool().cpu()
-
-    def masked_whiten(self, x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-        """objectives.masked_whiten with the mean and (unbiased) variance of all processes' masked entries."""
-        if self.world_size == 1:
-            return masked_whiten(x, mask, shift_mean)
-        count, total = self.sum(float(mask.sum())), self.sum(float(masked_sum(x.double(), mask)))
-        mean = total / count
-        squares = self.sum(float(masked_sum((x.double() - mean) ** 2, mask)))
-        variance = squares / count * count / max(count - 1, 1)
-        return whiten_with(x, mask, mean, torch.tensor(variance, dtype=x.dtype, device=x.device), shift_mean)
 
     def barrier(self) -> None:
         if self.world_size > 1:

@@ -89,6 +89,7 @@ class ZeroStep:
     def discard(self) -> None:
         """Undo `finish`'s step (another model's gradient was not finite): the weights and this process's optimiser
         partition as they were, the master copy refreshed from those weights."""
+        assert self.before is not None  # (`finish` kept them)
         weights, optimizer_state = self.before
         with torch.no_grad():
             for name, p in self.trained.items():
@@ -106,8 +107,9 @@ class ZeroStep:
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """This process's partition of a saved `state_dict`, after the weights were loaded into the model."""
         dist, ranks = self.dist, saved.get("ranks")
-        require(ranks is not None, "this optimiser state was not written under DeepSpeed ZeRO: resume it with the "
-                                   "launch configuration that wrote it")
+        if ranks is None:
+            raise UsageError("this optimiser state was not written under DeepSpeed ZeRO: resume it with the launch "
+                             "configuration that wrote it")
         require(len(ranks) == dist.world_size and saved["zero_stage"] == dist.zero_stage,
                 f"this checkpoint's optimiser state was written by {len(ranks)} DeepSpeed ZeRO-{saved['zero_stage']} "
                 f"processes: resume it with the same launch configuration")

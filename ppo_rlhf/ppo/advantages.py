@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import torch
 from torch import Tensor
 
 from ppo_rlhf.parallel.distributed import Dist
@@ -19,11 +20,25 @@ from ppo_rlhf.ppo.objectives import (
     gae,
     grpo_advantages,
     length_adaptive_lam,
+    masked_sum,
+    masked_whiten,
     rloo_advantages,
     sequence_rewards,
     turn_level_gae,
+    whiten_with,
 )
 from ppo_rlhf.ppo.train_config import TrainConfig
+
+
+def masked_whiten_over(dist: Dist, x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+    """objectives.masked_whiten with the mean and (unbiased) variance of all of `dist`'s processes' masked entries."""
+    if dist.world_size == 1:
+        return masked_whiten(x, mask, shift_mean)
+    count, total = dist.sum(float(mask.sum())), dist.sum(float(masked_sum(x.double(), mask)))
+    mean = total / count
+    squares = dist.sum(float(masked_sum((x.double() - mean) ** 2, mask)))
+    variance = squares / count * count / max(count - 1, 1)
+    return whiten_with(x, mask, mean, torch.tensor(variance, dtype=x.dtype, device=x.device), shift_mean)
 
 
 class Advantages(Protocol):
@@ -54,7 +69,7 @@ class GAEAdvantages:
         raw, returns = self.estimate(rewards, values, mask, gamma=self.gamma, lam=lam)
         if self.length_alpha is not None or self.critic_lam != self.lam:
             _, returns = self.estimate(rewards, values, mask, gamma=self.gamma, lam=self.critic_lam)
-        return self.dist.masked_whiten(raw, mask), raw, returns
+        return masked_whiten_over(self.dist, raw, mask), raw, returns
 
 
 class RLOOAdvantages:

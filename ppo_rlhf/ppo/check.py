@@ -20,14 +20,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ppo_rlhf.config import POSITIVE_INT, read_yaml
 from ppo_rlhf.ppo.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from ppo_rlhf.ppo.experience import Experience
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
 # largest |ratio - 1|, |KL| or |log-prob difference| accepted per dtype; the low-precision ones are measured mismatches
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
@@ -50,7 +50,7 @@ def verdict(name: str, ok: bool, detail: str) -> Result:
     return Result(name, "pass" if ok else "FAIL", detail)
 
 
-def dtype_name(trainer: PPOTrainer) -> str:
+def dtype_name(trainer: PPOLoop) -> str:
     """The dtype the frozen weights are stored in (`dtype: auto` resolved), e.g. "bfloat16"."""
     from ppo_rlhf.models.precision import dtype_name as name
 
@@ -62,7 +62,7 @@ def reply_end(experience: Experience, row: int) -> int:
     return len(experience.prompt_ids[row]) + len(experience.reply_ids[row]) - 1
 
 
-def first_ratio(trainer: PPOTrainer, experience: Experience) -> Result:
+def first_ratio(trainer: PPOLoop, experience: Experience) -> Result:
     """Training-mode log-probs with gradients (as the first update computes them) against log pi_old."""
     import torch
 
@@ -80,7 +80,7 @@ def first_ratio(trainer: PPOTrainer, experience: Experience) -> Result:
                    f"max |ratio - 1| {ratio:.2e}, max |KL_t| {kl:.2e} (tolerance {tolerance:g}, {dtype_name(trainer)})")
 
 
-def reference(trainer: PPOTrainer, experience: Experience) -> Result:
+def reference(trainer: PPOLoop, experience: Experience) -> Result:
     """Move the adapter, then compare the reference's log-probs with a freshly loaded base model's."""
     import torch
 
@@ -107,7 +107,7 @@ def reference(trainer: PPOTrainer, experience: Experience) -> Result:
                    f"{adapter:.2e}; tolerance {tolerance:g})")
 
 
-def masks(trainer: PPOTrainer, experience: Experience) -> Result:
+def masks(trainer: PPOLoop, experience: Experience) -> Result:
     """The action mask is 1 exactly on the reply's tokens: EOS of a finished reply included, padding never."""
     import torch
 
@@ -128,13 +128,12 @@ def masks(trainer: PPOTrainer, experience: Experience) -> Result:
     return verdict("masks", eos_trained == len(eos_rows) and pad_trained == dropped == 0, detail)
 
 
-def score_position(trainer: PPOTrainer, experience: Experience) -> Result:
+def score_position(trainer: PPOLoop, experience: Experience) -> Result:
     """Per-token rewards minus their KL part: the score on the last reply token, 0 on the others."""
     import torch
 
     act = experience.action_mask.bool()
-    reward_beta = trainer.beta if trainer.cfg.kl_placement == "reward" else 0.0
-    score_part = torch.where(act, experience.rewards + reward_beta * experience.kl, 0.0)
+    score_part = torch.where(act, experience.rewards + trainer.reward_beta * experience.kl, 0.0)
     expected = torch.zeros_like(score_part)
     for row in range(len(experience.prompts)):
         expected[row, reply_end(experience, row) - 1] = experience.scores[row]
@@ -142,7 +141,7 @@ def score_position(trainer: PPOTrainer, experience: Experience) -> Result:
     return verdict("score-position", gap <= 1e-5, f"max |reward - KL part - score at the last reply token| {gap:.2e}")
 
 
-def micro_batches(trainer: PPOTrainer, experience: Experience) -> Result:
+def micro_batches(trainer: PPOLoop, experience: Experience) -> Result:
     """The minibatch's policy and value losses in one pass, and summed over micro-batches of one reply."""
     import torch
 
@@ -170,9 +169,9 @@ def micro_batches(trainer: PPOTrainer, experience: Experience) -> Result:
                    f"(one pass vs micro-batches of 1; relative gap {max(gaps):.1e})")
 
 
-def cap(trainer: PPOTrainer, experience: Experience) -> Result:
+def cap(trainer: PPOLoop, experience: Experience) -> Result:
     """Some replies finish within max_new_tokens; the prompts none of whose replies finished are named."""
-    finished: dict[str, list[bool]] = {}
+    finished: dict[Any, list[bool]] = {}
     for prompt, done in zip(experience.prompts, experience.finished.tolist()):
         finished.setdefault(prompt, []).append(bool(done))
     never = [prompt for prompt, done in finished.items() if not any(done)]
@@ -197,9 +196,9 @@ def check_config(cfg: TrainConfig, replies: int) -> TrainConfig:
 
 def run_checks(cfg: TrainConfig, replies: int = 8) -> list[Result]:
     """Load the config's models, sample and score one batch, and measure every invariant on it."""
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
-    trainer = PPOTrainer(check_config(cfg, replies))
+    trainer = PPOLoop(check_config(cfg, replies))
     experience = trainer.score(trainer.rollout(trainer.next_prompts()))
     return [invariant(trainer, experience) for invariant in INVARIANTS]
 

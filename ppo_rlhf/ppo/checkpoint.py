@@ -3,7 +3,7 @@
 A checkpoint is a folder `checkpoints/iter_NNNNNN/` written under a temporary name and renamed when
 complete; `checkpoints/latest` names the newest complete one and is replaced atomically last. A run
 killed at any moment therefore leaves `latest` pointing at a whole checkpoint. Weights are PEFT adapters
-in safetensors; the rest of the trainer's state (`PPOTrainer.state_dict()`: optimisers, schedulers, sampler, KL
+in safetensors; the rest of the trainer's state (`PPOLoop.state_dict()`: optimisers, schedulers, sampler, KL
 coefficient, ...) and the RNG states load with `torch.load(weights_only=True)`. Under FSDP the shards are
 gathered first (each gradient step's `state_dict`), so a checkpoint is the same whatever the number of
 processes that wrote or read it; under DeepSpeed ZeRO it holds every process's optimiser partition and
@@ -17,7 +17,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ def checkpoint_name(iteration: int) -> str:
 
 def rng_state() -> dict[str, Any]:
     """torch, numpy and Python RNG states as plain types, so that `torch.load(weights_only=True)` accepts them."""
-    name, keys, position, has_gauss, cached = np.random.get_state()
+    name, keys, position, has_gauss, cached = cast(tuple, np.random.get_state())  # (legacy=True: the tuple)
     state = {
         "torch": torch.get_rng_state(),
         "numpy": [name, keys.tolist(), position, has_gauss, cached],
@@ -68,7 +68,7 @@ def trained_weights(model: PeftModel, dist: Dist) -> dict[str, torch.Tensor]:
 def save_checkpoint(run_dir: Path, iteration: int, models: dict[str, PeftModel], state: dict[str, Any],
                     history_lines: list[str], rng: dict[str, Any] | None = None) -> Path:
     """Write checkpoint `iter_{iteration}` atomically and point `latest` at it: the trainer's `state`
-    (`PPOTrainer.state_dict()`), its "weights" as one PEFT adapter folder per model (what `evaluate` reads), the rest
+    (`PPOLoop.state_dict()`), its "weights" as one PEFT adapter folder per model (what `evaluate` reads), the rest
     with the RNG states (`rng`, by default the current ones) in state.pt, and the history so far. A full disk is a
     `RunError` naming the latest good checkpoint, the partial folder removed."""
     root = run_dir / CHECKPOINTS
@@ -167,7 +167,7 @@ def clean_partial_writes(run_dir: Path) -> list[Path]:
 
 
 def load_checkpoint(folder: Path, models: tuple[str, ...]) -> tuple[int, dict[str, Any], list[str]]:
-    """(iterations done, the trainer's state for `PPOTrainer.load_state_dict`, the history lines) of a checkpoint
+    """(iterations done, the trainer's state for `PPOLoop.load_state_dict`, the history lines) of a checkpoint
     with adapters for `models`; the RNG states are restored in place."""
     weights = {}
     for name in models:

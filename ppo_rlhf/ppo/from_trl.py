@@ -1,7 +1,8 @@
-"""Coming from TRL: TRL 1.12's PPO settings (`trl.experimental.ppo.PPOConfig`) as a `PPOConfig` of ours.
+"""Coming from TRL: TRL 1.12's PPO settings (`trl.experimental.ppo.PPOConfig`) as the settings of a `PPOConfig` of
+ours, which `PPOConfig.from_trl` builds (this module does not import the config: it only names its fields).
 
-    from ppo_rlhf.ppo.from_trl import ppo_config_from_trl
-    config = ppo_config_from_trl(trl_config, policy_model="smollm2", out="runs/mine")   # or a dict of TRL's fields
+    from ppo_rlhf import PPOConfig
+    config = PPOConfig.from_trl(trl_config, policy_model="smollm2", out="runs/mine")   # or a dict of TRL's fields
 
 A TRL field either maps to one of ours (the table in docs/from-trl.md), needs nothing (TRL computes it, or it only
 shapes logging or memory), or has no equivalent: then, unless it holds the value that behaves like ours, the
@@ -21,7 +22,6 @@ from enum import Enum
 from typing import Any
 
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.ppo.train_config import TrainConfig
 
 # TRL 1.12's defaults for every field read here: trl/experimental/ppo/ppo_config.py, its base trl/trainer/base_config.py
 # (learning_rate 3e-6, bf16 None = True unless fp16) and transformers' TrainingArguments.
@@ -130,10 +130,10 @@ def batch_settings(t: dict[str, Any], num_processes: int) -> dict[str, Any]:
             "score_batch_size": forward, "generation_batch_size": forward if forward < local_batch else 0}
 
 
-def ppo_config_from_trl(config_or_dict: Any, num_processes: int = 1, **ours: Any) -> TrainConfig:
-    """A `PPOConfig` with the settings of TRL 1.12's `PPOConfig` (an object with its attributes, or a dict of some of
-    its fields); `ours` sets ppo-rlhf fields directly (policy_model, prompts, reward_funcs, out, ...). A TRL field
-    with no equivalent raises UsageError with one line saying why. See docs/from-trl.md."""
+def settings_from_trl(config_or_dict: Any, num_processes: int = 1, **ours: Any) -> dict[str, Any]:
+    """The `PPOConfig` fields for the settings of TRL 1.12's `PPOConfig` (an object with its attributes, or a dict of
+    some of its fields); `ours` sets ppo-rlhf fields directly (policy_model, prompts, reward_funcs, out, ...). A TRL
+    field with no equivalent raises UsageError with one line saying why. See docs/from-trl.md."""
     require(isinstance(num_processes, int) and num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")
     t = trl_values(config_or_dict)
     check_no_equivalent(t)
@@ -181,4 +181,4 @@ def ppo_config_from_trl(config_or_dict: Any, num_processes: int = 1, **ours: Any
     }
     if t["output_dir"]:
         settings["out"] = str(t["output_dir"])
-    return TrainConfig(**(settings | ours))
+    return settings | ours

@@ -52,7 +52,7 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
 
 def whiten_with(x: Tensor, mask: Tensor, mean: Tensor | float, variance: Tensor, shift_mean: bool = True) -> Tensor:
     """(x - mean) / sqrt(variance + 1e-8) with given statistics (this batch's, or every process's:
-    `Dist.masked_whiten`); the mean added back when not `shift_mean`; 0 where mask == 0."""
+    `advantages.masked_whiten_over`); the mean added back when not `shift_mean`; 0 where mask == 0."""
     whitened = (x - mean) * torch.rsqrt(variance + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
@@ -297,14 +297,6 @@ def per_token_rewards(
     return rewards, kl
 
 
-def entropy_from_logits(logits: Tensor, logz: Tensor | None = None) -> Tensor:
-    """Entropy in nats of softmax(logits) over the last dim: logsumexp(z) - sum p z, stable for large logits.
-    `logz`: logsumexp(logits) when the caller has it already (the log-probs share it; a second one would round the
-    gradient differently)."""
-    probs = torch.softmax(logits, dim=-1)
-    return (torch.logsumexp(logits, dim=-1) if logz is None else logz) - (probs * logits).sum(-1)
-
-
 @torch.no_grad()
 def explained_variance(predictions: Tensor, targets: Tensor, mask: Tensor) -> float:
     """1 - Var[targets - predictions] / Var[targets] over the mask: 1 is perfect, 0 is no better than the mean,
@@ -313,6 +305,23 @@ def explained_variance(predictions: Tensor, targets: Tensor, mask: Tensor) -> fl
     if target_variance == 0:
         return math.nan
     return 1 - masked_var(targets - predictions, mask).item() / target_variance
+
+
+class FixedKLController:
+    """beta as set (the default, `adaptive_kl` off), behind the interface of `AdaptiveKLController`: the trainer
+    holds one controller either way, and reads the coefficient from it alone."""
+
+    def __init__(self, beta: float) -> None:
+        self.beta = beta
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        return self.beta
+
+    def state_dict(self) -> dict[str, float]:
+        return {"beta": self.beta}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.beta = state["beta"]
 
 
 class AdaptiveKLController:

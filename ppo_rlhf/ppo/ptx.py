@@ -26,7 +26,7 @@ from ppo_rlhf.utils.paths import require_file
 
 def read_texts(path: str | Path) -> list[str]:
     path = require_file("ptx_data", str(path))
-    texts = []
+    texts: list[str] = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -37,7 +37,7 @@ def read_texts(path: str | Path) -> list[str]:
                 require(False, f"{path}:{number}: not valid JSON")
             text = row.get("text") if isinstance(row, dict) else None
             require(isinstance(text, str) and text.strip() != "", f'{path}:{number}: needs a non-empty "text" string')
-            texts.append(text)
+            texts.append(str(text))
         else:
             texts.append(line)
     require(len(texts) > 0, f"{path} has no texts")
@@ -60,7 +60,7 @@ class PtxData:
         self.position = 0
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = []
+        rows: list[list[int]] = []
         while len(rows) < self.batch_size:
             if self.position == len(self.order):
                 self.order, self.position = self.generator.permutation(len(self.ids)).tolist(), 0

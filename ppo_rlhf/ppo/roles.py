@@ -4,7 +4,8 @@
   the reference is the same network with its LoRA adapter off.
 * `Critic`: the value model (reward model + LoRA + a trained copy of its head). Its values at every position; with
   its adapter off it *is* the reward model, so it scores replies too.
-* `RewardModel`: the frozen reward model alone, for the critic-free estimators (rloo, grpo), which have no Critic.
+
+The frozen reward model alone (the critic-free estimators' and a reward function's) is `models.scores.RewardModel`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ppo_rlhf.data import Prompt
 from ppo_rlhf.models.logprobs import token_logprobs
-from ppo_rlhf.models.scores import score_texts, sequence_values
+from ppo_rlhf.models.scores import RewardModel, sequence_values
 from ppo_rlhf.ppo.train_config import TrainConfig
 
 
@@ -40,18 +42,6 @@ class Actor:
             return self.logprobs(input_ids, attention_mask, first)
 
 
-class RewardModel:
-    """A frozen reward model: one score per (prompt, reply); `padding_free`: its passes packed (`packing.py`)."""
-
-    def __init__(self, model: nn.Module, tokenizer, padding_free: bool = False):
-        self.model, self.tokenizer, self.padding_free = model, tokenizer, padding_free
-
-    def reward_scores(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
-        """[B] raw scores (on the reward model's own scale), on the CPU."""
-        return score_texts(self.model, self.tokenizer, prompts, replies, batch_size=batch_size,
-                           padding_free=self.padding_free)
-
-
 class Critic(RewardModel):
     """The value model and its gradient step; with its adapter (and trained head copy) off, the reward model."""
 
@@ -64,6 +54,6 @@ class Critic(RewardModel):
         device = model_device(self.model)
         return sequence_values(self.model, input_ids.to(device), attention_mask.to(device), self.padding_free)
 
-    def reward_scores(self, prompts: list[str], replies: list[str], batch_size: int) -> torch.Tensor:
+    def score_texts(self, prompts: list[Prompt], replies: list[str], batch_size: int) -> torch.Tensor:
         with self.model.disable_adapter():
-            return super().reward_scores(prompts, replies, batch_size)
+            return super().score_texts(prompts, replies, batch_size)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -111,7 +112,7 @@ def percentile(x: Tensor, q: float) -> float:
 
 
 def four_cases(clip_range: float = CLIP_RANGE, cases: list[tuple[str, float, float]] = FOUR_CASES,
-               **variant: float) -> list[dict]:
+               **variant: Any) -> list[dict]:
     """Section 8.4's table: each term of L^CLIP for one token and, by autograd, d objective / d log p_new.
     `variant`: clip_range_high and dual_clip of `clipped_policy_loss` (the clip(r)*A column stays PPO's)."""
     rows = []

@@ -11,7 +11,7 @@ import json
 
 from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked
 
-# The chapter gives no learning rate; with this one the shape of its results holds (see tests/test_toy.py).
+# The chapter gives no learning rate; with this one the shape of its results holds (see tests/ppo/test_toy.py).
 DEFAULT_LR = 0.1
 
 

@@ -23,13 +23,13 @@ import importlib.util
 import json
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.study.dashboard import TensorBoard, scalar_tags
+from ppo_rlhf.ppo.dashboard import TensorBoard, scalar_tags
 from ppo_rlhf.utils.files import atomic_write_text, keep_iterations_before
 
 TRACKERS = ("tensorboard", "wandb", "trackio")
@@ -165,8 +165,9 @@ class TrackioTracker:
         self.run.finish()
 
 
-MAKERS: dict[str, type[Tracker]] = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker,
-                                    "trackio": TrackioTracker}
+# name -> the tracker's class: (run_dir, config, first_iteration, run_name) -> a Tracker
+MAKERS: dict[str, Callable[[Path, dict[str, Any], int, str | None], Tracker]] = {
+    "tensorboard": TensorBoardTracker, "wandb": WandbTracker, "trackio": TrackioTracker}
 
 
 class Trackers:

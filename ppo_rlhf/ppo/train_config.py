@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from ppo_rlhf.config import (
     UNIT_INTERVAL,
@@ -20,14 +20,8 @@ from ppo_rlhf.config import (
     field_types,
 )
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.utils.device import DtypeName, resolve_device
 
-if TYPE_CHECKING:
-    import torch
-
-# The dtype settings, here rather than in precision.py (which imports torch): commands check their flags before torch
-# loads.
-DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
-DTYPE_NAMES: tuple[str, ...] = get_args(DtypeName)
 TrackerName = Literal["tensorboard", "wandb", "trackio", "all", "none"]
 
 
@@ -113,7 +107,7 @@ class TrainConfig:
     and its KV cache (ppo_rlhf/models/decode.py) instead of being stepped with pad until the longest reply ends
     (false: Hugging Face `generate`). The same random numbers, so the same tokens wherever the smaller batch's matmuls
     round as the whole batch's did (float32: 415 of 416 SmolLM2 replies, tiny models always). Faster at every batch
-    and cap measured, 0.75-0.96x the time (bench/generation_drop.py, bench/README.md)."""
+    and cap measured, 0.75-0.96x the time (bench/generation_drop.py, bench/HISTORY.md)."""
     generation_backend: Literal["hf", "vllm"] = "hf"
     """"hf" (Hugging Face generate on the policy) or "vllm" (a vLLM engine in its own process and environment, `make
     venv-vllm`; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
@@ -353,9 +347,9 @@ class TrainConfig:
         """The settings of TRL 1.12's `PPOConfig` (the object or a dict of its fields) as a `PPOConfig`; `ours` sets
         ppo-rlhf fields directly (policy_model, prompts, out, ...). A TRL field with no equivalent here is refused in
         one line saying why (`ppo_rlhf.ppo.from_trl`, docs/from-trl.md)."""
-        from ppo_rlhf.ppo.from_trl import ppo_config_from_trl
+        from ppo_rlhf.ppo.from_trl import settings_from_trl
 
-        return ppo_config_from_trl(trl_config, num_processes, **ours)
+        return cls(**settings_from_trl(trl_config, num_processes, **ours))
 
     def require_inputs(self, dataset: bool = False) -> None:
         """What a run cannot start without: a reward (reward_model or reward_funcs), one weight per reward, and prompts
@@ -426,15 +420,3 @@ class TrainConfig:
         """Only GAE needs a critic; rloo and grpo neither load, train nor checkpoint one."""
         return self.advantage_estimator == "gae"
 
-
-def resolve_device(name: str) -> torch.device:
-    import torch  # here, not at the top: a config is checked (and its files) before torch is imported
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UsageError(f"unknown device {name!r}") from None
-    require(device.type != "cuda" or torch.cuda.is_available(), f"device {name!r} asked for, but CUDA is not available")
-    return device

@@ -10,8 +10,8 @@ One iteration, in the order of the chapter's listing:
                   reply tokens; separate AdamW optimisers, gradient norm clipped to 1 for each model
 
 Steps 1-4 make one `Experience` (`make_experience`), step 5 reads it (`update`); the models act through their roles
-(`roles.py`: Actor, Critic, RewardModel) and the advantages through one strategy per estimator (`advantages.py`).
-The run around it (run directory, checkpoints, logging, resume, the `train` command) is in `train.py`.
+(`roles.py`: Actor, Critic; `models.scores.RewardModel`) and the advantages through one strategy per estimator
+(`advantages.py`). The run around it (run directory, checkpoints, logging, resume) is in `run.py`.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ppo_rlhf.data import PromptRow, load_prompt_rows
+from ppo_rlhf.data import Prompt, PromptRow, load_prompt_rows
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models.chat import chat_prompt_ids
 from ppo_rlhf.models.generation import make_generator
@@ -48,12 +47,13 @@ from ppo_rlhf.models.rollout import Rollout, eos_token_ids, sample_replies
 from ppo_rlhf.multiturn.calls import tool_name
 from ppo_rlhf.multiturn.episodes import Episode, EpisodeLimits, run_episodes
 from ppo_rlhf.parallel.distributed import current, is_sharded
-from ppo_rlhf.ppo.advantages import make_advantages
+from ppo_rlhf.ppo.advantages import make_advantages, masked_whiten_over
 from ppo_rlhf.ppo.checkpoint import load_adapter, trained_weights
-from ppo_rlhf.ppo.experience import Experience
+from ppo_rlhf.ppo.experience import Experience, rollout_fields
 from ppo_rlhf.ppo.monitor import HackingMonitor
 from ppo_rlhf.ppo.objectives import (
     AdaptiveKLController,
+    FixedKLController,
     clipped_policy_loss,
     clipped_value_loss,
     explained_variance,
@@ -69,14 +69,15 @@ from ppo_rlhf.ppo.roles import Actor, Critic
 from ppo_rlhf.ppo.schedules import make_scheduler
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.rewards import (
+    BatchRewards,
     CombinedReward,
     ModelReward,
     RewardFunctionError,
-    RewardScores,
     import_function,
     is_reward_model_spec,
-    model_spec_name,
     resolve_reward_funcs,
+    reward_name,
+    scored_means,
 )
 from ppo_rlhf.utils.paths import function_spec
 
@@ -138,7 +139,7 @@ def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 def make_optimizer(model: torch.nn.Module, lr: float, cfg: TrainConfig) -> torch.optim.AdamW:
     params = trainable_parameters(model)
     # fused: one kernel for all parameters (CPU and CUDA); the per-tensor loop took ~4x as long over LoRA's many small
-    # factors (bench/README.md), with the same numbers to float rounding. Not under FSDP, whose optimiser mixes
+    # factors (bench/HISTORY.md), with the same numbers to float rounding. Not under FSDP, whose optimiser mixes
     # sharded (DTensor) and whole parameters, which the fused kernel refuses.
     fused = not any(is_sharded(p) for p in params)
     return torch.optim.AdamW(params, lr=lr, eps=cfg.adam_eps, weight_decay=0.0, fused=fused)
@@ -186,7 +187,7 @@ class TrainingStopped(UsageError):
     """Too many consecutive non-finite steps: the run stops, its last good checkpoint intact."""
 
 
-class PPOTrainer:
+class PPOLoop:
     """The roles (an Actor, a Critic for GAE), the rewards, their optimisers and one iteration. In the chapter's
     set-up two backbones hold the four models: the reference is the policy with its adapter off, the reward model
     the value model with its adapter off.
@@ -213,7 +214,7 @@ class PPOTrainer:
         self.prompt_rows = prompt_rows if prompt_rows is not None else load_prompt_rows(cfg.prompts, cfg.prompt_column)
         self.prompts = [row.prompt for row in self.prompt_rows]
         self.batch: tuple[list, list[dict]] = ([], [])  # the prompts being scored and their rows' other columns
-        self.reward_scores: RewardScores | None = None  # the last batch's rewards, by function
+        self.batch_rewards: BatchRewards | None = None  # the last batch's rewards, by function
         seed_everything(cfg.seed)
         self.advantages = make_advantages(cfg, self.dist)
         self._load_roles(list(cfg.reward_funcs) if reward_funcs is None else list(reward_funcs), policy, tokenizer)
@@ -222,14 +223,16 @@ class PPOTrainer:
         self.schedulers = self._make_schedulers()
         self.ptx = None
         if cfg.ptx_coef > 0:
+            assert cfg.ptx_data is not None  # (TrainConfig.validate: ptx_coef needs ptx_data)
             self.ptx = PtxData(read_texts(cfg.ptx_data), self.tokenizer, cfg.ptx_batch_size, cfg.ptx_max_tokens,
                                cfg.seed + 2)
         self.generator = make_generator(cfg, self.policy, self.tokenizer)
         self.policy_version, self.synced_version = 0, -1  # optimiser steps taken / copied into the generator
         self.dist.diverge_rngs(cfg.seed)  # identical initial weights everywhere; now different samples per process
         self.sampler = PromptSampler(len(self.prompts), cfg.seed)
-        self.beta = cfg.beta
-        self.kl_controller = AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl else None
+        # the KL coefficient beta: its one owner (`kl_controller.beta`), moved after each iteration when adaptive
+        self.kl_controller = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
+                              else FixedKLController(cfg.beta))
         self.reward_mean, self.reward_std = 0.0, 1.0
         self.consecutive_skips = 0
         self.policy_started = False  # set once past the critic warm-up (`phase`), checkpointed
@@ -237,13 +240,20 @@ class PPOTrainer:
     def _load_roles(self, reward_funcs: list, policy: torch.nn.Module | None, tokenizer) -> None:
         """The policy (Actor), the value model (Critic, GAE only; see `_critic_source`) and the rewards: reward_model
         then `reward_funcs`, combined. The critic-free estimators with reward functions alone load only the policy."""
+        specs = [*([self.cfg.reward_model] if self.cfg.reward_model else []), *reward_funcs]
+        source = self._load_policy_and_critic(specs, policy, tokenizer)
+        funcs = self._load_rewards(specs, source)
+        self._place_roles(funcs)
+
+    def _load_policy_and_critic(self, specs: list, policy: torch.nn.Module | None, tokenizer) -> str | None:
+        """The policy with its LoRA adapter and, for GAE, the critic; returns the critic's source folder (None: a cold
+        critic, a copy of the policy's base with a zero head)."""
         cfg, remote = self.cfg, self.cfg.trust_remote_code
         dtype = self.dtype = resolve_dtype(cfg.dtype, self.device)  # the frozen weights'; trained ones stay fp32
         lora = LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
         if tokenizer is None:
             tokenizer = load_tokenizer(cfg.policy_model, trust_remote_code=remote)
         self.tokenizer = check_chat_tokenizer(tokenizer, cfg.policy_model)
-        specs = [*([cfg.reward_model] if cfg.reward_model else []), *reward_funcs]
         source = self._critic_source(specs)  # (its tokenizer is read before any weights load)
         base = load_causal_lm(cfg.policy_model, dtype, remote) if policy is None else loaded_causal_lm(policy, dtype)
         # a cold critic copies the policy's base before LoRA wraps it
@@ -261,9 +271,15 @@ class PPOTrainer:
                 raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
             value_tokenizer = load_tokenizer(source, trust_remote_code=remote) if source else self.tokenizer
             self.critic = Critic(value.to(self.device), value_tokenizer, None, cfg.padding_free)
-        # the reward model the critic was initialised from scores through it, adapter off (one copy of its weights)
-        shared = source if source in specs and source != cfg.value_model else None
-        specs = [ModelReward.from_scorer(self.critic, model_spec_name(spec), self.score_size) if spec == shared
+        return source
+
+    def _load_rewards(self, specs: list, source: str | None) -> list:
+        """The reward functions, combined into `self.rewards`; returns them. The reward model the critic was
+        initialised from scores through it, adapter off (one copy of its weights)."""
+        cfg, remote, dtype = self.cfg, self.cfg.trust_remote_code, self.dtype
+        critic = self.critic
+        shared = source if critic is not None and source in specs and source != cfg.value_model else None
+        specs = [ModelReward.from_scorer(critic, reward_name(spec), self.score_size) if critic and spec == shared
                  else spec for spec in specs]
         try:
             funcs = resolve_reward_funcs(specs, dtype=dtype, device=self.device, trust_remote_code=remote,
@@ -272,6 +288,12 @@ class PPOTrainer:
             field = "reward_model" if cfg.reward_model and cfg.reward_model in str(error) else "reward_funcs"
             raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
         self.rewards = CombinedReward(funcs, cfg.reward_weights)
+        return funcs
+
+    def _place_roles(self, funcs: list) -> None:
+        """Every model checked against the prompts' lengths, sharded under FSDP; the gradient steps of the trained
+        ones, and the roles by checkpoint folder name."""
+        cfg = self.cfg
         frozen = [f.model for f in funcs if isinstance(f, ModelReward) and f.scorer is not self.critic]
         critic_model = [self.critic.model] if self.critic else []
         check_prompt_lengths(self.prompt_rows, self.tokenizer, [self.policy, *critic_model, *frozen],
@@ -288,7 +310,8 @@ class PPOTrainer:
         self.reward_model = scorers[0] if len(scorers) == 1 else None
         self.value_model = self.critic.model if self.critic else None
         # the trained roles by checkpoint folder name: each backward, step and optimiser state goes through them
-        self.roles = {"policy": self.actor, **({"value": self.critic} if self.critic else {})}
+        self.roles: dict[str, Actor | Critic] = {"policy": self.actor,
+                                                 **({"value": self.critic} if self.critic else {})}
 
     def _load_judges(self, specs: list) -> CombinedReward | None:
         """The monitor's second judges, resolved as rewards are (never summed into the reward); None without any."""
@@ -316,8 +339,9 @@ class PPOTrainer:
     @staticmethod
     def _imported(spec: str, what: str = "tool"):
         parts = function_spec(spec)
-        require(parts is not None, f"{what} {spec}: expected 'file.py:function' or 'module:function'")
-        found = import_function(spec, *parts, what=what)
+        if parts is None:
+            raise UsageError(f"{what} {spec}: expected 'file.py:function' or 'module:function'")
+        found = import_function(spec, parts[0], parts[1], what=what)
         require(callable(found), f"{what} {spec} is a {type(found).__name__}, not a callable")
         return found
 
@@ -391,10 +415,9 @@ class PPOTrainer:
             "optimizers": {name: role.step.state_dict() for name, role in self.roles.items()},
             "schedulers": {name: scheduler.state_dict() for name, scheduler in self.schedulers.items()},
             "sampler": self.sampler.state(),
-            "beta": self.beta,
             "consecutive_skips": self.consecutive_skips,
             "policy_started": self.policy_started,
-            "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
+            "kl_controller": self.kl_controller.state_dict(),
             "ptx": self.ptx.state() if self.ptx else None,
             "monitor": self.monitor.state_dict(),
         }
@@ -409,16 +432,16 @@ class PPOTrainer:
             require(name in state["schedulers"], f"it has no {name} learning-rate scheduler state")
             scheduler.load_state_dict(state["schedulers"][name])
         self.sampler.load(state["sampler"])
-        self.beta, self.consecutive_skips = state["beta"], state["consecutive_skips"]
+        self.consecutive_skips = state["consecutive_skips"]
         self.policy_started = state.get("policy_started", True)  # checkpoints from before the warm-up option
-        if self.kl_controller is not None:
-            self.kl_controller.load_state_dict(state["kl_controller"])
+        # (checkpoints from before the fixed controller kept a fixed beta beside a None controller state)
+        self.kl_controller.load_state_dict(state["kl_controller"] or {"beta": state["beta"]})
         if self.ptx is not None and state["ptx"] is not None:
             self.ptx.load(state["ptx"])
         self.monitor.load_state_dict(state.get("monitor"))  # (None: a checkpoint from before the monitor)
 
     # ----------------------------------------------------------------------------------------- 1. rollout
-    def rollout(self, prompts: list[str]) -> Rollout:
+    def rollout(self, prompts: list[Prompt]) -> Rollout:
         # token ids from the backend (generation.py); score() recomputes the log-probs the rollout does not carry
         if self.synced_version != self.policy_version:  # the policy changed since the engine last copied it
             self.generator.sync(self.policy)
@@ -445,11 +468,17 @@ class PPOTrainer:
         return rollout
 
     def raw_scores(self, rollout: Rollout) -> torch.Tensor:
-        """The combined reward of each reply [B] (float32, CPU); each function's values are kept in `reward_scores`.
+        """The combined reward of each reply [B] (float32, CPU); each function's values are kept in `batch_rewards`.
         The reward functions see the other columns of each prompt's row when the rollout is of `batch_prompts`."""
         columns = self.columns_of(rollout.prompts)
-        self.reward_scores = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.reply_ids, columns)
-        return self.reward_scores.total
+        self.batch_rewards = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.reply_ids, columns)
+        return self.batch_rewards.total
+
+    @property
+    def reward_beta(self) -> float:
+        """The KL coefficient inside the rewards: beta with `kl_in: reward`; 0 with `kl_in: loss`, which keeps the
+        rewards KL-free and adds beta * KL as a loss term instead (`policy_loss`)."""
+        return self.kl_controller.beta if self.cfg.kl_placement == "reward" else 0.0
 
     def columns_of(self, prompts: list) -> list[dict]:
         """The other dataset columns of `prompts` when they are the last `batch_prompts`; else (tests, `check`) none."""
@@ -459,12 +488,11 @@ class PPOTrainer:
     def reward_means(self) -> dict[str, float]:
         """Each reward's mean over the last batch's replies it scored ("reward/<name>"; nan where it scored none),
         averaged over processes."""
-        return self.process_means("reward", self.reward_scores.by_function if self.reward_scores is not None else {})
+        return self.process_means("reward", self.batch_rewards.by_function if self.batch_rewards is not None else {})
 
     def process_means(self, prefix: str, values: dict[str, list[float | None]]) -> dict[str, float]:
-        """{"<prefix>/<name>": mean of the values that are not None (nan: none)}, averaged over processes."""
-        means = {f"{prefix}/{name}": float(np.mean([v for v in scored if v is not None] or [np.nan]))
-                 for name, scored in values.items()}
+        """`rewards.scored_means` of this process's values, averaged over processes."""
+        means = scored_means(prefix, values)
         return {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
 
     def monitor_stats(self, index: int, experience: Experience) -> dict[str, float | None]:
@@ -495,8 +523,8 @@ class PPOTrainer:
         """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
         n = self.cfg.reward_norm_samples
         rng = np.random.default_rng(self.cfg.seed + 1)
-        picks = rng.choice(len(self.prompts), size=n, replace=n > len(self.prompts))
-        picks = self.dist.shard(picks.tolist())  # this process's share (all of them in one process)
+        picks = rng.choice(len(self.prompts), size=n, replace=n > len(self.prompts)).tolist()
+        picks = self.dist.shard(picks)  # this process's share (all of them in one process)
         scores, finished, lengths = [], [], []
         for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation",
                          disable=self.cfg.quiet, leave=False):
@@ -516,17 +544,17 @@ class PPOTrainer:
         return {"mean": float(scores.mean()), "std": std, "n": n, "finished": float(finished.float().mean())}
 
     # ------------------------------------------------------------------------------ 2-4. score, rewards, advantages
-    def make_experience(self, prompts: list[str]) -> Experience:
+    def make_experience(self, prompts: list[Prompt]) -> Experience:
         """Steps 1-4: sample one reply per prompt, then score it."""
         return self.score(self.rollout(prompts))
 
     @torch.no_grad()
     def score(self, rollout: Rollout) -> Experience:
         cfg, dev, size = self.cfg, self.device, self.score_size
-        experience = Experience.sampled(rollout)
         act = rollout.action_mask.to(dev)
         first = first_reply_position(rollout.prompt_ids)  # no LM head over positions that are prompt in every row
         if cfg.old_logprobs == "generation":  # recorded by generate from the same weights
+            assert rollout.logprobs is not None and rollout.entropy is not None  # (make_generator records them)
             old_logprobs, entropy = rollout.logprobs.to(dev), rollout.entropy.to(dev)
         else:
             old_logprobs, entropy = per_token_in_chunks(
@@ -541,20 +569,21 @@ class PPOTrainer:
         scores = self.normalised(raw)
         if cfg.eos_rule:
             scores = torch.where(rollout.finished.to(dev), scores, torch.full_like(scores, cfg.unfinished_score))
-        reward_beta = self.beta if cfg.kl_placement == "reward" else 0.0  # kl_in: loss keeps the rewards KL-free
+        reward_beta = self.reward_beta  # 0 with kl_in: loss
         rewards, kl = per_token_rewards(scores, old_logprobs, ref_logprobs, act, reward_beta, cfg.kl_kind)  # 3.
         totals = scores  # the critic-free estimators' score of a reply: a multi-turn environment's rewards added
         if rollout.env_rewards is not None:  # each turn's reward at its last policy token
             env_rewards = rollout.env_rewards.to(dev)
             rewards, totals = rewards + env_rewards * act, scores + (env_rewards * act).sum(1)
         if cfg.whiten_rewards:
-            rewards = self.dist.masked_whiten(rewards, act, shift_mean=False)
+            rewards = masked_whiten_over(self.dist, rewards, act, shift_mean=False)
         advantages, raw_advantages, returns = self.advantages(rewards, old_values, totals, kl, act, reward_beta)  # 4.
         recorded = rollout.logprobs.to(dev) if rollout.logprobs is not None else None  # what generate sampled with
-        return replace(experience, action_mask=act, old_logprobs=old_logprobs, entropy=entropy,
-                       ref_logprobs=ref_logprobs, old_values=old_values, raw_scores=raw, scores=scores,
-                       rewards=rewards, kl=kl, advantages=advantages, raw_advantages=raw_advantages, returns=returns,
-                       rollout_logprobs=recorded, tis_weights=policy_token_weights(old_logprobs, recorded, cfg.tis_cap))
+        sampled = rollout_fields(rollout) | {"action_mask": act, "logprobs": recorded, "entropy": entropy}
+        return Experience(**sampled, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, old_values=old_values,
+                          raw_scores=raw, scores=scores, rewards=rewards, kl=kl, advantages=advantages,
+                          raw_advantages=raw_advantages, returns=returns,
+                          tis_weights=policy_token_weights(old_logprobs, recorded, cfg.tis_cap))
 
     def normalised(self, raw: torch.Tensor) -> torch.Tensor:
         """Reward-model outputs (scores or values) on the scale of start-policy replies' scores (detail 1)."""
@@ -603,7 +632,7 @@ class PPOTrainer:
                 self.actor.step.backward(policy_loss)
             if "value" in roles:
                 value_loss, value_numbers = self.value_loss(part, count, token_share)
-                self.critic.step.backward(value_loss)
+                self.roles["value"].step.backward(value_loss)
                 numbers |= value_numbers
             for key, value in numbers.items():
                 sums[key] = sums.get(key, 0.0) + value
@@ -635,7 +664,7 @@ class PPOTrainer:
         loss = pg.loss
         if cfg.kl_placement == "loss":  # beta * KL(pi || pi_ref) of the current policy, a loss term (GRPO's default)
             kl = kl_estimate(new_logprobs, part.ref_logprobs, cfg.kl_kind, act)
-            loss = loss + self.beta * normalise_loss(kl, act, cfg.loss_aggregation, count)
+            loss = loss + self.kl_controller.beta * normalise_loss(kl, act, cfg.loss_aggregation, count)
         if entropy is not None:
             loss = loss - cfg.entropy_coef * normalise_loss(entropy, act, cfg.loss_aggregation, count)
         return loss, {"pg_loss": float(pg.loss.detach()), "clipfrac": float(pg.clip_fraction) * token_share,
@@ -643,8 +672,9 @@ class PPOTrainer:
 
     def value_loss(self, part: Experience, count: float, token_share: float) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped value loss of a micro-batch, values on the normalised reward scale: its share of the mean."""
-        cfg = self.cfg
-        values = self.normalised(self.critic.values(part.input_ids, part.attention_mask))
+        cfg, critic = self.cfg, self.critic
+        assert critic is not None  # (only GAE, which has one, computes a value loss)
+        values = self.normalised(critic.values(part.input_ids, part.attention_mask))
         vl = clipped_value_loss(values, part.old_values, part.returns, part.action_mask, cfg.value_clip_range,
                                 cfg.loss_aggregation, count)
         return vl.loss, {"v_loss": float(vl.loss.detach()), "vclipfrac": float(vl.clip_fraction) * token_share}
@@ -653,6 +683,7 @@ class PPOTrainer:
         """PPO-ptx: backward of ptx_coef * the next-token NLL of one batch of ptx texts (temperature 1), averaged over
         every process's ptx tokens and accumulated into this optimiser step's policy gradient. Returns this process's
         share of the mean NLL (summed over processes: the mean)."""
+        assert self.ptx is not None  # (called only with ptx_coef > 0)
         ids, att = self.ptx.next_batch()
         count = self.dist.sum(float(ptx_targets(att).sum()))
         nll = ptx_nll(self.policy, ids.to(self.device), att.to(self.device), self.cfg.logprob_chunk or None, count)
@@ -684,7 +715,7 @@ class PPOTrainer:
         for model in self.models.values():
             model.train(on)
 
-    def next_prompts(self) -> list[str]:
+    def next_prompts(self) -> list[Prompt]:
         """This process's prompts of the next batch: batch_size // group_size prompts drawn (identically on every
         process), each repeated group_size times in consecutive rows, then this rank's contiguous share of whole
         groups."""
@@ -722,14 +753,14 @@ class PPOTrainer:
         updated = self.clock()
         stats = {"iteration": index, "phase": phase, **batch, "kl_used": f"{cfg.kl_kind} in {cfg.kl_placement}",
                  **update, **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
-                 "beta": self.beta, "time_gen": generated - start, "time_score": scored - generated,
+                 "beta": self.kl_controller.beta, "time_gen": generated - start, "time_score": scored - generated,
                  "time_update": updated - scored, "time_total": updated - start,
                  "gen_tokens_per_s": float(experience.reply_lengths.sum()) / max(generated - start, 1e-9)}
         if not cfg.ptx_coef > 0:
             del stats["ptx_loss"]
         # a skipped batch must not move beta, nor a warm-up batch (the policy, hence its KL, did not move)
-        if self.kl_controller is not None and math.isfinite(stats["kl"]) and phase == "policy":
-            self.beta = self.kl_controller.update(stats["kl"], cfg.batch_size)
+        if math.isfinite(stats["kl"]) and phase == "policy":
+            self.kl_controller.update(stats["kl"], cfg.batch_size)
         # then each reward's mean (reward/<name>) and the reward-hacking monitor
         ordered = {key: stats[key] for key in HISTORY_ORDER if key in stats}
         return {**ordered, **self.reward_means(), **monitor}, experience
@@ -754,7 +785,7 @@ class PPOTrainer:
         means = {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
         # means over reply tokens, summed and counted over every process (their counts differ): the entropy, and the
         # k3 estimate of KL(generate's recorded log-probs || the trainer's log pi_old) of the same tokens
-        recorded = experience.rollout_logprobs
+        recorded = experience.logprobs
         mismatch = float("nan") if recorded is None else masked_sum(kl_k3(experience.old_logprobs, recorded), act)
         sums = self.dist.sum_dict({"ent": float(masked_sum(experience.entropy, act)), "mismatch_kl": float(mismatch),
                                    "tokens": float(act.sum())})

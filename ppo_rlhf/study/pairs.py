@@ -22,14 +22,14 @@ import random
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tqdm import tqdm
 
 from ppo_rlhf.config import NON_NEGATIVE, POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.ppo.train_config import DTYPE_NAMES
 from ppo_rlhf.study.prompts import message_text, read_jsonl, read_prompts, write_jsonl
+from ppo_rlhf.utils.device import DTYPE_NAMES
 from ppo_rlhf.utils.paths import check_model_name
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "score_chosen", "score_rejected")
@@ -136,7 +136,8 @@ def pair_replies(replies: Replies, min_margin: float, length_balance: str = "non
     """Every two finished replies of a prompt whose scores differ by more than min_margin, the better one chosen;
     then the length_balance subset (see `length_balanced`)."""
     k, texts, scores, lengths, finished = replies.k, replies.texts, replies.scores, replies.lengths, replies.finished
-    rows, gaps, close, unfinished = [], [], 0, 0
+    rows: list[dict[str, Any]] = []
+    gaps, close, unfinished = [], 0, 0
     for i, prompt in enumerate(replies.prompts):
         for a, b in combinations(range(k * i, k * i + k), 2):
             if not (finished[a] and finished[b]):

@@ -22,13 +22,14 @@ import random
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from ppo_rlhf.config import POSITIVE_INT, SEED
 from ppo_rlhf.data import load_hf_dataset, load_prompt_rows, read_records
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.ppo.train_config import DTYPE_NAMES
+from ppo_rlhf.utils.device import DTYPE_NAMES
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.paths import check_model_name
 
@@ -58,7 +59,8 @@ def read_prompts(path: str | Path) -> list[str]:
     """The string prompts of a prompts file (any format of `data.load_prompt_rows`; column "prompt")."""
     prompts = []
     for row in load_prompt_rows(str(path)):
-        require(isinstance(row.prompt, str), f"{row.where}: a chat-message prompt; this command reads string prompts")
+        if not isinstance(row.prompt, str):
+            raise UsageError(f"{row.where}: a chat-message prompt; this command reads string prompts")
         prompts.append(row.prompt)
     return prompts
 
@@ -197,7 +199,7 @@ def build_prompts(
     random.Random(seed).shuffle(short)
     splits = {"train": short[:n_train], "heldout": short[n_train : n_train + n_heldout]}
 
-    info = {
+    info: dict[str, Any] = {
         "source": source,
         "source_counts": source_counts,
         "template": TEMPLATE if source == "garak" else None,

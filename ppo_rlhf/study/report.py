@@ -15,11 +15,12 @@ import html
 import json
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.study.dashboard import DASHBOARD
+from ppo_rlhf.ppo.dashboard import DASHBOARD
 from ppo_rlhf.study.evaluate import length_correlation, shown_reply
 
 if TYPE_CHECKING:  # matplotlib is imported by the functions that draw: `ppo-rlhf report --help` answers without it
@@ -521,7 +522,7 @@ def _study_blocks(study: dict[str, Any], evaluation: dict[str, Any] | None, out_
     if notes:
         blocks += [("h2", "Read with care")] + [("p", note) for note in notes]
     rm_info = study.get("rm_info")
-    if study.get("curves"):
+    if evaluation is not None and study.get("curves"):
         blocks += arms_blocks(study["curves"], evaluation, study["arms"], out_dir)
     if rm_info is not None and rm_info.get("learning_curve"):
         learning_curve_figure(rm_info["learning_curve"]).savefig(out_dir / "learning_curve.png", dpi=100)
@@ -535,7 +536,7 @@ def _study_blocks(study: dict[str, Any], evaluation: dict[str, Any] | None, out_
     return blocks
 
 
-def write_report(run_dirs: list[str | Path], eval_dir: str | Path | None, out_dir: str | Path,
+def write_report(run_dirs: Sequence[str | Path], eval_dir: str | Path | None, out_dir: str | Path,
                  study: dict[str, Any] | None = None) -> Path:
     """Write the PNGs, report.md and report.html into out_dir; return the path of report.html.
 

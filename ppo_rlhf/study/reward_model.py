@@ -25,6 +25,7 @@ shorter-chosen pairs, the score's correlation with reply length, the paired diff
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import time
@@ -36,11 +37,12 @@ from tqdm import tqdm
 
 from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked, FieldType
 from ppo_rlhf.errors import require
-from ppo_rlhf.ppo.train_config import DTYPE_NAMES, resolve_device
 from ppo_rlhf.study.length_bias import length_fit, length_report, length_scale, report_line
 from ppo_rlhf.study.pairs import LENGTH_TOLERANCE, pair_from_record, read_pairs
 from ppo_rlhf.study.prompts import load_hf_dataset
 from ppo_rlhf.study.stats import pearson
+from ppo_rlhf.study.word_baseline import CURVE_FRACTIONS, word_margins
+from ppo_rlhf.utils.device import DTYPE_NAMES, resolve_device
 from ppo_rlhf.utils.files import atomic_directory
 from ppo_rlhf.utils.paths import check_model_name
 
@@ -172,9 +174,6 @@ def margin_summary(margins: list[float], length_gaps: list[int]) -> dict:
     }
 
 
-CURVE_FRACTIONS = (0.125, 0.25, 0.5)  # of the training pairs, during the first pass; all pairs are always measured
-
-
 def curve_steps(n_train: int, batch_size: int) -> dict[int, int]:
     """{optimiser step (1-based) of the first epoch: training pairs seen after it} for the learning curve's points
     (CURVE_FRACTIONS and the end of the pass); a fraction too small for one batch has no point."""
@@ -194,6 +193,107 @@ def save_atomically(model, tokenizer, info: dict, out_dir: Path) -> None:
         tokenizer.save_pretrained(tmp)
         (tmp / "rm_info.json").write_text(json.dumps(info, indent=2) + "\n")
         (tmp / "learning_curve.json").write_text(json.dumps(info["learning_curve"], indent=1) + "\n")
+
+
+def split_pairs(tokenizer, pairs: list[dict], given: list[dict] | None, max_length: int, heldout_fraction: float,
+                seed: int) -> tuple[list[dict], list[dict], int]:
+    """(training pairs, held-out pairs, pairs dropped as too long): `given` held out whole when there is one, else a
+    seeded `heldout_fraction` of the pairs. A cut-off conversation would lose its closing EOS, the token the score is
+    read at: a pair longer than `max_length` is dropped, not truncated."""
+
+    def fitting(pairs: list[dict]) -> list[dict]:
+        return [p for p, n in zip(pairs, sequence_lengths(tokenizer, pairs)) if max(n) <= max_length]
+
+    usable = fitting(pairs)
+    random.Random(seed).shuffle(usable)
+    if given is None:
+        require(len(usable) >= 2, f"{len(usable)} of {len(pairs)} pairs fit in --max-length {max_length}; need 2")
+        n_heldout = max(1, round(heldout_fraction * len(usable)))
+        require(len(usable) - n_heldout >= 1, f"no training pairs left after holding out {n_heldout} of {len(usable)}")
+        return usable[n_heldout:], usable[:n_heldout], len(pairs) - len(usable)
+    heldout, train = fitting(given), usable
+    require(len(train) >= 1, f"none of {len(pairs)} pairs fits in --max-length {max_length}")
+    require(len(heldout) >= 1, f"none of {len(given)} held-out pairs fits in --max-length {max_length}")
+    return train, heldout, len(pairs) + len(given) - len(train) - len(heldout)
+
+
+def pair_loss(model, tokenizer, batch: list[dict], weight, scale: float, device):
+    """(the Bradley-Terry loss of a batch of pairs, its logits): -log sigmoid(chosen - rejected [+ the length
+    term]), mean over the batch."""
+    import torch.nn.functional as F
+
+    chosen, rejected, gaps = pair_scores(model, tokenizer, batch)
+    logits = bradley_terry_logits(chosen, rejected, gaps.to(device), weight, scale)
+    return -F.logsigmoid(logits).mean(), logits
+
+
+def train_epochs(loss_of_batch: Callable, optimizer, trainable: list, model, train: list[dict], epochs: int,
+                 batch_size: int, seed: int, shuffle_pairs: bool, measure: Callable[[int, int], None]) -> list[float]:
+    """The optimiser's passes over the training pairs (gradients clipped to norm 1); `measure(pairs seen, epochs
+    done)` at the learning curve's points of the first pass (`curve_steps`) and after each later epoch. Returns
+    each epoch's mean loss."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    epoch_losses = []
+    curve_at = curve_steps(len(train), batch_size)
+    for epoch in range(epochs):
+        model.train()
+        order = pair_order(train, generator, shuffle_pairs)
+        total, correct, seen = 0.0, 0, 0
+        bar = tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
+        for step, start in enumerate(bar, start=1):
+            batch = [train[i] for i in order[start : start + batch_size]]
+            loss, logits = loss_of_batch(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            total += loss.item() * len(batch)
+            correct += int((logits > 0).sum())
+            seen += len(batch)
+            bar.set_postfix(loss=f"{total / seen:.4f}", acc=f"{correct / seen:.3f}")
+            if epoch == 0 and step in curve_at:  # the last step of the first pass is one of them
+                measure(curve_at[step], 1)
+        epoch_losses.append(total / seen)
+        if epoch > 0:
+            measure(len(train), epoch + 1)
+    return epoch_losses
+
+
+def length_term(tokenizer, train: list[dict], device):
+    """(scale in tokens, weight) of the length expert: one trained scalar, started at what length alone says of the
+    training pairs (length_bias.length_fit)."""
+    import torch
+
+    train_gaps = [a - b for a, b in sequence_lengths(tokenizer, train)]
+    scale = length_scale(train_gaps)
+    return scale, torch.tensor(length_fit([g / scale for g in train_gaps]), device=device, requires_grad=True)
+
+
+def heldout_measure(model, tokenizer, train: list[dict], heldout: list[dict], batch_size: int, length_tolerance: int,
+                    seed: int, on_heldout: Callable[[dict, list[dict], list[float]], None] | None
+                    ) -> Callable[[int, int], dict]:
+    """measure(pairs seen, epochs done) -> a learning-curve point: the held-out margins' summary and the length
+    report (on_heldout gets every margin). Its fixed parts are computed once, here: each distinct reply's length, and
+    the word baseline fitted on the training pairs."""
+    heldout_prompts = [p["prompt"] for p in heldout]
+    replies = list(dict.fromkeys((p["prompt"], p[side]) for p in heldout for side in ("chosen", "rejected")))
+    reply_lengths = reply_tokens(tokenizer, [reply for _, reply in replies])
+    words = word_margins(train, heldout, seed)[len(train)].tolist()
+
+    def measure(pairs_seen: int, epochs_done: int) -> dict:
+        margins, length_gaps, scores = pair_margins(model, tokenizer, heldout, batch_size)
+        report = length_report(margins, length_gaps, heldout_prompts, [scores[r] for r in replies], reply_lengths,
+                               words, length_tolerance, seed)
+        point = {"pairs": pairs_seen, "epochs": epochs_done, **margin_summary(margins, length_gaps),
+                 "length": report}
+        if on_heldout is not None:
+            on_heldout(point, heldout, margins)
+        model.train()
+        return point
+
+    return measure
 
 
 def train_reward_model(
@@ -235,7 +335,6 @@ def train_reward_model(
     check_model_name(base)
     # lazy: the files and the model name are checked above, before torch and transformers load
     import torch
-    import torch.nn.functional as F
 
     from ppo_rlhf.models.loading import (
         LoraSettings,
@@ -248,24 +347,7 @@ def train_reward_model(
     from ppo_rlhf.models.precision import dtype_name, resolve_dtype
 
     tokenizer = load_tokenizer(base)
-
-    def fitting(pairs: list[dict]) -> list[dict]:
-        # A cut-off conversation would lose its closing EOS, the token the score is read at: drop, don't truncate.
-        return [p for p, n in zip(pairs, sequence_lengths(tokenizer, pairs)) if max(n) <= max_length]
-
-    usable = fitting(pairs)
-    random.Random(seed).shuffle(usable)
-    if given is None:
-        require(len(usable) >= 2, f"{len(usable)} of {len(pairs)} pairs fit in --max-length {max_length}; need 2")
-        n_heldout = max(1, round(heldout_fraction * len(usable)))
-        require(len(usable) - n_heldout >= 1, f"no training pairs left after holding out {n_heldout} of {len(usable)}")
-        heldout, train = usable[:n_heldout], usable[n_heldout:]
-        dropped = len(pairs) - len(usable)
-    else:
-        heldout, train = fitting(given), usable
-        require(len(train) >= 1, f"none of {len(pairs)} pairs fits in --max-length {max_length}")
-        require(len(heldout) >= 1, f"none of {len(given)} held-out pairs fits in --max-length {max_length}")
-        dropped = len(pairs) + len(given) - len(train) - len(heldout)
+    train, heldout, dropped = split_pairs(tokenizer, pairs, given, max_length, heldout_fraction, seed)
 
     torch.manual_seed(seed)  # the fresh score head is random
     device = resolve_device(device or "auto")
@@ -275,63 +357,18 @@ def train_reward_model(
                            LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank, top_layers=lora_layers))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    scale, weight = 1.0, None
-    if length_head:  # the length expert: one scalar, started at what length alone says (length_bias.length_fit)
-        train_gaps = [a - b for a, b in sequence_lengths(tokenizer, train)]
-        scale = length_scale(train_gaps)
-        weight = torch.tensor(length_fit([g / scale for g in train_gaps]), device=device, requires_grad=True)
+    scale, weight = length_term(tokenizer, train, device) if length_head else (1.0, None)
+    if weight is not None:
         trainable.append(weight)
     started_weight = None if weight is None else weight.item()
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
 
-    # the held-out report's fixed parts: each distinct reply's length, the word baseline fitted on the training pairs
-    from ppo_rlhf.study.word_baseline import word_margins  # lazy: word_baseline imports this module
-
-    heldout_prompts = [p["prompt"] for p in heldout]
-    replies = list(dict.fromkeys((p["prompt"], p[side]) for p in heldout for side in ("chosen", "rejected")))
-    reply_lengths = reply_tokens(tokenizer, [reply for _, reply in replies])
-    words = word_margins(train, heldout, seed)[len(train)].tolist()
-
-    def measure(pairs_seen: int, epochs_done: int) -> dict:
-        margins, length_gaps, scores = pair_margins(model, tokenizer, heldout, batch_size)
-        report = length_report(margins, length_gaps, heldout_prompts, [scores[r] for r in replies], reply_lengths,
-                               words, length_tolerance, seed)
-        point = {"pairs": pairs_seen, "epochs": epochs_done, **margin_summary(margins, length_gaps),
-                 "length": report}
-        if on_heldout is not None:
-            on_heldout(point, heldout, margins)
-        model.train()
-        return point
-
+    measure = heldout_measure(model, tokenizer, train, heldout, batch_size, length_tolerance, seed, on_heldout)
     curve = [measure(0, 0)]
     before = {key: value for key, value in curve[0].items() if key not in ("pairs", "epochs", "length")}
-
-    generator = torch.Generator().manual_seed(seed)
-    epoch_losses = []
-    curve_at = curve_steps(len(train), batch_size)
-    for epoch in range(epochs):
-        model.train()
-        order = pair_order(train, generator, shuffle_pairs)
-        total, correct, seen = 0.0, 0, 0
-        bar = tqdm(range(0, len(order), batch_size), desc=f"epoch {epoch + 1}/{epochs}", unit="batch")
-        for step, start in enumerate(bar, start=1):
-            batch = [train[i] for i in order[start : start + batch_size]]
-            chosen, rejected, gaps = pair_scores(model, tokenizer, batch)
-            logits = bradley_terry_logits(chosen, rejected, gaps.to(device), weight, scale)
-            loss = -F.logsigmoid(logits).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            optimizer.step()
-            total += loss.item() * len(batch)
-            correct += int((logits > 0).sum())
-            seen += len(batch)
-            bar.set_postfix(loss=f"{total / seen:.4f}", acc=f"{correct / seen:.3f}")
-            if epoch == 0 and step in curve_at:  # the last step of the first pass is one of them
-                curve.append(measure(curve_at[step], 1))
-        epoch_losses.append(total / seen)
-        if epoch > 0:
-            curve.append(measure(len(train), epoch + 1))
+    loss_of_batch = functools.partial(pair_loss, model, tokenizer, weight=weight, scale=scale, device=device)
+    epoch_losses = train_epochs(loss_of_batch, optimizer, trainable, model, train, epochs, batch_size, seed,
+                                shuffle_pairs, lambda seen, done: curve.append(measure(seen, done)))
     after = {key: curve[-1][key] for key in before}
 
     # The adapter must name the folder its weights apply to, not an alias like "smollm2".

@@ -11,7 +11,7 @@ import numpy as np
 
 
 def bootstrap_mean(
-    values: Sequence[float],
+    values: Sequence[float] | np.ndarray,
     clusters: Sequence[int] | None = None,
     n_boot: int = 10000,
     level: float = 0.95,
@@ -65,7 +65,7 @@ def expanded_level(level: float, n: int) -> float:
 
 
 def paired_bootstrap(
-    diffs: Sequence[float],
+    diffs: Sequence[float] | np.ndarray,
     clusters: Sequence[int] | None = None,
     n_boot: int = 10000,
     level: float = 0.95,

@@ -1,8 +1,5 @@
-"""Verifiable tasks generated offline: arithmetic problems whose reward is true by construction.
-
-    ppo-rlhf task list                                  # the levels, a sample problem of each, how many there are
-    ppo-rlhf task write add-small --out data/add-small  # DIR/train.jsonl and DIR/heldout.jsonl: {"prompt", "answer"}
-    ppo-rlhf task evaluate RUN_DIR... --level add-small --out DIR  # held-out accuracy: start, each checkpoint
+"""Verifiable tasks generated offline: arithmetic problems whose reward is true by construction (the `ppo-rlhf task`
+command: ppo_rlhf/tasks/command.py).
 
 Each level is a finite family of problems ("37 + 5"). Which split a problem belongs to is a function of the problem
 alone (a hash of its canonical form: "5 + 37" is the same problem), so no seed, count or level setting can put a
@@ -20,7 +17,6 @@ Torch-free: the command checks and writes files without loading a model.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
@@ -29,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED
 from ppo_rlhf.errors import require
 from ppo_rlhf.utils.files import atomic_write_text
 
@@ -148,7 +143,7 @@ def answer_format(prompts: list, completions: list, completion_ids: list, **colu
     return [float(FINAL_LINE.fullmatch(line) is not None) for line in last_lines]
 
 
-# ---------------------------------------------------------------- command line
+# ---------------------------------------------------------------- task files
 
 
 def write_task(name: str, out: str | Path, n_train: int | None = None, n_heldout: int | None = None,
@@ -164,62 +159,3 @@ def write_task(name: str, out: str | Path, n_train: int | None = None, n_heldout
     for path, split_rows in zip(paths, rows):
         atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in split_rows))
     return paths
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    actions.add_parser("list", help="the levels, a sample problem of each, and how many problems each split has")
-    write = actions.add_parser("write", help="write a level's train.jsonl and heldout.jsonl")
-    write.add_argument("level", help=f"the task level: {', '.join(LEVELS)}")
-    write.add_argument("--out", required=True, help="folder for train.jsonl and heldout.jsonl")
-    write.add_argument("--train", type=NON_NEGATIVE_INT, default=0, help="training problems (0 = all of them)")
-    write.add_argument("--heldout", type=NON_NEGATIVE_INT, default=0, help="held-out problems (0 = all of them)")
-    write.add_argument("--seed", type=SEED, default=0, help="seed of the order the problems are drawn in")
-    write.add_argument("--overwrite", action="store_true", help="replace existing train.jsonl / heldout.jsonl")
-    evaluate = actions.add_parser("evaluate", help="a run's start policy and checkpoints on held-out problems: "
-                                  "exact-match accuracy and its change, with 95%% prompt-level bootstrap intervals")
-    evaluate.add_argument("runs", nargs="+", metavar="RUN_DIR",
-                          help="run directories from one start policy (e.g. ppo, rloo, grpo), trained on this level")
-    evaluate.add_argument("--level", required=True, help=f"the task level: {', '.join(LEVELS)}")
-    evaluate.add_argument("--out", required=True, help="folder for task_eval.json (every reply and the summary)")
-    evaluate.add_argument("--heldout", type=NON_NEGATIVE_INT, default=200, help="held-out problems (0 = all of them)")
-    evaluate.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=1, help="replies sampled per problem")
-    evaluate.add_argument("--checkpoints", default="all", help='"all", "latest" or iterations like 10,20')
-    evaluate.add_argument("--batch-size", type=POSITIVE_INT, default=32, help="replies generated at once")
-    evaluate.add_argument("--seed", type=SEED, default=1234, help="sampling seed, the same for every model")
-    evaluate.add_argument("--device", default="auto", help='"auto", "cpu", "cuda" or "cuda:N"')
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.action == "list":
-        for spec in LEVELS.values():
-            sizes = {split: len(split_problems(spec.name, split)) for split in ("train", "heldout")}
-            sample = Problem(spec.left[1], spec.op, spec.right[0])
-            print(f"{spec.name:10s} {spec.description}, e.g. {sample.question} = {sample.answer} "
-                  f"({sizes['train']} train, {sizes['heldout']} held-out problems)")
-        return 0
-    if args.action == "evaluate":
-        return evaluate_command(args)
-    train, heldout = write_task(args.level, args.out, args.train or None, args.heldout or None, args.seed,
-                                args.overwrite)
-    print(f"wrote {train} and {heldout}")
-    return 0
-
-
-def evaluate_command(args: argparse.Namespace) -> int:
-    from ppo_rlhf.tasks.evaluate import evaluate_task_runs  # lazy: torch loads after the arguments are checked
-
-    level(args.level)
-    out = Path(args.out)
-    require(not out.exists() or out.is_dir(), f"--out {out} is a file, not a folder")
-    result = evaluate_task_runs(args.runs, args.level, args.heldout or None, args.replies_per_prompt, args.checkpoints,
-                               args.seed, args.batch_size, args.device)
-    atomic_write_text(out / "task_eval.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    for s in result["summary"]:
-        acc, change = s["accuracy"], s["accuracy_change"]
-        print(f"{s['model']:24s} exact match {acc['mean']:6.1%} [{acc['lo']:.1%}, {acc['hi']:.1%}]  change "
-              f"{change['mean']:+.1%} [{change['lo']:+.1%}, {change['hi']:+.1%}]  KL {s['kl']:.2f}  "
-              f"format {s['formatted']:.0%}  finished {s['finished']:.0%}  {s['tokens']:.1f} tokens")
-    print(f"wrote {out / 'task_eval.json'}")
-    return 0
-

@@ -53,7 +53,8 @@ def question(a: int, b: int, c: int) -> str:
 
 def split_of(a: int, b: int, c: int) -> str:
     """Fixed by the problem itself (a * b and b * a are one problem), so no draw can cross the splits."""
-    key = question(*sorted((a, b)), c)
+    low, high = sorted((a, b))
+    key = question(low, high, c)
     fraction = int.from_bytes(hashlib.sha256(f"calc-steps {key}".encode()).digest()[:8], "big") / 2**64
     return "heldout" if fraction < HELDOUT_SHARE else "train"
 
@@ -62,7 +63,8 @@ def problems(split: str, n: int, seed: int = 0) -> list[dict[str, str]]:
     """n distinct rows {"prompt", "answer"} of the split, drawn in an order fixed by `seed`."""
     require(split in ("train", "heldout"), f"split must be train or heldout, got {split!r}")
     require(n > 0, f"n must be positive, got {n}")
-    rng, seen, rows = random.Random(f"calc-steps/{split}/{seed}"), set(), []
+    rng, seen = random.Random(f"calc-steps/{split}/{seed}"), set()
+    rows: list[dict[str, str]] = []
     while len(rows) < n:
         a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(100, 999)
         if split_of(a, b, c) != split or (min(a, b), max(a, b), c) in seen:

@@ -303,8 +303,9 @@ def compare_figure(variants: dict[str, dict], task: str) -> Figure:
 # ---------------------------------------------------------------- command line
 
 
-def run_task_compare(args: argparse.Namespace) -> int:
-    """`ppo-rlhf compare --task`: the TrainConfig flags given override the preset for every variant."""
+def run(args: argparse.Namespace) -> int:
+    """`ppo-rlhf compare --task` (the CLI hands the compare command here when --task is given; its parser is
+    `ppo_rlhf.study.compare`'s): the TrainConfig flags given override the preset for every variant."""
     names = set(TrainConfig.__dataclass_fields__)
     given = {k: v for k, v in vars(args).items() if k in names}
     refused = [flag for flag, value in (("--eval-prompts", args.eval_prompts), ("--gold", args.gold),

@@ -25,6 +25,7 @@ The preset is read from the repository's configs/ folder (one source of truth: t
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import shutil
@@ -36,7 +37,7 @@ import yaml
 from ppo_rlhf.config import build_config, read_yaml
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.study.demo import Stages
+from ppo_rlhf.study.demo import Stages, given_settings
 from ppo_rlhf.tasks.arithmetic import level, write_task
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.lock import hold
@@ -50,8 +51,8 @@ QUICK = dict(iterations=2, batch_size=4, minibatch_size=2, max_new_tokens=32, re
              critic_warmup_iterations=1, checkpoint_every=1)
 QUICK_PROBLEMS = dict(train=32, heldout=20)  # the full demo writes every problem of the level
 HELDOUT = 200  # held-out problems the evaluation scores (QUICK_PROBLEMS["heldout"] in the smoke run)
-# `ppo-rlhf task evaluate`'s defaults, so that the demo's evaluation of the preset reproduces bench/README.md's table
-EVALUATION = dict(replies_per_prompt=1, seed=1234, batch_size=32, checkpoints="all")
+# `ppo-rlhf task evaluate`'s defaults, so that the demo's evaluation of the preset reproduces bench/HISTORY.md's table
+EVALUATION: dict[str, Any] = dict(replies_per_prompt=1, seed=1234, batch_size=32, checkpoints="all")
 
 # demo flags that mean something here, and the TrainConfig field each of the others sets
 APPLIES = ("task", "out", "quick", "model", "seed", "device", "dtype", "iterations")
@@ -64,6 +65,12 @@ def preset() -> dict[str, Any]:
     require(PRESET.is_file(), f"the task preset {PRESET} is missing: it ships with the repository, not the wheel; "
                               "run the task demo from a clone")
     return read_yaml(PRESET)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`ppo-rlhf demo --task ...` (the CLI hands the demo command here when --task is given; its parser is
+    `ppo_rlhf.study.demo`'s)."""
+    return run_task_demo(given_settings(args))
 
 
 def run_task_demo(given: dict[str, Any]) -> int:
@@ -110,7 +117,7 @@ def task_demo(task: str, out: str | Path, quick: bool = False, overrides: dict[s
         run_dir = Path(cfg.out)
 
         def ppo(continuing: bool) -> None:
-            from ppo_rlhf.ppo.train import train  # lazy: torch
+            from ppo_rlhf.train import train  # lazy: torch
 
             cfg.check_files()
             if continuing and (run_dir / "config.yaml").is_file():

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from ppo_rlhf.errors import require
-from ppo_rlhf.study.evaluate import START, read_run_config, run_name, select_checkpoints
+from ppo_rlhf.ppo.run import read_run_config, select_checkpoints
+from ppo_rlhf.study.evaluate import START, run_name
 from ppo_rlhf.study.stats import bootstrap_mean, paired_bootstrap
 from ppo_rlhf.tasks.arithmetic import answer_format, exact_match, problems
 
@@ -92,7 +93,7 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
     runs = {run_name(Path(d)): Path(d) for d in run_dirs}
     require(len(runs) == len(run_dirs), "two runs have the same folder name; give them different names")
     configs = {name: read_run_config(d) for name, d in runs.items()}
-    settings = {}
+    settings: dict[str, Any] = {}
     for key, default in SHARED.items():
         values = {repr(config.get(key, default)) for config in configs.values()}
         require(len(values) == 1, f"the runs differ in {key} ({', '.join(sorted(values))}); evaluate them apart")
@@ -102,7 +103,7 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
 
     from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
     from ppo_rlhf.models.precision import resolve_dtype
-    from ppo_rlhf.ppo.train_config import resolve_device
+    from ppo_rlhf.utils.device import resolve_device
 
     torch_device = resolve_device(device)
     dtype = resolve_dtype(settings["dtype"], torch_device)

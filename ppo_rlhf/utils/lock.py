@@ -50,6 +50,13 @@ def hold(folder: str | Path, what: str = "run directory") -> Iterator[None]:
         os.close(descriptor)
 
 
+def require_free(folder: str | Path, what: str = "run directory") -> None:
+    """Refuse now, in `hold`'s one line, when another process holds `folder`; nothing stays held. A run checks this
+    before its models load, and takes the lock itself (`hold`) only where it starts writing."""
+    with hold(folder, what):
+        pass
+
+
 def _acquire(path: Path, what: str) -> int:
     while True:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

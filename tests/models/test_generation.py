@@ -1,0 +1,132 @@
+"""Generation backends through their interface: HF generate, and vLLM with a fake engine on CPU."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+
+import pytest
+import torch
+
+from ppo_rlhf.config import build_config
+from ppo_rlhf.errors import UsageError
+from ppo_rlhf.models import generation
+from ppo_rlhf.models.chat import chat_prompt_ids
+from ppo_rlhf.models.generation import HFGenerator, VLLMGenerator, merged_state_dict
+from ppo_rlhf.models.loading import LoraSettings, add_policy_lora
+from ppo_rlhf.models.logprobs import token_logprobs
+from ppo_rlhf.ppo.train_config import TrainConfig
+from ppo_rlhf.ppo.trainer import PPOLoop
+
+import tiny
+
+
+class FakeEngine:
+    """VLLMServer's surface: generate(prompt_ids, params) -> token ids per prompt; load_weights(weights)."""
+
+    def __init__(self, replies: list[list[int]]):
+        self.replies, self.calls, self.weights = replies, [], None
+
+    def generate(self, prompt_ids, params, seeds):
+        self.calls.append((prompt_ids, params, seeds))
+        return [list(self.replies[i % len(self.replies)]) for i in range(len(prompt_ids))]
+
+    def load_weights(self, weights):
+        self.weights = dict(weights)
+
+
+def lora_policy(tokenizer):
+    policy = add_policy_lora(tiny.tiny_causal_lm(tokenizer), LoraSettings(rank=4, alpha=8))
+    with torch.no_grad():  # a non-zero adapter, so merging changes the weights
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    return policy
+
+
+def test_merged_state_dict_is_plain_hf_and_merged(tokenizer):
+    policy = lora_policy(tokenizer)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    weights = merged_state_dict(policy)
+    reference = copy.deepcopy(policy).merge_and_unload().state_dict()
+    assert set(weights) == set(reference)  # HF names: model.layers.0.self_attn.q_proj.weight, ...
+    assert all(torch.allclose(weights[k], reference[k], atol=1e-6) for k in reference)
+    assert not torch.allclose(weights["model.layers.0.self_attn.q_proj.weight"],
+                              before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+    # the policy itself is untouched (unmerged again)
+    after = policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_vllm_generator_builds_rollout_from_token_ids(tokenizer):
+    eos = tokenizer.eos_token_id
+    word = tokenizer("happy day", add_special_tokens=False)["input_ids"]
+    engine = FakeEngine([word + [eos, 7, 7], word])  # finished (tail after EOS dropped), unfinished
+    gen = VLLMGenerator(engine, tokenizer, [eos], max_new_tokens=len(word) + 3, temperature=0.7)
+    rollout = gen.generate(["Hello", "Tell me a story"])
+    prompts, params, seeds = engine.calls[0]
+    assert len(seeds) == 2 and seeds[0] != seeds[1]  # one seed per prompt: equal prompts get independent replies
+    assert prompts[0] == chat_prompt_ids(tokenizer, "Hello")
+    assert params["temperature"] == 0.7 and params["top_k"] == -1 and params["stop_token_ids"] == [eos]
+    assert params["logprobs"] is None  # the engine's log-probs are never asked for
+    assert rollout.reply_ids == [word + [eos], word]
+    assert rollout.finished.tolist() == [True, False]
+    assert rollout.reply_texts[0] == tokenizer.decode(word)
+    # the right-padded batch follows the conventions (action mask on exactly the reply tokens)
+    assert rollout.action_mask.sum(1).tolist() == [len(word) + 1, len(word)]
+
+    policy = lora_policy(tokenizer)
+    gen.sync(policy)
+    assert set(engine.weights) == set(merged_state_dict(policy)) and gen.synced == 1
+
+
+def test_trainer_recomputes_logprobs_from_vllm_tokens(tmp_path, tokenizer, monkeypatch):
+    root = tmp_path
+    policy = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer), tokenizer, root / "policy")
+    reward = tiny.save_tiny(tiny.tiny_reward_model(tokenizer), tokenizer, root / "reward")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hi", "Tell me a story"]))
+    cfg = build_config(TrainConfig, dict(policy_model=str(policy), reward_model=str(reward), prompts=str(prompts),
+                                         out=str(root / "run"), batch_size=2, minibatch_size=2, max_new_tokens=4,
+                                         reward_norm_samples=2, lora_rank=4, quiet=True, tensorboard=False))
+    trainer = PPOLoop(cfg)
+    engine = FakeEngine([[5, 6, tokenizer.eos_token_id], [8, 9, 10, 11]])
+    trainer.generator = VLLMGenerator(engine, trainer.tokenizer, [tokenizer.eos_token_id], 4, cfg.temperature)
+    rollout = trainer.rollout(["Hi", "Tell me a story"])
+    assert trainer.generator.synced == 1 and engine.weights is not None
+    trainer.rollout(["Hi", "Tell me a story"])
+    assert trainer.generator.synced == 1  # unchanged policy: no second copy
+    batch = trainer.score(rollout)
+    expected = token_logprobs(trainer.policy, rollout.input_ids, rollout.attention_mask, cfg.temperature)
+    act = batch.action_mask.bool()
+    assert torch.allclose(batch.old_logprobs[act], expected[act], atol=1e-6)
+    trainer.policy_version += 1  # an optimiser step happened: the next rollout syncs again
+    trainer.rollout(["Hi", "Tell me a story"])
+    assert trainer.generator.synced == 2
+
+
+def test_hf_generator_is_generate_rollout(tokenizer):
+    policy = tiny.tiny_causal_lm(tokenizer)
+    gen = HFGenerator(policy, tokenizer, max_new_tokens=3, temperature=1.0)
+    torch.manual_seed(0)
+    a = gen.generate(["Hello", "Tell me"])
+    from ppo_rlhf.models.rollout import generate_rollout
+
+    torch.manual_seed(0)
+    b = generate_rollout(policy, tokenizer, ["Hello", "Tell me"], 3, 1.0)
+    assert a.reply_ids == b.reply_ids
+
+
+def test_vllm_backend_without_vllm_is_a_usage_error(tokenizer, monkeypatch):
+    monkeypatch.setattr(generation, "vllm_python", lambda: None)  # no .venv-vllm, no vllm in this environment
+    with pytest.raises(UsageError, match="make venv-vllm"):
+        VLLMGenerator.create("x", tokenizer, [0], 4, 0.7)
+
+
+def test_vllm_python_needs_an_environment_that_has_vllm(monkeypatch):
+    monkeypatch.setenv("PPO_RLHF_VLLM_PYTHON", "/opt/gpu-venv/bin/python")
+    assert generation.vllm_python() == "/opt/gpu-venv/bin/python"  # named explicitly: used as is
+    # the probe asks the other python itself (the project's venv has no vllm: what a failed `make venv-vllm` leaves)
+    assert generation._imports_vllm(sys.executable) == (importlib.util.find_spec("vllm") is not None)

@@ -1,0 +1,151 @@
+"""Data parallel over 2 CPU processes (gloo) equals one process on the same global batch; so do its checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ppo_rlhf.parallel.distributed import Dist
+from ppo_rlhf.ppo.advantages import masked_whiten_over
+from ppo_rlhf.ppo.objectives import masked_whiten
+
+import tiny
+
+WORKER = Path(__file__).parents[1] / "dist_worker.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(world: int, args: list[str], **extra_env: str) -> None:
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, **extra_env, "WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+               "CUDA_VISIBLE_DEVICES": ""}
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), *args], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    for proc in procs:
+        output, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, output[-3000:]
+
+
+def test_shard_is_contiguous_and_even():
+    assert Dist(1, 2).shard([0, 1, 2, 3]) == [2, 3] and Dist().shard([5, 6, 7]) == [5, 6, 7]
+    with pytest.raises(Exception, match="split evenly"):
+        Dist(0, 2).shard([1, 2, 3])
+
+
+LAUNCH = {"ddp": {}, "fsdp": {"ACCELERATE_USE_FSDP": "true"},
+          "deepspeed": {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}}
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp", "deepspeed"])
+def test_two_processes_equal_one(tmp_path, tokenizer, sharding):
+    """Whole models on every process (DDP's layout), every decoder layer sharded over the two (FSDP2), or the
+    optimiser state and gradients partitioned by DeepSpeed ZeRO-2."""
+    inputs = worker_inputs(tmp_path, tokenizer)
+    single, double = tmp_path / "single", tmp_path / "double"
+    single.mkdir(), double.mkdir()
+    launch(1, [*inputs, str(single)])
+    launch(2, [*inputs, str(double)], **LAUNCH[sharding])
+    assert_same_steps_as_one(single, double, sharding)
+
+
+def worker_inputs(tmp_path: Path, tokenizer) -> list[str]:
+    """dist_worker.py's model and prompt arguments: a tiny policy, reward model and four prompts."""
+    policy = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer, initializer_range=0.3), tokenizer, tmp_path / "policy")
+    reward = tiny.save_tiny(tiny.tiny_reward_model(tokenizer), tokenizer, tmp_path / "reward")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["a", "b", "c", "d"]))
+    return [str(policy), str(reward), str(prompts)]
+
+
+def assert_same_steps_as_one(single: Path, double: Path, sharding: str = "ddp") -> None:
+    """The two processes' results (rank0.pt, rank1.pt in `double`) against the single process's (`single`)."""
+    one = torch.load(single / "rank0.pt", weights_only=True)
+    ranks = [torch.load(double / f"rank{r}.pt", weights_only=True) for r in range(2)]
+
+    # advantages whitened over the global batch: each rank's rows equal the single process's rows
+    for part in ranks:
+        rows, width = part["rows"], part["act"].shape[1]
+        mask = part["act"].bool()
+        assert torch.allclose(part["advantages"][mask], one["advantages"][rows, :width][mask], atol=1e-5)
+    assert torch.allclose(ranks[0]["scores"], one["scores"], atol=1e-6)  # gathered in rank order
+    # the same losses (all-reduced) and the same parameters after 2 epochs of updates, on every rank
+    for key in ("pg_loss", "v_loss", "clipfrac", "approx_kl", "grad_norm_policy", "grad_norm_value"):
+        for part in ranks:
+            assert part["stats"][key] == pytest.approx(one["stats"][key], rel=1e-4, abs=1e-6), key
+    # Adam divides each gradient element by its own size, so the float-order difference of a near-zero element
+    # (one process sums the rows, two all-reduce them) moves its weight by a sliver of a step: 1/100 of lr 1e-2
+    step_tolerance = 1e-4
+    for name, value in one["params"].items():
+        for part in ranks:
+            assert torch.allclose(part["params"][name], value, atol=step_tolerance), name
+    assert one["stats"]["grad_norm_policy"] > 0
+    # the checkpoint holds whole tensors (the single process's), and reading it back restored weights and moments
+    from safetensors.torch import load_file
+
+    saved = load_file(double / "checkpoints" / "iter_000001" / "policy" / "adapter_model.safetensors")
+    reference = load_file(single / "checkpoints" / "iter_000001" / "policy" / "adapter_model.safetensors")
+    assert saved.keys() == reference.keys()
+    assert all(torch.allclose(saved[k], reference[k], atol=step_tolerance) for k in saved)
+    assert one["restored"] and all(part["restored"] for part in ranks)
+    # resumed from that checkpoint after the weights and moments had moved on: the same next step as one process
+    for name, value in one["resumed"].items():
+        assert not torch.allclose(value, one["params"][name]), name
+        for part in ranks:
+            assert torch.allclose(part["resumed"][name], value, atol=step_tolerance), name
+    # FSDP: the layers' weights (frozen and LoRA) really are split between the processes
+    assert all((part["sharded"] > 0) == (sharding == "fsdp") for part in ranks) and one["sharded"] == 0
+    # DeepSpeed: the optimisers really ran in ZeRO engines, and the checkpoint holds their partitions
+    assert all((part["zero"] == [["ranks", "zero_stage"]] * 2) == (sharding == "deepspeed") for part in ranks)
+    # the entropy on the dashboard is the mean over all reply tokens (the processes' token counts differ)
+    assert all(part["ent"] == pytest.approx(one["ent"], rel=1e-5) for part in ranks)
+    # the reward-hacking monitor sees the global batch: all four replies in its baseline, the same correlation
+    baseline = one["monitor"]["baseline"]
+    assert baseline["count"] == 4 and baseline["mean_length"] == float(one["act"].sum()) / 4
+    for part in ranks:
+        got = part["monitor"]["baseline"]
+        keys = ("mean_reward", "reward_variance", "count")
+        assert [got[key] for key in keys] == pytest.approx([baseline[key] for key in keys], rel=1e-5)
+        # (None when every reply has one length, as these 5-token replies at the cap do)
+        for ours, theirs in ((got["slope"], baseline["slope"]),
+                             (part["monitor"]["reward_length_corr"], one["monitor"]["reward_length_corr"])):
+            assert ours is theirs is None or ours == pytest.approx(theirs, rel=1e-5)
+    # an inf in the value model's gradient alone: every step skipped, neither model nor optimiser state moved
+    for part in [one, *ranks]:
+        assert part["skip"] == {"skipped": 2, "weights": True, "moments": True}, part["skip"]
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO stage 3 is not supported"),
+    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_USE_FSDP": "true"}, "FSDP or DeepSpeed, not both"),
+])
+def test_unsupported_launches_are_refused_in_one_line(monkeypatch, env, message):
+    from ppo_rlhf.errors import UsageError
+    from ppo_rlhf.parallel import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(distributed, "_CURRENT", None)  # forget the cached group; restored after the test
+    with pytest.raises(UsageError, match=message):
+        distributed.current()
+
+
+def test_global_whitening_formula():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    assert torch.allclose(masked_whiten_over(Dist(), x, mask), masked_whiten(x, mask))

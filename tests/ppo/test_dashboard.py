@@ -1,0 +1,26 @@
+from ppo_rlhf.ppo.dashboard import token_table_text
+
+ROWS = [
+    {"t": 0, "token": "Hello", "logp_old": -1.2, "logp_ref": -1.3, "value": -7.5, "reward": -0.005, "advantage": 7.9,
+     "return": 0.4, "advantage_whitened": 1.25},
+    {"t": 1, "token": "<|im_end|>", "logp_old": -0.2, "logp_ref": -0.3, "value": 0.1, "reward": 0.8, "advantage": 0.7,
+     "return": 0.8, "advantage_whitened": -0.0},
+]
+
+
+def test_token_table_prints_raw_gae_and_whitened_advantage_in_own_columns():
+    lines = token_table_text(ROWS, "header").splitlines()
+    assert lines[0] == "header"
+    assert lines[1].split() == ["t", "token", "log", "pi_old", "log", "pi_ref", "V(s_t)", "r_t", "A_t", "(GAE)",
+                                "return", "A_t", "whitened"]
+    assert lines[2].split() == ["0", "'Hello'", "-1.200", "-1.300", "-7.500", "-0.005", "+7.900", "+0.400", "+1.250"]
+    assert lines[3].split()[-3:] == ["+0.700", "+0.800", "+0.000"]  # -0.0 printed as 0
+    # every column's cells end where its title ends
+    for title in ("V(s_t)", "A_t (GAE)", "return", "A_t whitened"):
+        end = lines[1].index(title) + len(title)
+        assert all(line[end - 1] != " " and (len(line) == end or line[end] == " ") for line in lines[2:])
+
+
+def test_token_table_of_critic_free_estimators_names_the_estimator():
+    header = token_table_text(ROWS, "header", "rloo").splitlines()[1]
+    assert "A_t (RLOO)" in header and "whitened" not in header and "GAE" not in header

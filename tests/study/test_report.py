@@ -1,0 +1,275 @@
+import json
+import math
+
+import numpy as np
+
+from ppo_rlhf.cli import main
+from ppo_rlhf.ppo.dashboard import DASHBOARD
+from ppo_rlhf.study.evaluate import before_after, format_evaluation, model_label, standardize_records, summarize
+from ppo_rlhf.study.report import (
+    MONITOR_PANELS,
+    PANELS,
+    dashboard_figure,
+    history_table,
+    learning_curve_figure,
+    overoptimisation_figure,
+    read_history,
+    write_report,
+)
+
+
+def fake_run(root, name, iterations=8, drift=1.0):
+    run = root / name
+    run.mkdir(parents=True)
+    lines = []
+    for i in range(iterations):
+        row = {key: 0.1 * i * drift for key, _, _ in DASHBOARD}
+        row.update(iteration=i, time_total=50.0, time_gen=6.0, ev=math.nan if i == 0 else -0.5 + 0.1 * i)
+        lines.append(json.dumps(row, allow_nan=True))
+    (run / "history.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def fake_evaluation(root):
+    records = []
+    for run, iteration, shift, kl in ((None, None, 0.0, 0.0), ("beta005", 10, 0.2, 2.7), ("beta005", 20, 0.1, 3.2),
+                                      ("nokl", 10, 0.15, 2.9), ("nokl", 20, -0.1, 5.6)):
+        for j in range(4):
+            for i in range(2):
+                records.append({
+                    "model": model_label(run, iteration), "run": run, "iteration": iteration,
+                    "prompt_index": j, "reply_index": i, "prompt": f"prompt <{j}> | x", "reply": f"reply {j} {i} {run}",
+                    "tokens": 10 + j, "finished": (i + j) % 3 != 0, "kl": kl + 0.1 * i, "entropy_sum": 8.0,
+                    "proxy_raw": j + i + shift, "gold_raw": j - i + 2 * shift * (i + 1),
+                })
+    standardize_records(records)
+    summary = summarize(records, n_boot=200)
+    examples = before_after(records, 2)
+    folder = root / "eval"
+    folder.mkdir()
+    (folder / "evaluation.json").write_text(json.dumps({"summary": summary, "examples": examples, "records": records}))
+    (folder / "evaluation.txt").write_text(format_evaluation(summary, examples, 8))
+    return folder
+
+
+def test_history_table_first_and_last_five(tmp_path):
+    run = fake_run(tmp_path, "beta005", iterations=12)
+    header, rows = history_table({"beta005": read_history(run)})
+    assert header[:3] == ["run", "iterations", "score"]
+    assert rows[0][:3] == ["beta005", "first 5", "+0.200"]  # mean of 0.0 .. 0.4
+    assert rows[1][:3] == ["beta005", "last 5", "+0.900"]  # mean of 0.7 .. 1.1
+
+
+def test_a_run_shorter_than_two_spans_gets_one_row(tmp_path):
+    """Issue 29 item 16: with fewer than 10 iterations "first 5" and "last 5" overlap (with 5 or fewer, repeat)."""
+    for iterations, score in ((8, "+0.350"), (2, "+0.050")):
+        _, rows = history_table({"short": read_history(fake_run(tmp_path / str(iterations), "short", iterations))})
+        assert [row[:3] for row in rows] == [["short", f"all {iterations}", score]]
+
+
+def test_report_writes_pngs_and_self_contained_html(tmp_path):
+    runs = [fake_run(tmp_path, "beta005"), fake_run(tmp_path, "nokl", drift=2.0)]
+    (runs[0] / "token_table.txt").write_text("t token logp_old\n0 Hello -1.2\n")
+    out = tmp_path / "report"
+    page = write_report(runs, fake_evaluation(tmp_path), out)
+    assert page == out / "report.html"
+    for png in ("dashboard.png", "overoptimisation.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = page.read_text()
+    assert text.count("data:image/png;base64,") == 2 and "src='dashboard.png'" not in text
+    assert "prompt &lt;0&gt; | x" in text and "0 Hello -1.2" in text and "beta005 step 20" in text
+    markdown = (out / "report.md").read_text()
+    assert "![" in markdown and "(dashboard.png)" in markdown
+    assert "prompt &lt;0&gt; | x" in markdown and "reply 0 0 nokl |" in markdown
+
+
+def test_report_cli_and_errors(tmp_path, capsys):
+    run = fake_run(tmp_path, "beta005")
+    assert main(["report", str(run), "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "dashboard.png").is_file() and not (tmp_path / "r" / "overoptimisation.png").exists()
+    assert main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "r")]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["report", str(run), "--eval", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    assert "evaluation.json not found" in capsys.readouterr().err
+    (run / "history.jsonl").write_text("{not json\n")
+    assert main(["report", str(run), "--out", str(tmp_path / "r")]) == 2
+    assert "history.jsonl:1: not valid JSON" in capsys.readouterr().err
+
+
+def test_report_of_an_evaluation_without_its_start_model_is_one_line(tmp_path, capsys):
+    """Every change is paired with the start model's replies; an evaluation.json without its row (hand-edited, say)
+    is refused in one line, not a traceback from the figure or the headline."""
+    folder = fake_evaluation(tmp_path)
+    path = folder / "evaluation.json"
+    evaluation = json.loads(path.read_text())
+    evaluation["summary"] = [s for s in evaluation["summary"] if s["run"] is not None]
+    path.write_text(json.dumps(evaluation))
+    run = fake_run(tmp_path, "beta005")
+    assert main(["report", str(run), "--eval", str(folder), "--out", str(tmp_path / "r")]) == 2
+    assert "has no start-model row in its summary" in capsys.readouterr().err
+
+
+def test_dashboard_panels_say_what_they_show(tmp_path):
+    # two runs whose lines coincide, over 3 iterations (where matplotlib's default ticks are 0, 0.25, 0.5, ...)
+    histories = {name: read_history(fake_run(tmp_path, name, iterations=3)) for name in ("beta005", "nokl")}
+    for row in histories["nokl"]:
+        row["v_loss"] = math.nan  # a critic-free run logs no value loss
+    histories["beta005"] = [{**row, "v_loss": math.nan} for row in histories["beta005"]]
+    figure = dashboard_figure(histories)
+    assert set(PANELS) == {key for key, _, _ in DASHBOARD}
+    panels = [axis for axis in figure.axes if axis.axison]
+    assert len(panels) == len(DASHBOARD) + len(MONITOR_PANELS) + 1  # the dashboard's, the monitor's, a judge's
+    for axis, (key, label, _) in zip(panels, DASHBOARD):
+        title, unit = PANELS[key]
+        assert axis.get_title() == f"{title} [{label}]" and len(title.split()) >= 2  # words, then the log's name
+        assert axis.get_ylabel() == unit and unit
+        assert axis.get_xlabel() == "iteration"
+        ticks = axis.get_xticks()
+        assert len(ticks) >= 3 and all(float(t).is_integer() for t in ticks), (key, ticks)
+        first, second = axis.get_lines()
+        np.testing.assert_array_equal(first.get_ydata(), second.get_ydata())  # the runs coincide here...
+        assert first.get_marker() != second.get_marker()  # ...and each keeps its own marker and dashes
+        assert first.get_linestyle() != second.get_linestyle() and first.get_markerfacecolor() == "none"
+    texts = [t.get_text() for axis in panels for t in axis.texts]
+    # the value-loss panel, which has no numbers, and the monitor's, which runs from before it do not have
+    assert texts == ["not logged by these runs"] * 3 + ["no monitor_judges in these runs"]
+    legend = figure.axes[len(panels)].get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["beta005", "nokl"] and legend.get_title().get_text() == "run"
+    markers = {handle.get_marker() for handle in legend.legend_handles}
+    assert len(markers) == 2
+
+
+def test_the_monitor_panels_show_the_monitors_numbers(tmp_path):
+    histories = {name: read_history(fake_run(tmp_path, name, iterations=3)) for name in ("beta005", "nokl")}
+    for k, history in enumerate(histories.values()):
+        for i, row in enumerate(history):
+            row.update(reward_length_corr=0.5 + 0.1 * i, length_share=None if i == 0 else 0.25 * i)
+            if k == 0:  # one run with two judges, the other without
+                row.update({"monitor/gold": 2.0 - 0.5 * i, "monitor/brevity": 1.0})
+    figure = dashboard_figure(histories)
+    corr, share, brevity, gold = figure.axes[len(DASHBOARD) : len(DASHBOARD) + 4]
+    assert [axis.get_title() for axis in (corr, share, brevity, gold)] == [
+        "Reward hacking? corr(reward, length) [len_r]", "Hacking? gain due to length [length_share]",
+        "Judge flat, rm_raw up = hacking [monitor/brevity]", "Judge flat, rm_raw up = hacking [monitor/gold]"]
+    assert [axis.get_ylabel() for axis in (corr, share, gold)] == [
+        "Pearson r over the batch", "share of the reward gain (1 = all)", "mean score (the judge's units)"]
+    assert all(axis.get_xlabel() == "iteration" and not axis.texts for axis in (corr, share, brevity, gold))
+    ys = {axis: [list(line.get_ydata()) for line in axis.get_lines()] for axis in (corr, share, gold)}
+    assert ys[corr] == [[0.5, 0.6, 0.7]] * 2
+    assert all(math.isnan(y[0]) and y[1:] == [0.25, 0.5] for y in ys[share])  # None (iteration 0): no point
+    assert ys[gold][0] == [2.0, 1.5, 1.0] and all(math.isnan(v) for v in ys[gold][1])  # the run without judges
+    legend = figure.axes[len(DASHBOARD) + 4].get_legend()  # the runs' legend follows the last panel
+    assert [t.get_text() for t in legend.get_texts()] == ["beta005", "nokl"]
+
+
+def test_overoptimisation_plot_reads_without_the_chapter(tmp_path):
+    summary = json.loads((fake_evaluation(tmp_path) / "evaluation.json").read_text())["summary"]
+    figure = overoptimisation_figure(summary)
+    gold, proxy = figure.axes
+    assert "Gold" in gold.get_title() and "Proxy" in proxy.get_title()
+    for axis in (gold, proxy):
+        assert axis.get_xlabel() == "KL to the start model (nats per reply)"
+        assert axis.get_ylabel() == "score change (start-model sd)"
+        legend = axis.get_legend()
+        assert [t.get_text() for t in legend.get_texts()] == ["beta005", "nokl"]
+        assert "95% interval" in legend.get_title().get_text()
+        labels = [t.get_text() for t in axis.texts]
+        assert labels.count("it 10") == 2 and labels.count("it 20") == 2 and "start model" in labels
+    assert gold.get_ylim() == proxy.get_ylim()  # one scale: the proxy's claim against the gold judge's view
+
+
+def test_a_file_given_as_a_run_directory_says_so(tmp_path, capsys):
+    path = tmp_path / "history.jsonl"
+    path.write_text("{}\n")
+    assert main(["report", str(path), "--out", str(tmp_path / "r")]) == 2
+    assert "is a file, not a run directory" in capsys.readouterr().err
+
+
+def test_study_report_opens_with_the_result_in_words(tmp_path):
+    from ppo_rlhf.study.findings import SMOKE_NOTE, headline
+
+    evaluation = fake_evaluation(tmp_path)
+    curve = [{"pairs": 0, "epochs": 0, "accuracy": 0.5, "mean_margin": 0.0, "length_corr": 0.1},
+             {"pairs": 40, "epochs": 1, "accuracy": 0.6, "mean_margin": 0.2, "length_corr": 0.2},
+             {"pairs": 80, "epochs": 1, "accuracy": 0.7, "mean_margin": 0.4, "length_corr": None}]
+    study = {"quick": True, "realtoxicityprompts": False, "runs": {"beta005": 0.05, "nokl": 0.0},
+             "settings": {"model": "smollm2", "betas": "0.05,0", "iterations": 20, "batch_size": 8, "reply_cap": 48},
+             "rm_info": {"heldout_pairs": 30, "train_pairs": 80, "before": {"accuracy": 0.5},
+                         "after": {"accuracy": 0.7, "length_corr": None}, "learning_curve": curve}}
+    out = tmp_path / "report"
+    page = write_report([fake_run(tmp_path, "beta005"), fake_run(tmp_path, "nokl")], evaluation, out, study)
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# What PPO against a learned reward model really gained (smoke run)\n\n" + SMOKE_NOTE)
+    result = headline(json.loads((evaluation / "evaluation.json").read_text()), study)
+    # the result paragraphs come right after the smoke note, before any figure or table
+    assert markdown.index("## The result") < markdown.index(result[0]) < markdown.index("![")
+    assert "Content note" not in markdown and "## Read with care" in markdown
+    assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| 40 | 1 | 0.600 | +0.200 | +0.20 |" in markdown and "| 80 | 1 | 0.700 | +0.400 | nan |" in markdown
+    assert page.read_text().count("data:image/png;base64,") == 3  # dashboard, over-optimisation, learning curve
+
+    # a full run: the result is the first paragraph; the content note follows it, before any quoted reply
+    write_report([], evaluation, out, study | {"quick": False, "realtoxicityprompts": True})
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# What PPO against a learned reward model really gained\n\n## The result\n\n"
+                               + result[0])
+    assert markdown.index(result[-1]) < markdown.index("Content note") < markdown.index("PROMPT:")
+    assert SMOKE_NOTE not in markdown
+
+
+def test_learning_curve_figure_marks_chance_and_target():
+    figure = learning_curve_figure([{"pairs": 0, "epochs": 0, "accuracy": 0.5},
+                                    {"pairs": 10, "epochs": 1, "accuracy": 0.6},
+                                    {"pairs": 10, "epochs": 2, "accuracy": 0.65}])
+    (axis,) = figure.axes
+    labels = [t.get_text() for t in axis.get_legend().get_texts()]
+    assert labels == ["first pass", "after 2 epochs", "chance", "target"]
+    assert list(axis.get_lines()[0].get_xdata()) == [0, 10] and axis.get_ylim() == (-0.04, 1.04)
+
+
+def test_learning_curve_figure_keeps_its_labels_and_lines_inside():
+    """Issue 29 item 16: the y label was cut off at both ends, and an accuracy of 1 hid in the frame."""
+    import io
+
+    figure = learning_curve_figure([{"pairs": 0, "epochs": 0, "accuracy": 0.5},
+                                    {"pairs": 40, "epochs": 1, "accuracy": 1.0},
+                                    {"pairs": 80, "epochs": 1, "accuracy": 0.0}])
+    figure.savefig(io.BytesIO(), dpi=100)  # lays the figure out as the report's PNG is
+    (axis,) = figure.axes
+    renderer = figure._get_renderer()
+    width, height = figure.bbox.width, figure.bbox.height
+    for text in (axis.yaxis.label, axis.xaxis.label, axis.title):
+        box = text.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= width and 0 <= box.y0 and box.y1 <= height, (text.get_text(), box)
+    (low, high), (left, right) = axis.get_ylim(), axis.get_xlim()
+    for line in axis.get_lines():
+        if line.get_label() == "first pass":
+            assert low < min(line.get_ydata()) and max(line.get_ydata()) < high  # 0 and 1 off the frame
+            assert left < min(line.get_xdata()) and max(line.get_xdata()) < right
+
+
+def test_paths_nan_correlations_and_empty_replies_are_explained(tmp_path):
+    """Issue 29 item 16: the proxy's folder relative to the report, a length correlation that cannot be formed says
+    why, an empty reply says it is empty; and the KL says which estimate it is."""
+    from ppo_rlhf.study.report import evaluation_table, example_table
+
+    folder = fake_evaluation(tmp_path)
+    evaluation = json.loads((folder / "evaluation.json").read_text())
+    evaluation["settings"] = {"n_prompts": 4, "replies_per_prompt": 2, "seed": 1, "gold": "gold",
+                              "proxy": f"rm:{tmp_path / 'demo' / 'reward_model'}", "kl": "k3 estimate of KL"}
+    evaluation["examples"][0]["replies"][0]["reply"] = ""
+    (folder / "evaluation.json").write_text(json.dumps(evaluation))
+    write_report([], folder, tmp_path / "demo" / "report")
+    markdown = (tmp_path / "demo" / "report" / "report.md").read_text()
+    assert "proxy rm:../reward_model, gold gold" in markdown and str(tmp_path) not in markdown
+    assert "KL: the k3 estimate of KL." in markdown
+    assert example_table(evaluation["examples"][0])[1][0][-1] == "(empty reply)"
+
+    one_finished = dict(evaluation["summary"][0], length_corr=math.nan, finished=1 / 8, replies=8)
+    same_length = dict(one_finished, finished=0.5)
+    cells = [row[-1] for row in evaluation_table([one_finished, same_length])[1]]
+    assert cells == ["n/a (only 1 finished reply; it needs 2)",
+                     "n/a (the finished replies all have the same length or the same proxy score)"]
+    text = format_evaluation([one_finished, dict(same_length, run="r", iteration=1)], evaluation["examples"], 8)
+    assert "length correlation n/a (only 1 finished reply; it needs 2)" in text and "nan" not in text
+    assert "(empty reply)" in text

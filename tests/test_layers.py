@@ -1,0 +1,85 @@
+"""The package's layers (docs/DESIGN.md, "Layers"): a module imports only from its own layer or the ones below, and
+no two modules import each other, however indirectly. Read from the source with `ast`, so that the imports inside
+functions (the lazy ones, which keep `--help` free of torch) and under `TYPE_CHECKING` count too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ppo_rlhf"
+
+# bottom to top; a module's layer is that of its first name under ppo_rlhf ("" is ppo_rlhf/__init__.py)
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "utils"),
+    ("config",),
+    ("data",),
+    ("parallel",),
+    ("models",),
+    ("rewards", "multiturn"),
+    ("ppo",),
+    ("", "api", "export", "train"),
+    ("study",),
+    ("tasks",),
+    ("cli", "__main__"),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = ["ppo_rlhf", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[str]]:
+    """{module: the ppo_rlhf modules it imports anywhere in its source}; `from ppo_rlhf.x import name` counts as
+    importing `ppo_rlhf.x.name` where that is a module, else `ppo_rlhf.x`."""
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{module}: a relative import (the package imports by absolute names)"
+                base = node.module or ""
+                found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                          for alias in node.names}
+        graph[module] = {name for name in found if name in modules and name != module}
+    return graph
+
+
+def layer(module: str) -> int:
+    first = module.split(".")[1] if "." in module else ""
+    [index] = [i for i, names in enumerate(LAYERS) if first in names]
+    return index
+
+
+def test_every_module_has_a_layer():
+    for module in imports():
+        layer(module)  # (raises for a top-level name LAYERS does not place)
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    upward = [f"{module} -> {name}" for module, names in imports().items() for name in sorted(names)
+              if layer(name) > layer(module)]
+    assert not upward, "imports that run upward:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    graph, cycles = imports(), []
+    state: dict[str, str] = {}  # "open" while its imports are being walked, then "done"
+
+    def walk(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for name in sorted(graph[module]):
+            if state.get(name) == "open":
+                cycles.append(" -> ".join(path[path.index(name):] + [name]))
+            elif name not in state:
+                walk(name, [*path, name])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
