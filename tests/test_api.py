@@ -441,3 +441,26 @@ def test_a_function_reward_on_smollm2(tmp_path):
     run_dir = PPOTrainer(config, reward_funcs=[short], train_dataset=PROMPTS).train()
     rows = history(run_dir)
     assert len(rows) == 2 and rows[0]["kl"] == 0.0 and "reward/short" in rows[0]
+
+
+def test_a_value_model_folder_is_normalised_by_its_own_start_values(models, tmp_path):
+    """A named value model was trained on another reward: normalised by the reward's start statistics, its values
+    would sit sd away from the normalised scores and bias every reply's last token (issue 43's gold and length arms);
+    by its own, its start values centre on the scores' scale."""
+    trainer = PPOTrainer(PPOConfig(**settings(models, tmp_path / "run", value_model=models["reward"], iterations=1,
+                                              reward_norm_samples=16)), reward_funcs=[length])
+    trainer.train()
+    norm = json.loads((tmp_path / "run" / "reward_norm.json").read_text())
+    loop = trainer.loop
+    assert loop.value_norm == (norm["value_mean"], norm["value_std"]) and norm["value_std"] > 0
+    torch.manual_seed(0)
+    raw = torch.cat([loop.last_token_values(loop.rollout(PROMPTS)) for _ in range(4)])
+    own = loop.normalised_values(raw).mean().abs()
+    by_reward = loop.normalised(raw).mean().abs()  # the old map: the length reward's mean is characters
+    assert by_reward > 3 * own and own < 1.5, (float(own), float(by_reward))
+    # the reward model as the critic (value_model null) keeps the reward's statistics, as before
+    shared = PPOTrainer(PPOConfig(**settings(models, tmp_path / "shared", reward_model=models["reward"],
+                                             iterations=1)))
+    shared.train()
+    assert shared.loop.value_norm is None
+    assert "value_mean" not in json.loads((tmp_path / "shared" / "reward_norm.json").read_text())

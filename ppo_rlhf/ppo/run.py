@@ -219,8 +219,12 @@ def start_or_resume(trainer: PPOLoop, run_dir: Path, resume: bool, log: Callable
             atomic_write_text(norm_file, json.dumps(norm, indent=1))
         history, start = [], 0
         log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} "
-            f"std {norm['std']:.3f} (finished {norm['finished']:.2f})")
+            f"std {norm['std']:.3f} (finished {norm['finished']:.2f})"
+            + (f"; value model's own: mean {norm['value_mean']:+.3f} std {norm['value_std']:.3f}"
+               if "value_mean" in norm else ""))
     trainer.reward_mean, trainer.reward_std = norm["mean"], norm["std"]
+    if "value_mean" in norm:  # a value model that is not the reward model (PPOLoop.separate_critic)
+        trainer.value_norm = (norm["value_mean"], norm["value_std"])
     if main:
         atomic_write_text(run_dir / "history.jsonl", "".join(history))
     if resume and main:

@@ -55,7 +55,9 @@ class TrainConfig:
     value_model: str | None = None
     """Initialisation of the value model (GAE): a sequence-classification folder or hub id using the policy's tokenizer.
     null: the reward model when the run has exactly one and it uses the policy's tokenizer (the chapter's), else the
-    policy's base model with a new zero-initialised score head (a cold critic: see critic_warmup_iterations)."""
+    policy's base model with a new zero-initialised score head (a cold critic: see critic_warmup_iterations). A named
+    value model's outputs are normalised by their own mean and std on the start replies (reward_norm.json), not the
+    reward's: its raw scale is some other reward's."""
     prompts: str | None = None
     """Training prompts: a JSONL/JSON/CSV/Parquet file, a `datasets` save_to_disk folder or a hub dataset id (see
     `ppo-rlhf prompts`); the API also takes `train_dataset=`. Other columns reach the reward functions."""

@@ -234,6 +234,8 @@ class PPOLoop:
         self.kl_controller = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
                               else FixedKLController(cfg.beta))
         self.reward_mean, self.reward_std = 0.0, 1.0
+        # a value model that is not the reward model: its own start mean and std (measure_reward_norm), else None
+        self.value_norm: tuple[float, float] | None = None
         self.consecutive_skips = 0
         self.policy_started = False  # set once past the critic warm-up (`phase`), checkpointed
 
@@ -525,13 +527,15 @@ class PPOLoop:
         rng = np.random.default_rng(self.cfg.seed + 1)
         picks = rng.choice(len(self.prompts), size=n, replace=n > len(self.prompts)).tolist()
         picks = self.dist.shard(picks)  # this process's share (all of them in one process)
-        scores, finished, lengths = [], [], []
+        scores, finished, lengths, values = [], [], [], []
         for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation",
                          disable=self.cfg.quiet, leave=False):
             rollout = self.rollout(self.batch_prompts([picks[i] for i in rows]))
             scores.append(self.raw_scores(rollout))
             finished.append(rollout.finished)
             lengths.append(rollout.reply_lengths)
+            if self.separate_critic:
+                values.append(self.last_token_values(rollout))
         scores, finished = self.dist.gather_1d(torch.cat(scores)), self.dist.gather_1d(torch.cat(finished))
         require(bool(torch.isfinite(scores).all()), "the reward model gave non-finite scores to start-policy replies")
         self.monitor.start(scores.tolist(), self.dist.gather_1d(torch.cat(lengths)).tolist())
@@ -541,7 +545,32 @@ class PPOLoop:
                 "the reward model gave every start-policy reply the same score: it cannot be normalised")
         if std == 0:  # e.g. an exact-match reward no start-policy reply earns: shift the scores, do not scale them
             std = 1.0
-        return {"mean": float(scores.mean()), "std": std, "n": n, "finished": float(finished.float().mean())}
+        norm = {"mean": float(scores.mean()), "std": std, "n": n, "finished": float(finished.float().mean())}
+        if values:  # the critic's raw scale is not the reward's: put its start values on the same footing
+            start_values = self.dist.gather_1d(torch.cat(values))
+            value_std = float(start_values.std()) if n > 1 else 1.0
+            norm |= {"value_mean": float(start_values.mean()), "value_std": value_std if value_std > 0 else 1.0}
+        return norm
+
+    @property
+    def separate_critic(self) -> bool:
+        """A value model named by value_model: trained on some other reward (a proxy reward model in the study's gold
+        and length arms) or none, so the reward's start statistics say nothing about its scale. Normalised with the
+        reward's, a critic from a reward model scoring 4.3 on average starts +11 sd above a gold judge's normalised
+        scores: the last token's TD error of every reply is then about -12, which teaches the policy not to stop
+        (docs/study.md, issue 43's first run)."""
+        return self.critic is not None and self.cfg.value_model is not None
+
+    @torch.no_grad()
+    def last_token_values(self, rollout: Rollout) -> torch.Tensor:
+        """The critic's raw value at each reply's last policy token, where a reward model reads its score."""
+        assert self.critic is not None
+        critic = self.critic
+        (values,) = per_token_in_chunks(lambda ids, att: (critic.values(ids, att),), rollout, self.score_size)
+        act = rollout.action_mask.to(values.device)
+        positions = torch.arange(act.shape[1], device=act.device)
+        last = (act * positions).argmax(1)  # the highest position whose token the policy chose
+        return values.gather(1, last[:, None]).squeeze(1).float().cpu()
 
     # ------------------------------------------------------------------------------ 2-4. score, rewards, advantages
     def make_experience(self, prompts: list[Prompt]) -> Experience:
@@ -564,7 +593,7 @@ class PPOLoop:
         old_values = torch.zeros_like(act)  # critic-free estimators: no values
         if self.critic is not None:
             (values,) = per_token_in_chunks(lambda ids, att: (self.critic.values(ids, att),), rollout, size)
-            old_values = self.normalised(values) * act
+            old_values = self.normalised_values(values) * act
         raw = self.raw_scores(rollout).to(dev)
         scores = self.normalised(raw)
         if cfg.eos_rule:
@@ -588,6 +617,14 @@ class PPOLoop:
     def normalised(self, raw: torch.Tensor) -> torch.Tensor:
         """Reward-model outputs (scores or values) on the scale of start-policy replies' scores (detail 1)."""
         return (raw - self.reward_mean) / self.reward_std
+
+    def normalised_values(self, raw: torch.Tensor) -> torch.Tensor:
+        """The critic's outputs on the normalised reward scale: by the reward's start statistics when the critic
+        starts from the reward model (its raw scale is the reward's), else by its own (`separate_critic`)."""
+        if self.value_norm is None:
+            return self.normalised(raw)
+        mean, std = self.value_norm
+        return (raw - mean) / std
 
     # ------------------------------------------------------------------------------------------- 5. update
     def update(self, experience: Experience, train_policy: bool = True) -> dict[str, float]:
@@ -674,7 +711,7 @@ class PPOLoop:
         """The clipped value loss of a micro-batch, values on the normalised reward scale: its share of the mean."""
         cfg, critic = self.cfg, self.critic
         assert critic is not None  # (only GAE, which has one, computes a value loss)
-        values = self.normalised(critic.values(part.input_ids, part.attention_mask))
+        values = self.normalised_values(critic.values(part.input_ids, part.attention_mask))
         vl = clipped_value_loss(values, part.old_values, part.returns, part.action_mask, cfg.value_clip_range,
                                 cfg.loss_aggregation, count)
         return vl.loss, {"v_loss": float(vl.loss.detach()), "vclipfrac": float(vl.clip_fraction) * token_share}
