@@ -1,8 +1,12 @@
 """Verifiable tasks generated offline: arithmetic problems whose reward is true by construction.
 
-    ppo-rlhf task list                                  # the levels, a sample problem of each, how many there are
+    ppo-rlhf task list                                  # the tasks, a sample problem of each, how many there are
     ppo-rlhf task write add-small --out data/add-small  # DIR/train.jsonl and DIR/heldout.jsonl: {"prompt", "answer"}
     ppo-rlhf task evaluate RUN_DIR... --level add-small --out DIR  # held-out accuracy: start, each checkpoint
+
+The multi-turn task `calc-steps` (ppo_rlhf.tasks.calc_steps: a * b + c with a calculator tool) goes through the same
+commands and functions (`problems`, `write_task`, `check_task`, `task_tools`); its held-out evaluation runs episodes
+with the tool.
 
 Each level is a finite family of problems ("37 + 5"). Which split a problem belongs to is a function of the problem
 alone (a hash of its canonical form: "5 + 37" is the same problem), so no seed, count or level setting can put a
@@ -25,12 +29,14 @@ import hashlib
 import json
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED
 from ppo_rlhf.errors import require
+from ppo_rlhf.tasks import calc_steps
 from ppo_rlhf.utils.files import atomic_write_text
 
 Split = Literal["train", "heldout"]
@@ -96,9 +102,24 @@ class Problem:
         return {"prompt": PROMPT.format(question=self.question), "answer": str(self.answer)}
 
 
+TASKS = (*LEVELS, calc_steps.NAME)
+"""Every task of the `task`, `demo --task` and `compare --task` commands: the levels (one reply each), calc-steps."""
+
+
 def level(name: str) -> Level:
     require(name in LEVELS, f"unknown task level {name!r}; choose from {', '.join(LEVELS)}")
     return LEVELS[name]
+
+
+def check_task(name: str) -> str:
+    """`name` when it is one of TASKS, else a UsageError listing them."""
+    require(name in TASKS, f"unknown task level {name!r}; choose from {', '.join(TASKS)}")
+    return name
+
+
+def task_tools(name: str) -> list[Callable]:
+    """The tools a task's episodes may call; none for a level, whose problems are answered in one reply."""
+    return list(calc_steps.TOOLS) if check_task(name) == calc_steps.NAME else []
 
 
 def split_problems(name: str, split: Split) -> list[Problem]:
@@ -109,7 +130,10 @@ def split_problems(name: str, split: Split) -> list[Problem]:
 
 
 def problems(name: str, split: Split, n: int | None = None, seed: int = 0) -> list[dict[str, str]]:
-    """n rows ({"prompt", "answer"}) of the level's split, without repeats, in an order fixed by `seed`; n None: all."""
+    """n rows ({"prompt", "answer"}) of the task's split, without repeats, in an order fixed by `seed`; n None: all
+    (calc-steps: its `POOL`)."""
+    if check_task(name) == calc_steps.NAME:
+        return calc_steps.problems(split, n, seed)
     pool = split_problems(name, split)
     require(n is None or 0 < n <= len(pool), f"{name} has {len(pool)} {split} problems; asked for {n}")
     random.Random(f"{name}/{split}/{seed}").shuffle(pool)
@@ -168,21 +192,25 @@ def write_task(name: str, out: str | Path, n_train: int | None = None, n_heldout
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    actions.add_parser("list", help="the levels, a sample problem of each, and how many problems each split has")
-    write = actions.add_parser("write", help="write a level's train.jsonl and heldout.jsonl")
-    write.add_argument("level", help=f"the task level: {', '.join(LEVELS)}")
+    actions.add_parser("list", help="the tasks, a sample problem of each, and how many problems each split has")
+    write = actions.add_parser("write", help="write a task's train.jsonl and heldout.jsonl")
+    write.add_argument("level", help=f"the task: {', '.join(TASKS)}")
     write.add_argument("--out", required=True, help="folder for train.jsonl and heldout.jsonl")
-    write.add_argument("--train", type=NON_NEGATIVE_INT, default=0, help="training problems (0 = all of them)")
-    write.add_argument("--heldout", type=NON_NEGATIVE_INT, default=0, help="held-out problems (0 = all of them)")
+    write.add_argument("--train", type=NON_NEGATIVE_INT, default=0,
+                       help=f"training problems (0 = all of them; calc-steps: {calc_steps.POOL['train']})")
+    write.add_argument("--heldout", type=NON_NEGATIVE_INT, default=0, help="held-out problems (0 = all of them; "
+                       f"calc-steps: {calc_steps.POOL['heldout']})")
     write.add_argument("--seed", type=SEED, default=0, help="seed of the order the problems are drawn in")
     write.add_argument("--overwrite", action="store_true", help="replace existing train.jsonl / heldout.jsonl")
     evaluate = actions.add_parser("evaluate", help="a run's start policy and checkpoints on held-out problems: "
                                   "exact-match accuracy and its change, with 95%% prompt-level bootstrap intervals")
     evaluate.add_argument("runs", nargs="+", metavar="RUN_DIR",
                           help="run directories from one start policy (e.g. ppo, rloo, grpo), trained on this level")
-    evaluate.add_argument("--level", required=True, help=f"the task level: {', '.join(LEVELS)}")
+    evaluate.add_argument("--level", required=True, help=f"the task: {', '.join(TASKS)} (calc-steps: multi-turn "
+                          "episodes with its calculator tool)")
     evaluate.add_argument("--out", required=True, help="folder for task_eval.json (every reply and the summary)")
-    evaluate.add_argument("--heldout", type=NON_NEGATIVE_INT, default=200, help="held-out problems (0 = all of them)")
+    evaluate.add_argument("--heldout", type=NON_NEGATIVE_INT, default=200,
+                          help=f"held-out problems (0 = all of them; calc-steps: {calc_steps.POOL['heldout']})")
     evaluate.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=1, help="replies sampled per problem")
     evaluate.add_argument("--checkpoints", default="all", help='"all", "latest" or iterations like 10,20')
     evaluate.add_argument("--batch-size", type=POSITIVE_INT, default=32, help="replies generated at once")
@@ -197,6 +225,10 @@ def run(args: argparse.Namespace) -> int:
             sample = Problem(spec.left[1], spec.op, spec.right[0])
             print(f"{spec.name:10s} {spec.description}, e.g. {sample.question} = {sample.answer} "
                   f"({sizes['train']} train, {sizes['heldout']} held-out problems)")
+        pool = calc_steps.POOL
+        print(f"{calc_steps.NAME:10s} a * b + c (a, b two-digit, c three-digit) in turns with a calc tool, e.g. "
+              f"{calc_steps.question(37, 48, 215)} = {37 * 48 + 215} (millions of problems; write draws "
+              f"{pool['train']} train, {pool['heldout']} held-out unless given counts)")
         return 0
     if args.action == "evaluate":
         return evaluate_command(args)
@@ -209,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
 def evaluate_command(args: argparse.Namespace) -> int:
     from ppo_rlhf.tasks.evaluate import evaluate_task_runs  # lazy: torch loads after the arguments are checked
 
-    level(args.level)
+    check_task(args.level)
     out = Path(args.out)
     require(not out.exists() or out.is_dir(), f"--out {out} is a file, not a folder")
     result = evaluate_task_runs(args.runs, args.level, args.heldout or None, args.replies_per_prompt, args.checkpoints,
