@@ -22,8 +22,12 @@ import random
 
 from ppo_rlhf.errors import require
 
+NAME = "calc-steps"
 HELDOUT_SHARE = 0.3
 """Share of the problems held out (by the hash of the problem, not by drawing)."""
+POOL = {"train": 2000, "heldout": 500}
+"""Problems `problems(split)` draws when no count is given (what `ppo-rlhf task write calc-steps` writes): the family
+has millions, so "all of them" means these; a shorter draw with the same seed is their prefix."""
 PROMPT = ("What is {question}? You may use a calculator: write <tool>calc(EXPRESSION)</tool> and its result comes "
           'back. End your reply with the line "Answer: <number>".')
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -59,9 +63,10 @@ def split_of(a: int, b: int, c: int) -> str:
     return "heldout" if fraction < HELDOUT_SHARE else "train"
 
 
-def problems(split: str, n: int, seed: int = 0) -> list[dict[str, str]]:
-    """n distinct rows {"prompt", "answer"} of the split, drawn in an order fixed by `seed`."""
+def problems(split: str, n: int | None = None, seed: int = 0) -> list[dict[str, str]]:
+    """n distinct rows {"prompt", "answer"} of the split (None: POOL[split]), drawn in an order fixed by `seed`."""
     require(split in ("train", "heldout"), f"split must be train or heldout, got {split!r}")
+    n = POOL[split] if n is None else n
     require(n > 0, f"n must be positive, got {n}")
     rng, seen = random.Random(f"calc-steps/{split}/{seed}"), set()
     rows: list[dict[str, str]] = []
@@ -72,3 +77,7 @@ def problems(split: str, n: int, seed: int = 0) -> list[dict[str, str]]:
         seen.add((min(a, b), max(a, b), c))
         rows.append({"prompt": PROMPT.format(question=question(a, b, c)), "answer": str(a * b + c)})
     return rows
+
+
+TOOLS = [calc]
+"""The tools an episode of this task may call (training and `ppo-rlhf task evaluate`)."""
