@@ -157,9 +157,9 @@ def multi_turn(setup):
 
 def test_every_invariant_holds_on_multi_turn_episodes(multi_turn):
     from ppo_rlhf.ppo.check import INVARIANTS
-    from ppo_rlhf.ppo.trainer import PPOTrainer
+    from ppo_rlhf.ppo.trainer import PPOLoop
 
-    trainer = PPOTrainer(check_config(build_config(TrainConfig, multi_turn["values"]), 8))
+    trainer = PPOLoop(check_config(build_config(TrainConfig, multi_turn["values"]), 8))
     experience = trainer.score(trainer.rollout(trainer.next_prompts()))
     assert any(e.turns == 2 for e in trainer.episodes)  # observations between the turns to check
     results = {invariant.__name__: invariant(trainer, experience) for invariant in INVARIANTS}
