@@ -147,7 +147,7 @@ def test_losses_kl_and_rloo_never_read_the_masked_tokens():
 
 def test_the_worked_example_of_docs_multi_turn_is_this_computation():
     """docs/multi-turn.md's table, row by row, is what the code computes on the example (so the page cannot drift)."""
-    page = (Path(__file__).resolve().parent.parent / "docs" / "multi-turn.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "multi-turn.md").read_text()
     table = page.split("<!-- worked-example")[1].split("<!-- /worked-example -->")[0].strip().splitlines()[3:]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
     columns = {name: t(*(float(row[k]) for row in rows)).unsqueeze(0) for k, name in enumerate(
