@@ -251,7 +251,10 @@ def example_table(records: list[dict], summary: list[dict], answers: list[str], 
     def shown(record: dict) -> str:
         return f"{mark(record)}\n{shown_reply(record.get('transcript', record['reply']))}"
 
-    rows = [[before["prompt"], answers[before["prompt_index"]], shown(before), shown(after)]
+    def asked(prompt: str | list[dict]) -> str:  # a chat prompt (calc-steps') by its last message, the question
+        return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+    rows = [[asked(before["prompt"]), answers[before["prompt_index"]], shown(before), shown(after)]
             for before, after in chosen]
     return header, rows
 

@@ -5,7 +5,7 @@ from ppo_rlhf.cli import main
 from ppo_rlhf.data import load_prompt_rows
 from ppo_rlhf.multiturn.calls import call_tool, first_tool_call
 from ppo_rlhf.tasks.arithmetic import exact_match, task_tools
-from ppo_rlhf.tasks.calc_steps import POOL, calc, problems
+from ppo_rlhf.tasks.calc_steps import DEMONSTRATION, POOL, calc, problems
 from ppo_rlhf.tasks.report import model_table, tool_sentence
 
 
@@ -18,10 +18,13 @@ def test_the_calculator_is_exact_and_refuses_other_code():
 
 def test_train_and_heldout_never_share_a_problem():
     train, heldout = problems("train", 400), problems("heldout", 200)
-    assert not {r["prompt"] for r in train} & {r["prompt"] for r in heldout}
-    assert len({r["prompt"] for r in train}) == 400 and problems("train", 5, seed=1) != problems("train", 5)
+    asked = lambda rows: {r["prompt"][-1]["content"] for r in rows}  # noqa: E731
+    assert not asked(train) & asked(heldout)
+    assert len(asked(train)) == 400 and problems("train", 5, seed=1) != problems("train", 5)
     row = train[0]
-    question = row["prompt"].split("What is ")[1].split("?")[0]
+    demonstrated = call_tool(first_tool_call(DEMONSTRATION[1]["content"]), {"calc": calc}, 1, 1.0)[0]
+    assert row["prompt"][:-1] == DEMONSTRATION and demonstrated == DEMONSTRATION[2]["content"] == "975"
+    question = row["prompt"][-1]["content"].split("What is ")[1].split("?")[0]
     assert calc(question) == row["answer"]
     assert exact_match([row["prompt"]], [f"So the result is\nAnswer: {row['answer']}"], [[]], [row["answer"]]) == [1.0]
 

@@ -125,11 +125,11 @@ def test_calc_steps_is_evaluated_in_episodes_with_its_calculator(tiny_model_dirs
     from ppo_rlhf.tasks.evaluate import task_records
 
     rows = problems("calc-steps", "heldout", 3)
-    questions = [row["prompt"].split("What is ")[1].split("?")[0] for row in rows]
+    questions = [row["prompt"][-1]["content"].split("What is ")[1].split("?")[0] for row in rows]
     eos = tokenizer.eos_token_id
 
     def sample(model, tok, trajectories, cap, *args, **kwargs):
-        texts = [tok.decode(t) for t in trajectories]
+        texts = [tok.decode(t).split("Answer: 975")[-1] for t in trajectories]  # after the demonstration
         replies = []
         for text in texts:
             row = next(i for i, q in enumerate(questions) if q in text)
