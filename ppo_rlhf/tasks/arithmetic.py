@@ -124,9 +124,9 @@ def split_problems(name: str, split: Split) -> list[Problem]:
     return [p for p in (Problem(a, spec.op, b) for a, b in spec.operand_pairs()) if p.split == split]
 
 
-def problems(name: str, split: Split, n: int | None = None, seed: int = 0) -> list[dict[str, str]]:
+def problems(name: str, split: Split, n: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
     """n rows ({"prompt", "answer"}) of the task's split, without repeats, in an order fixed by `seed`; n None: all
-    (calc-steps: its `POOL`)."""
+    (calc-steps: its `POOL`, each prompt a chat)."""
     if check_task(name) == calc_steps.NAME:
         return calc_steps.problems(split, n, seed)
     pool = split_problems(name, split)

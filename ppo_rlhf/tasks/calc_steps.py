@@ -22,6 +22,7 @@ import ast
 import hashlib
 import operator
 import random
+from typing import Any
 
 from ppo_rlhf.errors import require
 
@@ -80,14 +81,14 @@ def split_of(a: int, b: int, c: int) -> str:
     return "heldout" if fraction < HELDOUT_SHARE else "train"
 
 
-def problems(split: str, n: int | None = None, seed: int = 0) -> list[dict]:
+def problems(split: str, n: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
     """n distinct rows {"prompt": a chat (`prompt`), "answer"} of the split (None: POOL[split]), drawn in an order
     fixed by `seed`."""
     require(split in ("train", "heldout"), f"split must be train or heldout, got {split!r}")
     n = POOL[split] if n is None else n
     require(n > 0, f"n must be positive, got {n}")
     rng, seen = random.Random(f"calc-steps/{split}/{seed}"), set()
-    rows: list[dict[str, str]] = []
+    rows: list[dict[str, Any]] = []
     while len(rows) < n:
         a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(100, 999)
         if split_of(a, b, c) != split or (min(a, b), max(a, b), c) in seen:
