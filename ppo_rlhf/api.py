@@ -87,8 +87,10 @@ class PPOTrainer:
             name that replaces it. A loaded model is changed in place (LoRA is added to it).
         resume: continue the run in `config.out` from its latest checkpoint (also `config.resume`); without one
             (a new run directory, or a run stopped before its first checkpoint) the run starts from iteration 0.
-        tools: plain Python functions the policy may call, `<tool>name(arguments)</tool>` in a reply, instead of
-            `config.tools`; each returns text or a number (docs/multi-turn.md). Makes the run multi-turn.
+        tools: plain Python functions the policy may call, instead of `config.tools`; each returns text or a number.
+            A chat template with a tool format describes them in the prompt and its `<tool_call>` JSON is parsed;
+            otherwise the plain `<tool>name(arguments)</tool>`, which the prompt must teach (docs/multi-turn.md).
+            Makes the run multi-turn.
         environment_factory: a callable returning a new environment per episode, instead of `config.environment`:
             `reset(**row) -> observation text or None` (row: the dataset row, its prompt as `prompt`) and
             `step(reply text) -> (observation text, reward or None, done)`. Makes the run multi-turn.

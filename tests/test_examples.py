@@ -29,7 +29,7 @@ def history(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "history.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("name", ["own_reward", "verifiable_task", "from_trl"])
+@pytest.mark.parametrize("name", ["own_reward", "verifiable_task", "from_trl", "multi_turn"])
 def test_examples_are_short(name):
     assert len((EXAMPLES / f"{name}.py").read_text().splitlines()) <= 50
 
@@ -47,6 +47,17 @@ def test_verifiable_task_example(tiny_model_dirs, tmp_path, capsys):
     assert "held-out exact match on 4 add-tiny problems" in capsys.readouterr().out
     rows = history(tmp_path / "run")
     assert len(rows) == 2 and all({"reward/exact_match", "reward/answer_format"} <= set(row) for row in rows)
+
+
+def test_multi_turn_example(tiny_model_dirs, tmp_path, capsys):
+    settings = tiny_settings(tiny_model_dirs, tmp_path / "run") | {"max_turns": 2, "max_episode_tokens": 30}
+    (before, before_tools), (after, after_tools) = example("multi_turn").main(heldout_problems=4, **settings)
+    assert all(0 <= share <= 1 for share in (before, before_tools, after, after_tools))
+    assert "held-out calc-steps exact match" in capsys.readouterr().out
+    rows = history(tmp_path / "run")
+    assert len(rows) == 2 and all(1 <= row["turns"] <= 2 and "tool_calls" in row for row in rows)
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["tools"] == ["ppo_rlhf.tasks.calc_steps:calc"] and saved["max_turns"] == 2
 
 
 def test_from_trl_example(tiny_model_dirs, tmp_path):

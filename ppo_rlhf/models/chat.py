@@ -1,9 +1,11 @@
 """Chat formatting: the token ids of a prompt (for generation) and of a prompt-reply conversation (for scoring), and
 a prompt's text for logs. A prompt is a string (one user turn) or a list of chat messages (`data.Prompt`), both
-applied with the tokenizer's chat template."""
+applied with the tokenizer's chat template; a multi-turn prompt may carry the tools' descriptions, which a template
+with a tool format renders (`template_has_tools`)."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (for the annotations only: prompt_text serves code that runs before transformers loads)
@@ -26,17 +28,26 @@ def prompt_text(prompt: Prompt) -> str:
     return " | ".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
-def _template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+def template_has_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the chat template reads a `tools` variable: it has a tool format of its own (Hermes, Qwen2.5, Llama
+    3.1), describing the tools in the prompt and asking for `<tool_call>` JSON. SmolLM2's template has none."""
+    template = tokenizer.chat_template
+    return isinstance(template, str) and re.search(r"\btools\b", template) is not None
+
+
+def _template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool,
+                  tools: list[dict] | None = None) -> list[int]:
     # return_dict=True: transformers 5 returns a BatchEncoding by default, 4.x a list; this works on both.
     encoded = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=True
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=True, tools=tools
     )
     return list(encoded["input_ids"])
 
 
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt) -> list[int]:
-    """Token ids of a prompt's messages followed by the assistant header."""
-    return _template_ids(tokenizer, prompt_messages(prompt), add_generation_prompt=True)
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, tools: list[dict] | None = None) -> list[int]:
+    """Token ids of a prompt's messages followed by the assistant header; `tools`: JSON schemas the template
+    describes (only a template with a tool format uses them)."""
+    return _template_ids(tokenizer, prompt_messages(prompt), add_generation_prompt=True, tools=tools)
 
 
 def conversation_ids(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, reply: str) -> list[int]:

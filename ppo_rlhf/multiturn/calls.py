@@ -2,8 +2,12 @@
 
 The plain format (any tokenizer): `<tool>name(arguments)</tool>`. The arguments are Python literals
 (`f(1, x="a")`); anything else is passed as one string (`calc(12*7+3)` calls calc("12*7+3")). The JSON format of
-chat templates with tools (Hermes, Qwen2.5): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`. A turn ends
-at its first complete call: the tokens sampled after it are dropped.
+chat templates with tools (Hermes, Qwen2.5): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`. Both are
+parsed from every reply. Where the chat template has a tool format (`chat.template_has_tools`) the prompt carries the
+tools' JSON schemas (`tool_schemas`), which the template describes to the policy, as TRL's trainers pass `tools=` to
+`apply_chat_template`; with a template without one (SmolLM2's) nothing is added, and the prompt itself must say how to
+call a tool (calc-steps' does, in the plain format). A turn ends at its first complete call: the tokens sampled after
+it are dropped.
 
 User code may raise, hang or return the wrong type: each of these stops the run with one `UsageError` line naming
 the tool or environment and the turn. A call the policy got wrong (an unknown tool, arguments the function does not
@@ -110,6 +114,31 @@ def call_tool(call: ToolCall, tools: dict[str, Callable], turn: int, timeout: fl
     if isinstance(result, bool) or not isinstance(result, str | int | float):
         raise UsageError(f"{what} returned a {type(result).__name__}, not text or a number")
     return str(result), False
+
+
+JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def tool_schemas(tools: dict[str, Callable]) -> list[dict[str, Any]]:
+    """The tools as the JSON schemas chat templates render: transformers' `get_json_schema` where the docstring
+    documents every argument (Google style, "Args:"), else a schema from the signature (annotated str, int, float,
+    bool; anything else a string) and the docstring's first paragraph, so that any plain function can be described."""
+    from transformers.utils import get_json_schema  # lazy: this module is imported before transformers loads
+
+    schemas = []
+    for name, tool in tools.items():
+        try:
+            schema = get_json_schema(getattr(tool, "func", tool))
+        except Exception:  # noqa: BLE001 (transformers raises several kinds for a docstring it cannot read)
+            parameters = inspect.signature(tool).parameters.values()
+            doc = (inspect.getdoc(tool) or name).split("\n\n")[0].replace("\n", " ")
+            schema = {"type": "function", "function": {"name": name, "description": doc, "parameters": {
+                "type": "object", "properties": {p.name: {"type": JSON_TYPES.get(p.annotation, "string")}
+                                                 for p in parameters},
+                "required": [p.name for p in parameters if p.default is inspect.Parameter.empty]}}}
+        schema["function"]["name"] = name  # the name a call must use
+        schemas.append(schema)
+    return schemas
 
 
 def tool_name(tool: Callable) -> str:

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.models.chat import chat_prompt_ids, prompt_messages
+from ppo_rlhf.models.chat import chat_prompt_ids, prompt_messages, template_has_tools
 from ppo_rlhf.models.padding import right_pad
 from ppo_rlhf.models.rollout import Replies, Rollout
-from ppo_rlhf.multiturn.calls import call_tool, first_tool_call, guarded
+from ppo_rlhf.multiturn.calls import call_tool, first_tool_call, guarded, tool_schemas
 
 
 @dataclass
@@ -137,13 +137,15 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
     episodes, for their counts)."""
     require(bool(tools) or environment_factory is not None, "a multi-turn rollout needs tools or an environment")
     observations = Observations(tokenizer, eos)
+    # the template's own tool format where it has one (the prompt describes the tools), else the prompt's words
+    described = tool_schemas(tools) if tools and template_has_tools(tokenizer) else None
     episodes, prompts = [], list(prompts)
     for i, (prompt, row) in enumerate(zip(prompts, columns)):
         env = None
         if environment_factory is not None:
             env = guarded("environment_factory (turn 0)", environment_factory, timeout=limits.timeout)
             prompts[i] = _reset(env, prompt, row, limits.timeout)
-        episodes.append(Episode(chat_prompt_ids(tokenizer, prompts[i]), env))
+        episodes.append(Episode(chat_prompt_ids(tokenizer, prompts[i], described), env))
     for turn in range(1, limits.max_turns + 1):
         active = [e for e in episodes if not e.done]
         caps = [min(limits.max_new_tokens, limits.max_episode_tokens - len(e.tokens)) for e in active]

@@ -5,8 +5,10 @@ models (from the config) and a few of its prompts, before any training. One line
                   float32; bfloat16/float16 have a measured mismatch, held to a looser tolerance)
   reference       the reference (policy with its adapter off) gives the base model's log-probs, even after the
                   adapter has moved
-  masks           the closing EOS of a finished reply is a trained action; padding (and the prompt) never is
-  score-position  the score is added on the last reply token and nowhere else
+  masks           the closing EOS of a finished reply is a trained action; padding (and the prompt) never is, nor, in
+                  a multi-turn run, an observation (a tool's result, the environment's text) between the turns
+  score-position  the score is added on the last reply token and nowhere else (multi-turn: with the environment's
+                  reward of each turn on that turn's last token)
   micro-batches   the losses of a minibatch are the same in one pass and in micro-batches of one reply
   cap             some reply finishes within max_new_tokens (if none does, the EOS rule scores them all alike: no
                   signal); the finished share is reported and the prompts none of whose replies finished are named
@@ -26,6 +28,8 @@ from ppo_rlhf.config import POSITIVE_INT, read_yaml
 from ppo_rlhf.ppo.train_config import TrainConfig
 
 if TYPE_CHECKING:
+    import torch
+
     from ppo_rlhf.ppo.experience import Experience
     from ppo_rlhf.ppo.trainer import PPOLoop
 
@@ -60,6 +64,19 @@ def dtype_name(trainer: PPOLoop) -> str:
 def reply_end(experience: Experience, row: int) -> int:
     """Position of the row's last reply token in input_ids (from the known lengths, never from the mask)."""
     return len(experience.prompt_ids[row]) + len(experience.reply_ids[row]) - 1
+
+
+def policy_positions(trainer: PPOLoop, experience: Experience) -> torch.Tensor:
+    """[B, L-1] 1 where the policy chose the next token, from what was sampled (never from the mask): every reply
+    token; in a multi-turn run only the episode's own turns (`trainer.episodes`, the batch's)."""
+    import torch
+
+    expected = torch.zeros_like(experience.action_mask)
+    for row, reply in enumerate(experience.reply_ids):
+        flags = trainer.episodes[row].policy if trainer.cfg.multi_turn else [1] * len(reply)
+        start = len(experience.prompt_ids[row]) - 1
+        expected[row, start : start + len(flags)] = torch.tensor(flags, dtype=expected.dtype)
+    return expected
 
 
 def first_ratio(trainer: PPOLoop, experience: Experience) -> Result:
@@ -108,28 +125,25 @@ def reference(trainer: PPOLoop, experience: Experience) -> Result:
 
 
 def masks(trainer: PPOLoop, experience: Experience) -> Result:
-    """The action mask is 1 exactly on the reply's tokens: EOS of a finished reply included, padding never."""
-    import torch
-
+    """The action mask is 1 exactly on the policy's tokens: EOS of a finished reply included, padding never, a
+    multi-turn episode's observations never."""
     act = experience.action_mask
-    expected = torch.zeros_like(act)
-    eos_rows = []
-    for row in range(len(experience.prompts)):
-        expected[row, len(experience.prompt_ids[row]) - 1 : reply_end(experience, row)] = 1
-        if bool(experience.finished[row]):
-            eos_rows.append(row)
+    expected = policy_positions(trainer, experience)
+    eos_rows = [row for row in range(len(experience.prompts)) if bool(experience.finished[row])]
     eos_trained = sum(int(act[row, reply_end(experience, row) - 1]) for row in eos_rows)
     pad_trained = int(((act != 0) & (expected == 0)).sum())
     dropped = int(((act == 0) & (expected == 1)).sum())
-    detail = (f"EOS trained in {eos_trained}/{len(eos_rows)} finished replies, {pad_trained} padding/prompt positions "
-              f"trained, {dropped} reply tokens untrained")
+    where = "padding/prompt/observation" if trainer.cfg.multi_turn else "padding/prompt"
+    detail = (f"EOS trained in {eos_trained}/{len(eos_rows)} finished replies, {pad_trained} {where} positions "
+              f"trained, {dropped} policy tokens untrained")
     if not eos_rows and pad_trained == dropped == 0:
         return Result("masks", "skip", detail + " (no reply finished: EOS not verified)")
     return verdict("masks", eos_trained == len(eos_rows) and pad_trained == dropped == 0, detail)
 
 
 def score_position(trainer: PPOLoop, experience: Experience) -> Result:
-    """Per-token rewards minus their KL part: the score on the last reply token, 0 on the others."""
+    """Per-token rewards minus their KL part: the score on the last reply token, 0 on the others; in a multi-turn run
+    each turn's environment reward on that turn's last token besides."""
     import torch
 
     act = experience.action_mask.bool()
@@ -137,6 +151,9 @@ def score_position(trainer: PPOLoop, experience: Experience) -> Result:
     expected = torch.zeros_like(score_part)
     for row in range(len(experience.prompts)):
         expected[row, reply_end(experience, row) - 1] = experience.scores[row]
+        if trainer.cfg.multi_turn:  # the episode's per-turn rewards, where it recorded them
+            start, turn_rewards = len(experience.prompt_ids[row]) - 1, trainer.episodes[row].rewards
+            expected[row, start : start + len(turn_rewards)] += torch.tensor(turn_rewards, dtype=expected.dtype)
     gap = float((score_part - expected).abs().max())
     return verdict("score-position", gap <= 1e-5, f"max |reward - KL part - score at the last reply token| {gap:.2e}")
 

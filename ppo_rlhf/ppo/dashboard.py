@@ -23,6 +23,13 @@ DASHBOARD = [
     ("ev", "ev", "{:+.2f}"),
     ("vclipfrac", "vclip", "{:.2f}"),
 ]
+# a multi-turn run's episodes (docs/multi-turn.md), shown after `ev` when the stats have them
+EPISODE_LINE = [
+    ("turns", "turns", "{:.2f}"),
+    ("tool_calls", "tools", "{:.2f}"),
+    ("tool_errors", "tool_err", "{:.2f}"),
+    ("masked_share", "masked", "{:.2f}"),
+]
 # the reward-hacking monitor (ppo/monitor.py): its history keys, and the one the dashboard line shows, as `len_r`
 MONITOR_KEYS = ("reward_length_corr", "length_share")
 MONITOR_LINE = ("reward_length_corr", "len_r", "{:+.2f}")
@@ -40,6 +47,7 @@ def dashboard_line(stats: dict[str, Any]) -> str:
     # the KL that is not the chapter's (k1 in the reward) says which it is
     kl_label = "kl" if stats.get("kl_used", "k1 in reward") == "k1 in reward" else f"kl[{stats['kl_used']}]"
     parts += [f"{kl_label if key == 'kl' else label} {_fmt(fmt, stats.get(key))}" for key, label, fmt in DASHBOARD]
+    parts += [f"{label} {_fmt(fmt, stats[key])}" for key, label, fmt in EPISODE_LINE if key in stats]
     key, label, fmt = MONITOR_LINE
     if key in stats:  # (stats from before the monitor have none)
         parts.append(f"{label} {_fmt(fmt, stats[key])}")

@@ -198,8 +198,9 @@ class TrainConfig:
     episode; the API also takes `environment_factory=`. null: no environment (tools alone make a run multi-turn)."""
     tools: list[str] = field(default_factory=list)
     """Tools the policy may call: "file.py:function" or "module:function", plain Python functions returning text or a
-    number; the API also takes callables (`tools=[...]`). A call is `<tool>name(arguments)</tool>` in a reply
-    (docs/multi-turn.md); its result comes back as the next observation."""
+    number; the API also takes callables (`tools=[...]`). A call is the chat template's `<tool_call>` JSON where the
+    template has a tool format (it then describes the tools in the prompt), else `<tool>name(arguments)</tool>` in a
+    reply, which the prompt must teach (docs/multi-turn.md); its result comes back as the next observation."""
     max_turns: PositiveInt = 4
     """Most policy turns per episode (multi-turn runs); each turn's reply is capped at max_new_tokens."""
     max_tool_calls: NonNegativeInt = 4

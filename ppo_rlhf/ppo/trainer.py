@@ -210,6 +210,11 @@ class PPOLoop:
         if cfg.threads:  # before the models load; 0 keeps torch's default
             torch.set_num_threads(cfg.threads)
         self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
+        # FSDP's sharded generation needs every process in every decoding step, but one process's episodes may end
+        # turns before another's: it would leave the others waiting for ever
+        require(not (self.dist.fsdp and cfg.multi_turn),
+                "multi-turn episodes are not supported under FSDP (a process whose episodes ended would leave the "
+                "others' sharded generation waiting); use DDP or DeepSpeed")
         self.device = self.dist.device(cfg.device)
         self.prompt_rows = prompt_rows if prompt_rows is not None else load_prompt_rows(cfg.prompts, cfg.prompt_column)
         self.prompts = [row.prompt for row in self.prompt_rows]

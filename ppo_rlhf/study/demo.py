@@ -70,9 +70,10 @@ class DemoConfig:
     """The powered preset of issue 43: 3 seeds of the proxy arm, 200 held-out prompts, KL targets from 0.5 (hours on
     a 2-core CPU; docs/study.md)."""
     task: str | None = None
-    """A verifiable task level (`ppo-rlhf task list`, e.g. add-tiny): run the task demo instead of this study, PPO on
-    configs/smollm2_add_tiny.yaml measured on held-out problems (ppo_rlhf/tasks/demo.py). With it only --out, --quick,
-    --model, --seed, --device, --dtype and --iterations apply."""
+    """A verifiable task (`ppo-rlhf task list`, e.g. add-tiny, or calc-steps: multi-turn with a calculator tool): run
+    the task demo instead of this study, PPO on its preset (configs/smollm2_add_tiny.yaml, smollm2_calc_steps.yaml)
+    measured on held-out problems (ppo_rlhf/tasks/demo.py). With it only --out, --quick, --model, --seed, --device,
+    --dtype and --iterations apply."""
     model: str = "smollm2"
     """Starting policy and reward-model backbone."""
     gold: str = "gold"

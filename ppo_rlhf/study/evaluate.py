@@ -253,9 +253,8 @@ def _sample_records(
     # lazy, as in run(): `ppo-rlhf evaluate` checks its arguments and files before torch loads
     import torch
 
-    from ppo_rlhf.models.logprobs import first_reply_position, token_logprobs
     from ppo_rlhf.models.rollout import generate_rollout
-    from ppo_rlhf.ppo.objectives import kl_k3, masked_sum
+    from ppo_rlhf.ppo.objectives import masked_sum
 
     label = model_label(run, iteration)
     repeated = [p for p in prompts for _ in range(replies_per_prompt)]  # reply i of prompt j at j * R + i
@@ -264,25 +263,9 @@ def _sample_records(
     # drop_finished: finished replies leave the batch (the same random stream as generate, fewer decode steps)
     rollout = generate_rollout(model, tokenizer, repeated, settings["max_new_tokens"], temperature, batch_size,
                                top_p=settings["top_p"], record_logprobs=True, drop_finished=True)
-    device = next(model.parameters()).device
     entropy_sum = masked_sum(rollout.entropy, rollout.action_mask, dim=1)
-    kls = []
-    if run is None:
-        kls.append(torch.zeros(len(repeated)))  # the start model is its own reference
-    else:
-        # a full fine-tune has no adapter to switch off: its reference is the start model, loaded beside it
-        with torch.no_grad(), model.disable_adapter() if reference is None else contextlib.nullcontext():
-            for start in tqdm(range(0, len(repeated), batch_size), desc=f"reference log-probs {label}", leave=False):
-                rows = slice(start, start + batch_size)
-                part = rollout.select(rows)
-                ids, att = part.input_ids.to(device), part.attention_mask.to(device)
-                first = first_reply_position(part.prompt_ids)  # no LM head over prompt-only positions
-                ref_logprobs = token_logprobs(model if reference is None else reference, ids, att, temperature,
-                                              first=first).cpu()
-                width = ref_logprobs.shape[1]
-                logprobs = rollout.logprobs[rows, :width]
-                kls.append(masked_sum(kl_k3(ref_logprobs, logprobs), part.action_mask, dim=1))  # r = ref / pi
-    kl = torch.cat(kls).tolist()
+    kl = reference_kl(model, rollout, temperature, batch_size, reference, label) if run is not None else \
+        [0.0] * len(repeated)  # the start model is its own reference
     entropy_sum = entropy_sum.tolist()
     tokens = rollout.reply_lengths.tolist()
     finished = rollout.finished.tolist()
@@ -302,6 +285,32 @@ def _sample_records(
         }
         for k in range(len(repeated))
     ]
+
+
+def reference_kl(model, rollout, temperature: float, batch_size: int, reference=None, label: str = "") -> list[float]:
+    """`KL_ESTIMATE` of each row of a rollout sampled from `model` with its log-probs recorded, over its action mask
+    (a multi-turn rollout's: the policy's tokens only). The reference's log-probs come from a forward pass of the same
+    tokens through `model` with its adapter off, or through `reference` (the start model) for a model without one (a
+    full fine-tune, which has no adapter to switch off)."""
+    import torch
+
+    from ppo_rlhf.models.logprobs import first_reply_position, token_logprobs
+    from ppo_rlhf.ppo.objectives import kl_k3, masked_sum
+
+    device = next(model.parameters()).device
+    kls = []
+    with torch.no_grad(), model.disable_adapter() if reference is None else contextlib.nullcontext():
+        for start in tqdm(range(0, len(rollout.prompts), batch_size), desc=f"reference log-probs {label}",
+                          leave=False):
+            rows = slice(start, start + batch_size)
+            part = rollout.select(rows)
+            ids, att = part.input_ids.to(device), part.attention_mask.to(device)
+            first = first_reply_position(part.prompt_ids)  # no LM head over prompt-only positions
+            ref_logprobs = token_logprobs(model if reference is None else reference, ids, att, temperature,
+                                          first=first).cpu()
+            logprobs = rollout.logprobs[rows, : ref_logprobs.shape[1]]
+            kls.append(masked_sum(kl_k3(ref_logprobs, logprobs), part.action_mask, dim=1))  # r = ref / pi
+    return torch.cat(kls).tolist()
 
 
 # config keys all runs must share (with the default for configs that lack them): one start model, one sampler

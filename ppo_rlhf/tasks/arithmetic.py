@@ -1,6 +1,10 @@
 """Verifiable tasks generated offline: arithmetic problems whose reward is true by construction (the `ppo-rlhf task`
 command: ppo_rlhf/tasks/command.py).
 
+The multi-turn task `calc-steps` (ppo_rlhf.tasks.calc_steps: a * b + c with a calculator tool) goes through the same
+commands and functions (`problems`, `write_task`, `check_task`, `task_tools`); its held-out evaluation runs episodes
+with the tool.
+
 Each level is a finite family of problems ("37 + 5"). Which split a problem belongs to is a function of the problem
 alone (a hash of its canonical form: "5 + 37" is the same problem), so no seed, count or level setting can put a
 held-out problem in a training file. `problems(level, split, n, seed)` draws n of a split's problems in a seeded order.
@@ -21,11 +25,13 @@ import hashlib
 import json
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ppo_rlhf.errors import require
+from ppo_rlhf.tasks import calc_steps
 from ppo_rlhf.utils.files import atomic_write_text
 
 Split = Literal["train", "heldout"]
@@ -91,9 +97,24 @@ class Problem:
         return {"prompt": PROMPT.format(question=self.question), "answer": str(self.answer)}
 
 
+TASKS = (*LEVELS, calc_steps.NAME)
+"""Every task of the `task`, `demo --task` and `compare --task` commands: the levels (one reply each), calc-steps."""
+
+
 def level(name: str) -> Level:
     require(name in LEVELS, f"unknown task level {name!r}; choose from {', '.join(LEVELS)}")
     return LEVELS[name]
+
+
+def check_task(name: str) -> str:
+    """`name` when it is one of TASKS, else a UsageError listing them."""
+    require(name in TASKS, f"unknown task level {name!r}; choose from {', '.join(TASKS)}")
+    return name
+
+
+def task_tools(name: str) -> list[Callable]:
+    """The tools a task's episodes may call; none for a level, whose problems are answered in one reply."""
+    return list(calc_steps.TOOLS) if check_task(name) == calc_steps.NAME else []
 
 
 def split_problems(name: str, split: Split) -> list[Problem]:
@@ -103,8 +124,11 @@ def split_problems(name: str, split: Split) -> list[Problem]:
     return [p for p in (Problem(a, spec.op, b) for a, b in spec.operand_pairs()) if p.split == split]
 
 
-def problems(name: str, split: Split, n: int | None = None, seed: int = 0) -> list[dict[str, str]]:
-    """n rows ({"prompt", "answer"}) of the level's split, without repeats, in an order fixed by `seed`; n None: all."""
+def problems(name: str, split: Split, n: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
+    """n rows ({"prompt", "answer"}) of the task's split, without repeats, in an order fixed by `seed`; n None: all
+    (calc-steps: its `POOL`, each prompt a chat)."""
+    if check_task(name) == calc_steps.NAME:
+        return calc_steps.problems(split, n, seed)
     pool = split_problems(name, split)
     require(n is None or 0 < n <= len(pool), f"{name} has {len(pool)} {split} problems; asked for {n}")
     random.Random(f"{name}/{split}/{seed}").shuffle(pool)

@@ -1,6 +1,6 @@
-"""`ppo-rlhf task`: the verifiable tasks (ppo_rlhf/tasks/arithmetic.py) from the command line.
+"""`ppo-rlhf task`: the verifiable tasks (ppo_rlhf/tasks/arithmetic.py, calc_steps.py) from the command line.
 
-    ppo-rlhf task list                                  # the levels, a sample problem of each, how many there are
+    ppo-rlhf task list                                  # the tasks, a sample problem of each, how many there are
     ppo-rlhf task write add-small --out data/add-small  # DIR/train.jsonl and DIR/heldout.jsonl: {"prompt", "answer"}
     ppo-rlhf task evaluate RUN_DIR... --level add-small --out DIR  # held-out accuracy: start, each checkpoint
 
@@ -16,27 +16,32 @@ from pathlib import Path
 
 from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED
 from ppo_rlhf.errors import require
-from ppo_rlhf.tasks.arithmetic import LEVELS, Problem, level, split_problems, write_task
+from ppo_rlhf.tasks import calc_steps
+from ppo_rlhf.tasks.arithmetic import LEVELS, TASKS, Problem, check_task, split_problems, write_task
 from ppo_rlhf.utils.files import atomic_write_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    actions.add_parser("list", help="the levels, a sample problem of each, and how many problems each split has")
-    write = actions.add_parser("write", help="write a level's train.jsonl and heldout.jsonl")
-    write.add_argument("level", help=f"the task level: {', '.join(LEVELS)}")
+    actions.add_parser("list", help="the tasks, a sample problem of each, and how many problems each split has")
+    write = actions.add_parser("write", help="write a task's train.jsonl and heldout.jsonl")
+    write.add_argument("level", help=f"the task: {', '.join(TASKS)}")
     write.add_argument("--out", required=True, help="folder for train.jsonl and heldout.jsonl")
-    write.add_argument("--train", type=NON_NEGATIVE_INT, default=0, help="training problems (0 = all of them)")
-    write.add_argument("--heldout", type=NON_NEGATIVE_INT, default=0, help="held-out problems (0 = all of them)")
+    write.add_argument("--train", type=NON_NEGATIVE_INT, default=0,
+                       help=f"training problems (0 = all of them; calc-steps: {calc_steps.POOL['train']})")
+    write.add_argument("--heldout", type=NON_NEGATIVE_INT, default=0, help="held-out problems (0 = all of them; "
+                       f"calc-steps: {calc_steps.POOL['heldout']})")
     write.add_argument("--seed", type=SEED, default=0, help="seed of the order the problems are drawn in")
     write.add_argument("--overwrite", action="store_true", help="replace existing train.jsonl / heldout.jsonl")
     evaluate = actions.add_parser("evaluate", help="a run's start policy and checkpoints on held-out problems: "
                                   "exact-match accuracy and its change, with 95%% prompt-level bootstrap intervals")
     evaluate.add_argument("runs", nargs="+", metavar="RUN_DIR",
                           help="run directories from one start policy (e.g. ppo, rloo, grpo), trained on this level")
-    evaluate.add_argument("--level", required=True, help=f"the task level: {', '.join(LEVELS)}")
+    evaluate.add_argument("--level", required=True, help=f"the task: {', '.join(TASKS)} (calc-steps: multi-turn "
+                          "episodes with its calculator tool)")
     evaluate.add_argument("--out", required=True, help="folder for task_eval.json (every reply and the summary)")
-    evaluate.add_argument("--heldout", type=NON_NEGATIVE_INT, default=200, help="held-out problems (0 = all of them)")
+    evaluate.add_argument("--heldout", type=NON_NEGATIVE_INT, default=200,
+                          help=f"held-out problems (0 = all of them; calc-steps: {calc_steps.POOL['heldout']})")
     evaluate.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=1, help="replies sampled per problem")
     evaluate.add_argument("--checkpoints", default="all", help='"all", "latest" or iterations like 10,20')
     evaluate.add_argument("--batch-size", type=POSITIVE_INT, default=32, help="replies generated at once")
@@ -51,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
             sample = Problem(spec.left[1], spec.op, spec.right[0])
             print(f"{spec.name:10s} {spec.description}, e.g. {sample.question} = {sample.answer} "
                   f"({sizes['train']} train, {sizes['heldout']} held-out problems)")
+        pool = calc_steps.POOL
+        print(f"{calc_steps.NAME:10s} a * b + c (a, b two-digit, c three-digit) in turns with a calc tool, e.g. "
+              f"{calc_steps.question(37, 48, 215)} = {37 * 48 + 215} (millions of problems; write draws "
+              f"{pool['train']} train, {pool['heldout']} held-out unless given counts)")
         return 0
     if args.action == "evaluate":
         return evaluate_command(args)
@@ -63,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 def evaluate_command(args: argparse.Namespace) -> int:
     from ppo_rlhf.tasks.evaluate import evaluate_task_runs  # lazy: torch loads after the arguments are checked
 
-    level(args.level)
+    check_task(args.level)
     out = Path(args.out)
     require(not out.exists() or out.is_dir(), f"--out {out} is a file, not a folder")
     result = evaluate_task_runs(args.runs, args.level, args.heldout or None, args.replies_per_prompt, args.checkpoints,

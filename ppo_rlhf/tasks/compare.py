@@ -1,7 +1,8 @@
 """`ppo-rlhf compare --task LEVEL`: PPO, PPO with a critic warm-up, RLOO and GRPO on a verifiable task at equal sampled
 replies, measured on the same held-out problems (issue 27 item 3).
 
-Every variant is the task preset (configs/smollm2_add_tiny.yaml, or --config) with the same iterations, reply cap and
+Every variant is the task preset (`demo.preset`: configs/smollm2_add_tiny.yaml, smollm2_calc_steps.yaml for
+calc-steps; or --config) with the same iterations, reply cap and
 replies per iteration (batch_size), group_size 2 (RLOO and GRPO need groups; with one group size and seed every
 variant draws the same prompts), and the flags given; only these differ:
 
@@ -20,7 +21,8 @@ comparison is paired. OUT/compare.txt and compare.json hold a table (final accur
 intervals, seconds per iteration, peak memory, sampled reply tokens) and a sentence generated from the numbers: which
 variant had the highest final accuracy, and each other variant's paired difference from it with its 95% interval
 (bootstrap over problems) and whether it excludes zero. OUT/compare.png: accuracy against cumulative sampled reply
-tokens (len x batch_size summed over each run's iterations), one curve per variant with its 95% band.
+tokens (len x batch_size summed over each run's iterations; multi-turn: the policy's tokens, len x (1 - masked_share)),
+one curve per variant with its 95% band.
 
 The data, each variant's training and the evaluation are stages as in the demo (`demo.Stages`: keyed, skipped when
 done, a killed one continues); the table, sentence and plot are written again from the stored results every time.
@@ -45,7 +47,7 @@ from ppo_rlhf.config import build_config, read_yaml, to_yaml
 from ppo_rlhf.errors import RunError, require
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.demo import Stages
-from ppo_rlhf.tasks.arithmetic import level, write_task
+from ppo_rlhf.tasks.arithmetic import check_task, write_task
 from ppo_rlhf.tasks.demo import preset
 from ppo_rlhf.tasks.report import excludes_zero, interval
 from ppo_rlhf.utils.files import atomic_write_text
@@ -137,7 +139,7 @@ def compare_task(task: str, out: str | Path, base: dict[str, Any], overrides: di
                  seed: int = 1234, variants: list[str] | None = None) -> dict[str, Any]:
     """Train every variant (its own process), evaluate start and checkpoints, write compare.txt/json/png; returns
     the comparison (`summarize`)."""
-    level(task)
+    check_task(task)
     out = Path(out).resolve()
     configs = variant_configs(base, overrides or {}, out, variants or list(VARIANTS))
     first = next(iter(configs.values()))
@@ -186,10 +188,12 @@ def compare_task(task: str, out: str | Path, base: dict[str, Any], overrides: di
 
 def read_run(run_dir: Path, batch_size: int) -> dict[str, Any]:
     """What a variant's run measured: its process (process.json), seconds per iteration and cumulative sampled reply
-    tokens after each iteration (from history.jsonl: mean reply length x replies per iteration)."""
+    tokens after each iteration (from history.jsonl: mean reply length x replies per iteration; in a multi-turn run the
+    policy's tokens only)."""
     history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines() if line.strip()]
     process = json.loads((run_dir / "process.json").read_text())
-    tokens = np.cumsum([row["len"] * batch_size for row in history])
+    # a multi-turn run's len counts the observations too: only the policy's share of it was sampled
+    tokens = np.cumsum([row["len"] * (1 - row.get("masked_share", 0.0)) * batch_size for row in history])
     return {**process, "seconds_per_iteration": float(np.mean([row["time_total"] for row in history])),
             "tokens_after": {int(row["iteration"]) + 1: float(t) for row, t in zip(history, tokens)}}
 
@@ -314,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
     require(not refused, f"{', '.join(refused)}: no meaning with --task (it sets each variant's estimator, warm-up and "
                          "group size, writes the prompts, scores held-out problems exactly, and re-runs a stage whose "
                          "settings changed)")
-    base = read_yaml(args.config) if args.config else preset()
+    base = read_yaml(args.config) if args.config else preset(args.task)
     out = given.pop("out", f"runs/compare-{args.task}")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
     n_heldout = 200 if args.heldout is None else args.heldout or None  # 0: every held-out problem

@@ -1,20 +1,24 @@
-"""`ppo-rlhf demo --task LEVEL`: PPO against a reward that is true by construction (a `ppo_rlhf.tasks.arithmetic`
-level), measured on held-out problems, end to end (issue 27).
+"""`ppo-rlhf demo --task TASK`: PPO against a reward that is true by construction (a `ppo_rlhf.tasks.arithmetic`
+level, issue 27, or the multi-turn calc-steps with its calculator tool, issue 44), measured on held-out problems, end
+to end.
 
   1. data        the level's training and held-out problems (`tasks.write_task`) in OUT/data
-  2. ppo         configs/smollm2_add_tiny.yaml exactly as it is (its prompts and out pointed into OUT): SmolLM2, the
-                 exact checker plus the small format term, 30 iterations, a checkpoint every 5 (six checkpoints)
-  3. evaluation  the start model and every checkpoint on 200 held-out problems, one reply each, with the settings of
-                 `ppo-rlhf task evaluate` (sampling seed 1234, 32 replies at once): OUT/eval/task_eval.json
+  2. ppo         the task's preset exactly as it is (its prompts and out pointed into OUT): configs/
+                 smollm2_add_tiny.yaml for a level (SmolLM2, the exact checker plus the small format term, 30
+                 iterations, a checkpoint every 5), configs/smollm2_calc_steps.yaml for calc-steps (episodes with the
+                 calc tool)
+  3. evaluation  the start model and every checkpoint on 200 held-out problems, one reply (calc-steps: one episode)
+                 each, with the settings of `ppo-rlhf task evaluate` (sampling seed 1234, 32 replies at once):
+                 OUT/eval/task_eval.json
   4. report      OUT/report/report.html and its PNGs (`ppo_rlhf.tasks.report`): the result in words from the numbers,
-                 accuracy against iteration and against KL, finished share and length, examples before and after, a
-                 table of every model, the stage times
+                 accuracy against iteration and against KL, finished share and length (calc-steps: turns and tool
+                 use), examples before and after, a table of every model, the stage times
 
 The stages are the offline demo's (`demo.Stages`): each is keyed by its settings and the stages before it
 (OUT/stages.json), a finished one is skipped when its key is unchanged, a killed one continues (PPO from its latest
 checkpoint), and OUT/timings.json holds each stage's seconds. OUT is locked meanwhile (lock.py).
 
-The flags that apply with --task: --out (default runs/demo-LEVEL), --quick (a smoke run of a few minutes), --model
+The flags that apply with --task: --out (default runs/demo-TASK), --quick (a smoke run of a few minutes), --model
 (the policy; default the preset's), --seed (the PPO run's; the problems and the evaluation's sampling stay fixed,
 so every demo measures the same held-out problems), --device, --dtype and --iterations (checkpoints stay every 5).
 Every other demo flag belongs to the offline study and is refused.
@@ -38,12 +42,14 @@ from ppo_rlhf.config import build_config, read_yaml
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.demo import Stages, given_settings
-from ppo_rlhf.tasks.arithmetic import level, write_task
+from ppo_rlhf.tasks import calc_steps
+from ppo_rlhf.tasks.arithmetic import check_task, write_task
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.lock import hold
 from ppo_rlhf.utils.paths import check_model_name
 
 PRESET = Path(__file__).resolve().parents[2] / "configs" / "smollm2_add_tiny.yaml"
+PRESETS = {calc_steps.NAME: PRESET.with_name("smollm2_calc_steps.yaml")}  # a task's own preset; the levels': PRESET
 
 # The smoke run: a few problems, two iterations of a small batch at a short cap (one of them the critic's warm-up,
 # one moves the policy), a checkpoint after each; minutes on SmolLM2 and a CPU.
@@ -60,11 +66,17 @@ TRAIN_FIELD = {"model": "policy_model", "seed": "seed", "device": "device", "dty
                "iterations": "iterations"}
 
 
-def preset() -> dict[str, Any]:
-    """The settings of configs/smollm2_add_tiny.yaml."""
-    require(PRESET.is_file(), f"the task preset {PRESET} is missing: it ships with the repository, not the wheel; "
-                              "run the task demo from a clone")
-    return read_yaml(PRESET)
+def preset_path(task: str = "add-tiny") -> Path:
+    """The task's preset file: its own (PRESETS), else configs/smollm2_add_tiny.yaml."""
+    return PRESETS.get(task, PRESET)
+
+
+def preset(task: str = "add-tiny") -> dict[str, Any]:
+    """The settings of the task's preset."""
+    path = preset_path(task)
+    require(path.is_file(), f"the task preset {path} is missing: it ships with the repository, not the wheel; "
+                            "run the task demo from a clone")
+    return read_yaml(path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,7 +90,7 @@ def run_task_demo(given: dict[str, Any]) -> int:
     refused = [name for name in given if name not in APPLIES]
     flags = ", ".join("--" + name.replace("_", "-") for name in refused)
     require(not refused, f"{flags} {'has' if len(refused) == 1 else 'have'} no meaning with --task (it runs "
-                         f"{PRESET.name}); with --task give only "
+                         f"{preset_path(given['task']).name}); with --task give only "
                          f"{', '.join('--' + name for name in APPLIES if name != 'task')}")
     task = given["task"]
     overrides = {TRAIN_FIELD[name]: value for name, value in given.items() if name in TRAIN_FIELD}
@@ -86,9 +98,9 @@ def run_task_demo(given: dict[str, Any]) -> int:
     return 0
 
 
-def train_config(task_out: Path, quick: bool, overrides: dict[str, Any]) -> TrainConfig:
-    """The PPO run's config: the preset (the smoke run's sizes with `quick`), the overrides, its files in OUT."""
-    cfg = build_config(TrainConfig, preset(), QUICK if quick else {}, overrides,
+def train_config(task_out: Path, quick: bool, overrides: dict[str, Any], task: str = "add-tiny") -> TrainConfig:
+    """The PPO run's config: the task's preset (the smoke run's sizes with `quick`), the overrides, its files in OUT."""
+    cfg = build_config(TrainConfig, preset(task), QUICK if quick else {}, overrides,
                        {"prompts": str(task_out / "data" / "train.jsonl"), "out": str(task_out / "ppo")})
     require(cfg.iterations > cfg.critic_warmup_iterations,
             f"iterations ({cfg.iterations}) must exceed the preset's critic_warmup_iterations "
@@ -99,9 +111,9 @@ def train_config(task_out: Path, quick: bool, overrides: dict[str, Any]) -> Trai
 
 def task_demo(task: str, out: str | Path, quick: bool = False, overrides: dict[str, Any] | None = None) -> Path:
     """The task demo's four stages; returns the report folder. `overrides`: TrainConfig fields set over the preset."""
-    level(task)
+    check_task(task)
     out = Path(out).resolve()  # every path the stages save is absolute
-    cfg = train_config(out, quick, overrides or {})
+    cfg = train_config(out, quick, overrides or {}, task)
     problems = QUICK_PROBLEMS if quick else {"train": None, "heldout": None}
     n_heldout = QUICK_PROBLEMS["heldout"] if quick else HELDOUT
     with hold(out, "demo folder"):

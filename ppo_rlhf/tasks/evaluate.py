@@ -2,6 +2,11 @@
 the same held-out problems, `replies_per_prompt` replies each, with torch's RNG reset to the same seed before each model
 samples (as `ppo-rlhf evaluate` does, whose sampling this reuses: KL to the start model and lengths come with it).
 
+A multi-turn task (calc-steps, `arithmetic.task_tools`) is answered in episodes with its tools, run as training
+runs them (`multiturn.episodes.run_episodes`, the run's max_turns, max_tool_calls, max_episode_tokens and reply cap
+per turn): the checker reads the last turn's text, a record also holds the episode's turns, tool calls and tool
+errors and its whole transcript, and its KL and tokens are over the policy's tokens only.
+
 Every reply is checked exactly (`tasks.exact_match`; `tasks.answer_format` for the format share). A model's accuracy
 gets a 95% prompt-level (cluster) bootstrap interval, and its change from the start model a paired one: reply i of
 problem j against the start model's reply i of problem j, whole problems resampled (`stats.bootstrap_mean`).
@@ -24,19 +29,27 @@ from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.run import read_run_config, select_checkpoints
 from ppo_rlhf.study.evaluate import START, run_name
 from ppo_rlhf.study.stats import bootstrap_mean, paired_bootstrap
-from ppo_rlhf.tasks.arithmetic import answer_format, exact_match, problems
+from ppo_rlhf.tasks.arithmetic import answer_format, exact_match, problems, task_tools
+
+# the episode counts a multi-turn record holds, and their means in a model's summary
+EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors")
 
 
 def task_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], replies_per_prompt: int, seed: int,
                  batch_size: int, run: str | None = None, iteration: int | None = None,
-                 reference=None) -> list[dict]:
+                 reference=None, tools: list | None = None) -> list[dict]:
     """`evaluate`'s per-reply records (prompt/reply indices, reply, tokens, finished, kl) of one model on the task's
     rows ({"prompt", "answer"}), each with "correct" and "formatted" (1.0 or 0.0). `settings`: temperature,
-    max_new_tokens, top_p of the run; `reference`: the start model, for a fully fine-tuned `model` (its KL)."""
+    max_new_tokens, top_p of the run (with `tools`, its episode limits too); `reference`: the start model, for a fully
+    fine-tuned `model` (its KL); `tools`: answer in multi-turn episodes that may call them (`episode_records`)."""
     from ppo_rlhf.study.evaluate import _sample_records  # lazy: imports torch
 
-    records = _sample_records(model, tokenizer, [row["prompt"] for row in rows], replies_per_prompt, settings, seed,
-                              batch_size, run, iteration, reference)
+    if tools:
+        records = episode_records(model, tokenizer, rows, settings, replies_per_prompt, seed, batch_size, tools,
+                                  run, iteration, reference)
+    else:
+        records = _sample_records(model, tokenizer, [row["prompt"] for row in rows], replies_per_prompt, settings,
+                                  seed, batch_size, run, iteration, reference)
     replies = [record["reply"] for record in records]
     answers = [rows[record["prompt_index"]]["answer"] for record in records]
     prompts = [record["prompt"] for record in records]
@@ -46,6 +59,41 @@ def task_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], r
     return records
 
 
+def episode_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], replies_per_prompt: int, seed: int,
+                    batch_size: int, tools: list, run: str | None = None, iteration: int | None = None,
+                    reference=None) -> list[dict]:
+    """One multi-turn episode per (problem, reply) with `tools`, sampled as `_sample_records` samples single replies
+    (torch's seed reset first, `batch_size` rows at once): a record's "reply" is the last turn's text (what the checker
+    reads), "transcript" everything after the prompt, "tokens" and "kl" (`study.evaluate.KL_ESTIMATE`) over the
+    policy's tokens only, "finished" whether the last turn ended with EOS, and the episode's EPISODE_COUNTS."""
+    import torch
+
+    from ppo_rlhf.models.rollout import eos_token_ids, sample_replies
+    from ppo_rlhf.multiturn.calls import tool_name
+    from ppo_rlhf.multiturn.episodes import EpisodeLimits, run_episodes
+    from ppo_rlhf.study.evaluate import model_label, reference_kl
+
+    prompts = [row["prompt"] for row in rows for _ in range(replies_per_prompt)]  # reply i of problem j at j * R + i
+    torch.manual_seed(seed)  # same seed for every model: differences come from the weights, not the dice
+
+    def sample(trajectories: list[list[int]], cap: int):
+        return sample_replies(model, tokenizer, trajectories, cap, settings["temperature"], batch_size,
+                              settings["top_p"], record_logprobs=True, drop_finished=True)
+
+    limits = EpisodeLimits(settings["max_turns"], settings["max_tool_calls"], settings["max_new_tokens"],
+                           settings["max_episode_tokens"], settings["tool_timeout"])
+    rollout, episodes = run_episodes(sample, tokenizer, prompts, [{} for _ in prompts], eos_token_ids(model, tokenizer),
+                                     limits, {tool_name(t): t for t in tools}, None)
+    label = model_label(run, iteration)
+    kl = ([0.0] * len(prompts) if run is None  # the start model is its own reference
+          else reference_kl(model, rollout, settings["temperature"], batch_size, reference, label))
+    return [{"model": label, "run": run, "iteration": iteration,
+             "prompt_index": k // replies_per_prompt, "reply_index": k % replies_per_prompt, "prompt": prompts[k],
+             "reply": e.answer, "transcript": tokenizer.decode(e.tokens), "tokens": sum(e.policy),
+             "finished": e.ended_with_eos, "kl": float(kl[k]), **{name: getattr(e, name) for name in EPISODE_COUNTS}}
+            for k, e in enumerate(episodes)]
+
+
 def _interval(values: np.ndarray, prompts: list[int], n_boot: int, seed: int, paired: bool = False) -> dict:
     mean, lo, hi = (paired_bootstrap if paired else bootstrap_mean)(values, prompts, n_boot=n_boot, seed=seed)
     return {"mean": mean, "lo": lo, "hi": hi}
@@ -53,7 +101,9 @@ def _interval(values: np.ndarray, prompts: list[int], n_boot: int, seed: int, pa
 
 def summarize_task(records: list[dict], n_boot: int = 10000, seed: int = 0) -> list[dict[str, Any]]:
     """One summary per model, the start model first: accuracy and its change from the start (95% prompt-level
-    intervals), format share, finished share, mean reply tokens, mean KL to the start model (nats per reply)."""
+    intervals), format share, finished share, mean reply tokens, mean KL to the start model (nats per reply); for
+    multi-turn records also the mean turns, tool calls and tool errors per episode and "tool_use", the share of
+    episodes with a tool call."""
     start = {(r["prompt_index"], r["reply_index"]): r for r in records if r["model"] == START}
     require(bool(start), "no start-model records to compare against")
     summaries = []
@@ -74,27 +124,33 @@ def summarize_task(records: list[dict], n_boot: int = 10000, seed: int = 0) -> l
             "tokens": float(np.mean([r["tokens"] for r in rows])),
             "kl": float(np.mean([r["kl"] for r in rows])),
         })
+        if "turns" in rows[0]:
+            summaries[-1] |= {name: float(np.mean([r[name] for r in rows])) for name in EPISODE_COUNTS}
+            summaries[-1]["tool_use"] = float(np.mean([r["tool_calls"] > 0 for r in rows]))
     return summaries
 
 
 # config keys every evaluated run must share (with the default for configs that lack them): one start, one sampler
 SHARED = {"policy_model": None, "temperature": None, "max_new_tokens": None, "top_p": 1.0, "dtype": "float32"}
+# and, for a multi-turn task, the episode limits (TrainConfig's defaults for configs that lack them)
+EPISODE_SHARED = {"max_turns": 4, "max_tool_calls": 4, "max_episode_tokens": 512, "tool_timeout": 10.0}
 
 
 def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | None = 200,
                        replies_per_prompt: int = 1, checkpoints: str = "all", seed: int = 1234, batch_size: int = 32,
                        device: str = "auto") -> dict[str, Any]:
     """The start policy and the chosen checkpoints of each run (e.g. PPO, RLOO and GRPO from one start) on
-    `n_heldout` held-out problems of `level` (None: all), in the runs' dtype, temperature and reply cap, which they
-    must share. Returns {"settings", "summary", "records"}; writes nothing."""
+    `n_heldout` held-out problems of `level` (None: all), in the runs' dtype, temperature and reply cap (a multi-turn
+    task: and episode limits), which they must share. Returns {"settings", "summary", "records"}; writes nothing."""
     require(len(run_dirs) > 0, "give at least one run directory")
     require(replies_per_prompt >= 1, f"replies_per_prompt must be >= 1, got {replies_per_prompt}")
     require(batch_size >= 1, f"batch_size must be >= 1, got {batch_size}")
     runs = {run_name(Path(d)): Path(d) for d in run_dirs}
     require(len(runs) == len(run_dirs), "two runs have the same folder name; give them different names")
     configs = {name: read_run_config(d) for name, d in runs.items()}
+    tools = task_tools(level)
     settings: dict[str, Any] = {}
-    for key, default in SHARED.items():
+    for key, default in (SHARED | (EPISODE_SHARED if tools else {})).items():
         values = {repr(config.get(key, default)) for config in configs.values()}
         require(len(values) == 1, f"the runs differ in {key} ({', '.join(sorted(values))}); evaluate them apart")
         settings[key] = next(iter(configs.values())).get(key, default)
@@ -121,7 +177,7 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
             model = load_causal_lm(str(folder / "policy"), dtype)
             reference = load_causal_lm(base, dtype).to(torch_device)
         records += task_records(model.to(torch_device), tokenizer, rows, settings, replies_per_prompt, seed,
-                                batch_size, name, iteration, reference)
+                                batch_size, name, iteration, reference, tools)
         del model, reference  # one policy (and its reference) in memory at a time
     return {"settings": {**settings, "level": level, "n_heldout": len(rows), "replies_per_prompt": replies_per_prompt,
                          "seed": seed, "runs": {name: str(d.resolve()) for name, d in runs.items()},

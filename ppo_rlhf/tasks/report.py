@@ -3,10 +3,12 @@ generated from the numbers, plots, a table of every model and examples before an
 
 From OUT/eval/task_eval.json (`task_eval.evaluate_task_runs`), the run's history.jsonl and the stages' times, into
 OUT/report: report.html (self-contained), report.md next to the PNGs (accuracy.png, accuracy_vs_kl.png, length.png,
-dashboard.png) and summary.txt (the opening, the stage times and the table, as the demo prints them).
+dashboard.png; a multi-turn task's also turns.png) and summary.txt (the opening, the stage times and the table, as
+the demo prints them). A multi-turn task (calc-steps) adds its turns and tool use before and after (`tool_sentence`,
+the table's episode columns, turns.png) and shows each example's whole episode.
 
-The sentences (`opening_sentence`, `time_sentence`) are pure functions of the summary and the timings, tested on
-made-up numbers: the report never states a result its numbers do not give.
+The sentences (`opening_sentence`, `tool_sentence`, `time_sentence`) are pure functions of the summary and the
+timings, tested on made-up numbers: the report never states a result its numbers do not give.
 """
 
 from __future__ import annotations
@@ -73,6 +75,20 @@ def opening_sentence(summary: list[dict], task: str, quick: bool = False) -> str
         return (f"A smoke run (--quick: {n} held-out problems, {last['iteration']} iterations of a small batch at a "
                 f"short reply cap), not a result: its numbers are too small to mean anything. {text}")
     return text
+
+
+def _episodes(s: dict) -> str:
+    return (f"{s['tool_use']:.0%} of episodes called a tool ({s['tool_calls']:.2f} calls, {s['tool_errors']:.2f} "
+            f"tool errors and {s['turns']:.2f} turns per episode)")
+
+
+def tool_sentence(summary: list[dict]) -> str:
+    """A multi-turn task's tool use and turns, start model against the last checkpoint ("" for a one-reply task)."""
+    if "turns" not in summary[0]:
+        return ""
+    start, last = summary[0], last_model(summary)
+    return (f"Tool use: at the start {_episodes(start)}; after {last['iteration']} iterations {_episodes(last)}. "
+            "A tool error is a call the tool could not make (an unknown tool, arguments it does not take).")
 
 
 def time_sentence(timings: dict[str, float], goal: float = GOAL_SECONDS) -> str:
@@ -162,6 +178,32 @@ def length_figure(summary: list[dict], history: list[dict]) -> Figure:
     return figure
 
 
+EPISODE_PANELS = (("turns", "Policy turns per episode", "turns"), ("tool_calls", "Tool calls per episode", "calls"),
+                  ("tool_errors", "Tool errors per episode", "errors"))
+
+
+def turns_figure(summary: list[dict], history: list[dict]) -> Figure:
+    """A multi-turn task's turns, tool calls and tool errors per episode against iteration: the held-out episodes of
+    each evaluated model (markers) and every training batch (a line)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(13, 3.8), layout="constrained")
+    x = [_iteration(s) for s in summary]
+    for axis, (key, title, unit) in zip(figure.subplots(1, len(EPISODE_PANELS)), EPISODE_PANELS):
+        axis.plot([row["iteration"] for row in history], [_float(row.get(key)) for row in history], alpha=0.6,
+                  label="training batches")
+        axis.plot(x, [s[key] for s in summary], marker="o", linestyle="none", label="held-out episodes")
+        axis.set_title(title, fontsize=10)
+        axis.set_ylabel(unit)
+        axis.set_xlabel("PPO iteration")
+        axis.set_ylim(bottom=0)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=9)
+    return figure
+
+
 def _float(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
@@ -170,10 +212,15 @@ def _float(value: Any) -> float:
 
 
 def model_table(summary: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """A row per model; a multi-turn task's rows also hold its episodes' tool use, tool calls, errors and turns."""
     header = ["model", "held-out exact match [95%]", "change, points [95%]", "KL", "format", "finished", "tokens"]
     rows = [[s["model"], interval(s["accuracy"]), "" if s["run"] is None else interval(s["accuracy_change"], True),
              f"{s['kl']:.2f}", f"{s['formatted']:.0%}", f"{s['finished']:.0%}", f"{s['tokens']:.1f}"]
             for s in summary]
+    if "turns" in summary[0]:
+        header += ["tool use", "tool calls", "tool errors", "turns"]
+        for row, s in zip(rows, summary):
+            row += [f"{s['tool_use']:.0%}", f"{s['tool_calls']:.2f}", f"{s['tool_errors']:.2f}", f"{s['turns']:.2f}"]
     return header, rows
 
 
@@ -185,7 +232,8 @@ def mark(record: dict) -> str:
 def example_table(records: list[dict], summary: list[dict], answers: list[str], n: int = EXAMPLES
                   ) -> tuple[list[str], list[list[str]]]:
     """The start model's reply and the last checkpoint's to the same held-out problems (their first replies): taken in
-    turn from the problems the training fixed, broke, kept right and kept wrong, so that every kind shows."""
+    turn from the problems the training fixed, broke, kept right and kept wrong, so that every kind shows. A
+    multi-turn record shows its whole episode (its transcript: turns, tool calls and results)."""
     last = last_model(summary)["model"]
     by_key = {(r["model"], r["prompt_index"], r["reply_index"]): r for r in records}
     kinds: dict[tuple[float, float], list[tuple[dict, dict]]] = {(0.0, 1.0): [], (1.0, 0.0): [], (1.0, 1.0): [],
@@ -200,8 +248,14 @@ def example_table(records: list[dict], summary: list[dict], answers: list[str], 
             if group and len(chosen) < n:
                 chosen.append(group.pop(0))
     header = ["problem", "answer", "start model", last]
-    rows = [[before["prompt"], answers[before["prompt_index"]], f"{mark(before)}\n{shown_reply(before['reply'])}",
-             f"{mark(after)}\n{shown_reply(after['reply'])}"] for before, after in chosen]
+    def shown(record: dict) -> str:
+        return f"{mark(record)}\n{shown_reply(record.get('transcript', record['reply']))}"
+
+    def asked(prompt: str | list[dict]) -> str:  # a chat prompt (calc-steps') by its last message, the question
+        return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+    rows = [[asked(before["prompt"]), answers[before["prompt_index"]], shown(before), shown(after)]
+            for before, after in chosen]
     return header, rows
 
 
@@ -227,22 +281,32 @@ def write_task_report(eval_file: str | Path, run_dir: str | Path, out_dir: str |
     kl_figure(summary).savefig(out_dir / "accuracy_vs_kl.png", dpi=100)
     length_figure(summary, history).savefig(out_dir / "length.png", dpi=100)
     dashboard_figure({run_dir.resolve().name: history}).savefig(out_dir / "dashboard.png", dpi=100)
+    tools = tool_sentence(summary)
+    if tools:
+        turns_figure(summary, history).savefig(out_dir / "turns.png", dpi=100)
 
-    opening, times = opening_sentence(summary, task, quick), time_sentence(timings)
+    opening, times = " ".join(filter(None, (opening_sentence(summary, task, quick), tools))), time_sentence(timings)
     table = model_table(summary)
     machine = machine_sentence([run_dir])
+    unit = "episode" if tools else "reply"
+    episodes = (f" in episodes of at most {settings['max_turns']} turns and {settings['max_tool_calls']} tool calls "
+                f"({settings['max_episode_tokens']} tokens after the prompt), the last turn's text the answer; "
+                "tokens and KL count the policy's tokens only" if tools else "")
     how = (f"Every model answered the same {settings['n_heldout']} held-out problems (never trained on), "
-           f"{settings['replies_per_prompt']} reply each, sampled at temperature {settings['temperature']} with "
-           f"torch's seed {settings['seed']} reset before each model, at most {settings['max_new_tokens']} tokens; a "
-           "reply is correct when its answer (its last 'Answer:' line, else its last integer) equals the problem's "
-           "exactly. Intervals: 95% bootstrap over problems; a change pairs each problem's replies with the start "
-           "model's. Format: replies that end with the asked-for 'Answer: N' line.")
+           f"{settings['replies_per_prompt']} {unit} each, sampled at temperature {settings['temperature']} with "
+           f"torch's seed {settings['seed']} reset before each model, at most {settings['max_new_tokens']} tokens a "
+           f"turn{episodes}; a reply is correct when its answer (its last 'Answer:' line, else its last integer) "
+           "equals the problem's exactly. Intervals: 95% bootstrap over problems; a change pairs each problem's "
+           "replies with the start model's. Format: replies that end with the asked-for 'Answer: N' line.")
     blocks: list[Block] = [("p", opening), ("p", times), *([("p", machine)] if machine else []),
                            ("h2", "Held-out accuracy over training"),
                            ("img", "accuracy.png", "held-out exact match after each checkpoint's iterations"),
                            ("img", "accuracy_vs_kl.png", "held-out exact match against KL to the start model"),
                            ("h2", "Finished replies and reply length"),
                            ("img", "length.png", "held-out replies of each evaluated model and every training batch"),
+                           *([("h2", "Turns and tool use"),
+                              ("img", "turns.png", "held-out episodes of each evaluated model and every training "
+                                                   "batch")] if tools else []),
                            ("h2", "Every model"), ("table", *table), ("p", how),
                            ("h2", "Before and after: the same held-out problems"),
                            ("table", *example_table(records, summary, answers)),

@@ -1,14 +1,16 @@
 """Multi-turn episodes on the tiny tokenizer with a scripted policy: the layout (policy tokens trainable, the
 observations masked), tool calls, environments, the caps, and user code that raises, hangs or returns a wrong type."""
 
+import copy
 import time
 
 import pytest
 import torch
 
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.models.chat import chat_prompt_ids, template_has_tools
 from ppo_rlhf.models.rollout import Replies
-from ppo_rlhf.multiturn.calls import first_tool_call
+from ppo_rlhf.multiturn.calls import first_tool_call, tool_schemas
 from ppo_rlhf.multiturn.episodes import EpisodeLimits, run_episodes
 
 LIMITS = EpisodeLimits(max_turns=4, max_tool_calls=2, max_new_tokens=40, max_episode_tokens=400, timeout=2.0)
@@ -123,3 +125,51 @@ def test_user_code_that_raises_hangs_or_returns_the_wrong_type_stops_in_one_line
     with pytest.raises(UsageError, match=r"environment step \(turn 1\) returned str"):
         run_episodes(scripted(tokenizer, [["1"]]), tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS, {},
                      BadStep)
+
+
+HERMES = ("{%- if tools %}<|im_start|>system\nYou may call: {% for tool in tools %}{{ tool | tojson }}{% endfor %}"
+          "<|im_end|>\n{%- endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+          "{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+          "{% endif %}")
+
+
+def documented_add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+def test_a_template_with_a_tool_format_describes_the_tools_and_its_json_calls_run(tokenizer):
+    hermes = copy.deepcopy(tokenizer)
+    hermes.chat_template = HERMES
+    assert template_has_tools(hermes) and not template_has_tools(tokenizer)  # tiny's ChatML, like SmolLM2's
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    limits = EpisodeLimits(max_turns=4, max_tool_calls=2, max_new_tokens=200, max_episode_tokens=400, timeout=2.0)
+    rollout, episodes = run_episodes(scripted(hermes, [[call, "5"]]), hermes, ["Hello"], [{}],
+                                     [hermes.eos_token_id], limits, {"add": documented_add}, None)
+    prompt = hermes.decode(rollout.prompt_ids[0])
+    assert prompt.startswith('<|im_start|>system\nYou may call: {"type": "function", "function": {"name": "add", '
+                             '"description": "Add two integers."')
+    assert '"a": {"type": "integer", "description": "the first"}' in prompt
+    assert (episodes[0].tool_calls, episodes[0].tool_errors, episodes[0].answer) == (1, 0, "5")
+    assert "<|im_start|>tool\n5<|im_end|>" in hermes.decode(rollout.input_ids[0])
+    # without a tool format the prompt is the plain chat template's: the prompt's own words say how to call
+    plain, _ = run_episodes(scripted(tokenizer, [["5"]]), tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id],
+                            LIMITS, {"add": documented_add}, None)
+    assert plain.prompt_ids[0] == chat_prompt_ids(tokenizer, "Hello")
+
+
+def test_a_tool_without_a_documented_signature_still_gets_a_schema():
+    def lookup(word: str, limit=3):
+        """Find a word.
+
+        More text that is not the description."""
+
+    assert tool_schemas({"find": lookup}) == [{"type": "function", "function": {
+        "name": "find", "description": "Find a word.",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string"}, "limit": {"type": "string"}},
+                       "required": ["word"]}}}]

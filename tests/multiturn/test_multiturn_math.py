@@ -2,6 +2,8 @@
 between turns (mask 0) never enter, the score sits on the last policy token; turn-level GAE. Every number is the
 hand computation of docs/multi-turn.md's worked 2-turn example, and each known buggy form is shown to miss it."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -141,3 +143,22 @@ def test_losses_kl_and_rloo_never_read_the_masked_tokens():
     # RLOO over whole trajectories: the summed KL counts the 4 policy tokens only
     rloo, _, returns = RLOOAdvantages(2)(None, None, t(1.0, 0.0), kl * 0 + t(1, 1, 0, 0, 1, 1, 0), mask, BETA)
     assert returns[0, 0].item() == pytest.approx(1.0 - 0.4) and rloo[0, 0].item() == pytest.approx(1.0)
+
+
+def test_the_worked_example_of_docs_multi_turn_is_this_computation():
+    """docs/multi-turn.md's table, row by row, is what the code computes on the example (so the page cannot drift)."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "multi-turn.md").read_text()
+    table = page.split("<!-- worked-example")[1].split("<!-- /worked-example -->")[0].strip().splitlines()[3:]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    columns = {name: t(*(float(row[k]) for row in rows)).unsqueeze(0) for k, name in enumerate(
+        ("t", "kind", "mask", "V", "logpi", "logref", "kl", "reward", "A", "return", "A_turn", "return_turn")) if
+        name != "kind"}
+    assert [row[1] for row in rows] == ["turn 1", "turn 1", "tool", "tool", "turn 2", "turn 2", "padding"]
+    for name, given in (("mask", MASK), ("V", VALUES), ("logpi", LOGPROBS), ("logref", REF_LOGPROBS)):
+        assert torch.equal(columns[name], given), name
+    rewards, kl = per_token_rewards(SCORE, LOGPROBS, REF_LOGPROBS, MASK, BETA)
+    advantages, returns = gae(rewards, VALUES, MASK, gamma=1.0, lam=LAM)
+    turn_advantages, turn_returns = turn_level_gae(rewards, VALUES, MASK, gamma=1.0, lam=LAM)
+    for name, computed in (("kl", kl), ("reward", rewards), ("A", advantages), ("return", returns),
+                           ("A_turn", turn_advantages), ("return_turn", turn_returns)):
+        assert torch.allclose(columns[name], computed), name

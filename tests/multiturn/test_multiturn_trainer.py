@@ -53,8 +53,14 @@ def history(trainer) -> list[dict]:
 
 
 @pytest.mark.parametrize("overrides", [{}, {"turn_level_gae": True},
-                                       {"advantage_estimator": "rloo", "group_size": 2}])
-def test_an_environment_run_records_its_episodes(policy, tmp_path, overrides):
+                                       {"advantage_estimator": "rloo", "group_size": 2},
+                                       {"advantage_estimator": "grpo", "group_size": 2},
+                                       {"reward_model": "REWARD"}, {"value_model": "REWARD"}],
+                         ids=["gae", "turn-gae", "rloo", "grpo", "critic-from-reward-model", "value-model"])
+def test_an_environment_run_records_its_episodes(policy, tiny_model_dirs, tmp_path, overrides):
+    """Every estimator and every critic: a cold one, one initialised from the reward model (whose adapter off scores
+    the last turn), a separate value_model."""
+    overrides = {k: str(tiny_model_dirs["reward"]) if v == "REWARD" else v for k, v in overrides.items()}
     trainer = PPOTrainer(settings(policy, tmp_path / "run", **overrides), reward_funcs=[reply_length],
                          train_dataset=PROMPTS, environment_factory=Counter)
     trainer.train()
@@ -96,7 +102,14 @@ def test_an_environment_that_raises_stops_the_run_in_one_line_with_its_checkpoin
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "iter_000001"
 
 
-def test_multi_turn_refusals(policy, tmp_path):
+def test_multi_turn_refusals(policy, tmp_path, monkeypatch):
+    from ppo_rlhf.parallel.distributed import Dist
+
+    monkeypatch.setattr("ppo_rlhf.ppo.trainer.current", lambda: Dist(0, 2, fsdp=True))
+    with pytest.raises(UsageError, match="not supported under FSDP"):
+        PPOTrainer(settings(policy, tmp_path / "x"), reward_funcs=[reply_length], train_dataset=PROMPTS,
+                   environment_factory=Counter)
+    monkeypatch.undo()
     with pytest.raises(UsageError, match="generation_backend: hf"):
         settings(policy, tmp_path / "x", generation_backend="vllm", tools=["m.py:f"])
     with pytest.raises(UsageError, match="turn_level_gae is GAE"):

@@ -27,15 +27,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, args: list[str], **extra_env: str) -> None:
+def launch(world: int, args: list[str], program: list[str] | None = None, **extra_env: str) -> None:
+    """`world` processes of python PROGRAM ARGS (default dist_worker.py), ranked as torchrun ranks them."""
     port = free_port()
     procs = []
     for rank in range(world):
         env = {**os.environ, **extra_env, "WORLD_SIZE": str(world), "RANK": str(rank), "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                "CUDA_VISIBLE_DEVICES": ""}
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), *args], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        procs.append(subprocess.Popen([sys.executable, *(program or [str(WORKER)]), *args], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for proc in procs:
         output, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, output[-3000:]
@@ -127,6 +128,55 @@ def assert_same_steps_as_one(single: Path, double: Path, sharding: str = "ddp") 
     # an inf in the value model's gradient alone: every step skipped, neither model nor optimiser state moved
     for part in [one, *ranks]:
         assert part["skip"] == {"skipped": 2, "weights": True, "moments": True}, part["skip"]
+
+
+EPISODES = '''
+import json, os
+
+
+class Stops:
+    """Ends an episode when a reply has an even length; logs (its index in this process, turn, done) per step."""
+    made = 0
+
+    def __init__(self):
+        self.index, self.turns, Stops.made = Stops.made, 0, Stops.made + 1
+
+    def reset(self, prompt, **row):
+        return None
+
+    def step(self, text):
+        self.turns += 1
+        with open(os.environ["EPISODE_LOG"] + os.environ["RANK"], "a") as log:
+            log.write(json.dumps([self.index, self.turns]) + "\\n")
+        return "Go on.", None, len(text) % 2 == 0
+
+
+def length(completions, **columns):
+    return [len(c) / 10 for c in completions]
+'''
+
+
+def test_multi_turn_episodes_under_ddp_report_the_global_batch(tmp_path, tokenizer):
+    """Two processes, each with its own episodes of different lengths (no collective waits on another's turns): the
+    run ends, and the dashboard's turns per episode is the mean over both processes' episodes of the iteration."""
+    policy, _, prompts = worker_inputs(tmp_path, tokenizer)
+    (tmp_path / "episodes.py").write_text(EPISODES)
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({
+        "policy_model": policy, "prompts": prompts, "out": str(tmp_path / "run"), "iterations": 1, "batch_size": 4,
+        "minibatch_size": 4, "epochs": 1, "max_new_tokens": 5, "max_turns": 3, "max_episode_tokens": 60,
+        "reward_norm_samples": 4, "lora_rank": 4, "quiet": True, "tensorboard": False, "device": "cpu",
+        "dtype": "float32", "environment": f"{tmp_path / 'episodes.py'}:Stops",
+        "reward_funcs": [f"{tmp_path / 'episodes.py'}:length"]}))
+    launch(2, ["train", "--config", str(config)], ["-m", "ppo_rlhf"], EPISODE_LOG=str(tmp_path / "log"))
+    turns = []
+    for rank in range(2):
+        steps = [json.loads(line) for line in (tmp_path / f"log{rank}").read_text().splitlines()]
+        episodes = sorted({index for index, _ in steps})
+        assert len(episodes) == 4  # 2 for the reward normalisation, then this process's 2 of the iteration's 4
+        turns += [max(turn for index, turn in steps if index == i) for i in episodes[-2:]]
+    row = json.loads((tmp_path / "run" / "history.jsonl").read_text())
+    assert row["turns"] == pytest.approx(sum(turns) / 4) and 0 < row["masked_share"] < 1
 
 
 @pytest.mark.parametrize("env, message", [

@@ -10,7 +10,7 @@ import yaml
 
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
-from ppo_rlhf.ppo.check import run_checks
+from ppo_rlhf.ppo.check import check_config, run_checks
 from ppo_rlhf.ppo.train_config import TrainConfig
 
 import tiny
@@ -133,3 +133,61 @@ def test_bf16_set_up_reports_its_dtype_and_tolerances(setup, capsys):
     main(["check", "--config", str(config)])
     out = capsys.readouterr().out
     assert "pass  first-ratio" in out and "tolerance 0.05, bfloat16" in out
+
+
+ENVIRONMENT = '''
+class Echo:
+    """Two turns: the reply's length comes back, with a reward of 0.5 for each turn."""
+
+    def reset(self, prompt, **row):
+        return None
+
+    def step(self, text):
+        return f"{len(text)} characters.", 0.5, False
+'''
+
+
+@pytest.fixture(scope="module")
+def multi_turn(setup):
+    environment = setup["root"] / "echo_env.py"
+    environment.write_text(ENVIRONMENT)
+    return {**setup, "values": {**setup["values"], "environment": f"{environment}:Echo", "max_turns": 2,
+                                "max_new_tokens": 24, "max_episode_tokens": 120}}
+
+
+def test_every_invariant_holds_on_multi_turn_episodes(multi_turn):
+    from ppo_rlhf.ppo.check import INVARIANTS
+    from ppo_rlhf.ppo.trainer import PPOLoop
+
+    trainer = PPOLoop(check_config(build_config(TrainConfig, multi_turn["values"]), 8))
+    experience = trainer.score(trainer.rollout(trainer.next_prompts()))
+    assert any(e.turns == 2 for e in trainer.episodes)  # observations between the turns to check
+    results = {invariant.__name__: invariant(trainer, experience) for invariant in INVARIANTS}
+    assert all(r.status == "pass" for name, r in results.items() if name != "cap"), results
+    assert "padding/prompt/observation positions trained" in results["masks"].detail
+
+
+def test_masks_fail_when_observations_are_trained_and_score_position_when_turn_rewards_vanish(multi_turn,
+                                                                                             monkeypatch):
+    import ppo_rlhf.multiturn.episodes as episodes
+
+    correct = episodes._layout
+
+    def observations_trained(tokenizer, prompts, found):  # the bug: every token after the prompt is an action
+        rollout, found = correct(tokenizer, prompts, found)
+        for row, episode in enumerate(found):
+            start = len(episode.prompt_ids) - 1
+            rollout.action_mask[row, start : start + len(episode.tokens)] = 1
+        return rollout, found
+
+    monkeypatch.setattr(episodes, "_layout", observations_trained)
+    assert statuses(multi_turn)["masks"] == "FAIL"
+    monkeypatch.setattr(episodes, "_layout", correct)
+
+    def turn_rewards_lost(tokenizer, prompts, found):  # the bug: only the final score reaches the rewards
+        rollout, found = correct(tokenizer, prompts, found)
+        rollout.env_rewards.zero_()
+        return rollout, found
+
+    monkeypatch.setattr(episodes, "_layout", turn_rewards_lost)
+    assert statuses(multi_turn)["score-position"] == "FAIL"

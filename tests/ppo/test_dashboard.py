@@ -1,4 +1,4 @@
-from ppo_rlhf.ppo.dashboard import token_table_text
+from ppo_rlhf.ppo.dashboard import dashboard_line, token_table_text
 
 ROWS = [
     {"t": 0, "token": "Hello", "logp_old": -1.2, "logp_ref": -1.3, "value": -7.5, "reward": -0.005, "advantage": 7.9,
@@ -24,3 +24,12 @@ def test_token_table_prints_raw_gae_and_whitened_advantage_in_own_columns():
 def test_token_table_of_critic_free_estimators_names_the_estimator():
     header = token_table_text(ROWS, "header", "rloo").splitlines()[1]
     assert "A_t (RLOO)" in header and "whitened" not in header and "GAE" not in header
+
+
+def test_the_dashboard_line_shows_a_multi_turn_runs_episodes():
+    stats = {"iteration": 3, "score": 0.5, "ev": 0.25, "time_total": 9.0, "time_gen": 2.0, "time_score": 1.0,
+             "time_update": 6.0}
+    episodes = {"turns": 2.25, "tool_calls": 1.0, "tool_errors": 0.125, "masked_share": 0.4}
+    line = dashboard_line({**stats, **episodes})
+    assert "ev +0.25  vclip nan  turns 2.25  tools 1.00  tool_err 0.12  masked 0.40  (9s" in line
+    assert "turns" not in dashboard_line(stats)  # a single-turn run's line is as before

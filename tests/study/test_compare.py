@@ -86,6 +86,26 @@ def test_compare_task_trains_each_variant_in_its_own_process(tmp_path, tiny_mode
     assert "[train grpo] done already, skipping" in printed and "[evaluation] done already, skipping" in printed
 
 
+def test_compare_task_calc_steps_counts_the_policys_tokens_of_multi_turn_episodes(tmp_path, tiny_model_dirs,
+                                                                                  capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", "--task", "calc-steps", "--variants", "ppo,grpo", "--out", str(out), "--policy-model",
+                 str(tiny_model_dirs["policy"]), "--iterations", "2", "--batch-size", "4", "--minibatch-size", "2",
+                 "--max-new-tokens", "6", "--max-episode-tokens", "40", "--reward-norm-samples", "4", "--lora-rank",
+                 "4", "--dtype", "float32", "--device", "cpu", "--quiet", "--report-to", "none", "--heldout", "4",
+                 "--checkpoint-every", "2", "--checkpoints", "2"]) == 0
+    capsys.readouterr()
+    result = json.loads((out / "compare.json").read_text())
+    for name in ("ppo", "grpo"):
+        config = yaml.safe_load((out / name / "config.yaml").read_text())
+        assert config["tools"] == ["ppo_rlhf.tasks.calc_steps:calc"] and config["max_turns"] == 3  # the preset's
+        history = [json.loads(line) for line in (out / name / "history.jsonl").read_text().splitlines()]
+        policy_tokens = sum(row["len"] * (1 - row["masked_share"]) for row in history) * 4
+        assert result["variants"][name]["sampled_tokens"] == pytest.approx(policy_tokens)
+    evaluation = json.loads((out / "evaluation" / "task_eval.json").read_text())
+    assert all("tool_use" in s for s in evaluation["summary"]) and evaluation["settings"]["max_turns"] == 3
+
+
 def variant(accuracy: float) -> dict:
     return {"accuracy": {"mean": accuracy, "lo": accuracy - 0.06, "hi": accuracy + 0.06}, "iteration": 30}
 

@@ -16,7 +16,7 @@ from ppo_rlhf.config import build_config, read_yaml
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.evaluate import START
 from ppo_rlhf.tasks.demo import PRESET, train_config
-from ppo_rlhf.tasks.report import opening_sentence, time_sentence
+from ppo_rlhf.tasks.report import opening_sentence, time_sentence, tool_sentence
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,3 +121,26 @@ def test_task_demo_refuses_an_unknown_level_and_too_few_iterations(tmp_path, mon
     assert main(["demo", "--task", "add-tiny", "--iterations", "3", "--out", str(tmp_path / "demo")]) == 2
     assert "must exceed the preset's critic_warmup_iterations (3)" in capsys.readouterr().err
     assert not (tmp_path / "demo").exists()
+
+
+def test_calc_steps_demo_runs_multi_turn_episodes_and_reports_tool_use(tiny_model_dirs, tmp_path, capsys):
+    assert train_config(tmp_path, quick=False, overrides={}, task="calc-steps").tools == \
+        ["ppo_rlhf.tasks.calc_steps:calc"]
+    out = tmp_path / "demo"
+    assert main(["demo", "--task", "calc-steps", "--quick", "--model", str(tiny_model_dirs["policy"]), "--out",
+                 str(out), "--device", "cpu", "--dtype", "float32"]) == 0
+    capsys.readouterr()
+    history = [json.loads(line) for line in (out / "ppo" / "history.jsonl").read_text().splitlines()]
+    assert len(history) == 2 and all(0 < row["turns"] <= 3 and "tool_calls" in row for row in history)
+    evaluation = json.loads((out / "eval" / "task_eval.json").read_text())
+    assert evaluation["settings"]["max_turns"] == 3 and evaluation["settings"]["level"] == "calc-steps"
+    heldout = [json.loads(line)["prompt"] for line in (out / "data" / "heldout.jsonl").read_text().splitlines()]
+    records = evaluation["records"]
+    assert [r["prompt"] for r in records if r["model"] == START] == heldout  # the written held-out problems
+    assert all(1 <= r["turns"] <= 3 and r["tokens"] <= len(r["transcript"]) for r in records)
+    start = evaluation["summary"][0]
+    assert start["turns"] == sum(r["turns"] for r in records if r["model"] == START) / len(heldout)
+    assert 0 <= start["tool_use"] <= 1 and start["kl"] == 0
+    page = (out / "report" / "report.html").read_text()
+    assert (out / "report" / "turns.png").is_file() and "Turns and tool use" in page
+    assert html.escape(tool_sentence(evaluation["summary"])) in page and "tool errors" in page

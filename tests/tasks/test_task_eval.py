@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from ppo_rlhf import PPOConfig, PPOTrainer
 from ppo_rlhf.errors import UsageError
@@ -113,3 +114,44 @@ def test_a_plain_model_folder_is_a_checkpoint_too(tiny_model_dirs, tokenizer, tm
     replies = {label: [r["reply"] for r in result["records"] if r["model"] == label]
                for label in (START, same["model"])}
     assert replies[START] == replies[same["model"]]
+
+
+def test_calc_steps_is_evaluated_in_episodes_with_its_calculator(tiny_model_dirs, tokenizer, monkeypatch):
+    """A scripted policy that calls the tool on every problem, then answers with its result (one problem wrongly):
+    the checker reads the last turn, and the records count the turns, calls and the policy's tokens."""
+    from ppo_rlhf.models.loading import load_causal_lm
+    from ppo_rlhf.models.rollout import Replies
+    from ppo_rlhf.tasks.arithmetic import task_tools
+    from ppo_rlhf.tasks.evaluate import task_records
+
+    rows = problems("calc-steps", "heldout", 3)
+    questions = [row["prompt"][-1]["content"].split("What is ")[1].split("?")[0] for row in rows]
+    eos = tokenizer.eos_token_id
+
+    def sample(model, tok, trajectories, cap, *args, **kwargs):
+        texts = [tok.decode(t).split("Answer: 975")[-1] for t in trajectories]  # after the demonstration
+        replies = []
+        for text in texts:
+            row = next(i for i, q in enumerate(questions) if q in text)
+            if "<|im_start|>tool" not in text:
+                replies.append(f"<tool>calc({questions[row]})</tool>")
+            else:
+                result = text.split("<|im_start|>tool\n")[1].split("<|im_end|>")[0]
+                replies.append(f"Answer: {int(result) + (row == 2)}")
+        ids = [tokenizer.encode(r, add_special_tokens=False) + [eos] for r in replies]
+        return Replies(ids, [True] * len(ids), [[-0.5] * len(i) for i in ids], [[1.0] * len(i) for i in ids])
+
+    monkeypatch.setattr("ppo_rlhf.models.rollout.sample_replies", sample)
+    model = load_causal_lm(str(tiny_model_dirs["policy"]), torch.float32)
+    settings = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 40, "max_turns": 3, "max_tool_calls": 2,
+                "max_episode_tokens": 200, "tool_timeout": 5.0}
+    records = task_records(model, tokenizer, rows, settings, 1, 0, 8, tools=task_tools("calc-steps"))
+    assert [r["correct"] for r in records] == [1.0, 1.0, 0.0] and all(r["formatted"] == 1.0 for r in records)
+    assert all((r["turns"], r["tool_calls"], r["tool_errors"]) == (2, 1, 0) for r in records)
+    assert records[0]["reply"] == f"Answer: {rows[0]['answer']}" and f"tool\n{rows[0]['answer']}" in \
+        records[0]["transcript"]
+    call = f"<tool>calc({questions[0]})</tool>"
+    assert records[0]["tokens"] == len(tokenizer.encode(call + f"Answer: {rows[0]['answer']}",
+                                                        add_special_tokens=False)) + 1  # + the answer's EOS
+    summary = summarize_task(records, n_boot=200)[0]
+    assert (summary["tool_use"], summary["turns"], summary["tool_calls"]) == (1.0, 2.0, 1.0)
