@@ -59,6 +59,7 @@ from ppo_rlhf.ppo.objectives import (
     explained_variance,
     kl_estimate,
     kl_k3,
+    last_token_index,
     masked_sum,
     normalise_loss,
     per_token_rewards,
@@ -572,9 +573,7 @@ class PPOLoop:
         assert self.critic is not None
         critic = self.critic
         (values,) = per_token_in_chunks(lambda ids, att: (critic.values(ids, att),), rollout, self.score_size)
-        act = rollout.action_mask.to(values.device)
-        positions = torch.arange(act.shape[1], device=act.device)
-        last = (act * positions).argmax(1)  # the highest position whose token the policy chose
+        last = last_token_index(rollout.action_mask.to(values.device))  # where the score goes in per_token_rewards
         return values.gather(1, last[:, None]).squeeze(1).float().cpu()
 
     # ------------------------------------------------------------------------------ 2-4. score, rewards, advantages
