@@ -69,9 +69,14 @@ demo: $(STAMP) $(GARAK)
 demo-quick: $(STAMP) $(GARAK)
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --quick --out runs/demo-quick
 
-# issue 43's powered design: 3 seeds of the proxy arm, 200 held-out prompts (docs/study.md: hours on a 2-core CPU)
+# issue 43's powered design: 3 seeds of the proxy arm, 200 held-out prompts (docs/study.md). Its stages before the
+# evaluation are the demo's: a finished `make demo` folder is copied first, and only the new seeds and the
+# evaluation run (without one, everything runs: hours on a 2-core CPU).
+FULL_RUNS ?= runs/demo-full
 demo-full: $(STAMP) $(GARAK)
-	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --full --out runs/demo-full
+	@if [ -f $(RUNS)/timings.json ] && [ ! -e $(FULL_RUNS) ]; then \
+	    echo "copying the finished demo $(RUNS) to $(FULL_RUNS): --full reuses its stages"; cp -a $(RUNS) $(FULL_RUNS); fi
+	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --full --out $(FULL_RUNS)
 
 # The suite without the optional vLLM environment (its tests: `make test-vllm`; .ci/run runs both).
 test: $(STAMP) venv-grpo

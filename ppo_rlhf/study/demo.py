@@ -57,9 +57,9 @@ from ppo_rlhf.utils.paths import check_model_name
 
 
 # The defaults are `make demo`, sized for the result issue 16 asks for (>= 1,500 training and >= 200 held-out
-# reward-model pairs, >= 100 held-out prompts x 2 replies) and for issue 43's three arms within an hour on a 2-core
-# CPU; docs/study.md ("Presets and their cost") estimates their time from this machine's measured per-stage rates.
-# FULL is issue 43's powered design (3 seeds of the proxy arm, >= 200 held-out prompts): `ppo-rlhf demo --full`.
+# reward-model pairs, >= 100 held-out prompts x 2 replies) and for issue 43's proxy and gold arms within an hour on a
+# 2-core CPU (docs/study.md, "Presets and their cost", has the measured stage times). FULL is issue 43's powered
+# design (3 arms, 3 seeds of the proxy arm, >= 200 held-out prompts): `ppo-rlhf demo --full`.
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
@@ -92,12 +92,13 @@ class DemoConfig:
     """Share of the kept training prompts used for reward-model pairs; PPO trains on the others."""
     rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.14
     """Share of the reward-model prompts whose pairs only measure its accuracy (never trained on)."""
-    pair_replies: Annotated[int, Bounds(low=2)] = 8
+    pair_replies: Annotated[int, Bounds(low=2)] = 10
     """Start-policy replies per reward-model prompt; every two finished ones can make a pair. The gold judge ignores
-    the prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 8 give 28. Pairs grow
-    with the square of the finished replies: 10 gave 2,928 training pairs at the 96-token cap (17 a prompt) in 893 s
-    of sampling and 1,806 s of reward-model training (2026-12-06, a machine shared with other jobs); 8 give about
-    1,800 for 0.8 times the replies to sample and score, to keep the demo within the hour."""
+    the prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 10 give 45. Pairs grow
+    with the square of the finished replies, the reward model's time with the replies: many replies of fewer prompts
+    won the validation search (bench/HISTORY.md, "The reward-model search"). Measured on 2026-12-07: 8 gave 1,779
+    training pairs and a proxy no better than word counts (0.67 held-out, RM - words -0.03 [-0.16, +0.10]); 10 gave
+    2,928 pairs and 0.78 (+0.22 [+0.12, +0.33]) on 2026-12-06."""
     min_margin: Annotated[float, NON_NEGATIVE] = 0.1
     """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
     pair_length_balance: Literal["none", "similar", "half"] = "none"
@@ -130,9 +131,10 @@ class DemoConfig:
     rm_length_head: bool = False
     """Train the reward model against a learned length term (logit + w * length gap, reward_model.py), dropped from
     the saved model: its score head learns what length does not explain (ODIN-style, issue 43)."""
-    arms: str = "proxy,gold,length"
+    arms: str = "proxy,gold"
     """Optimisation arms, comma-separated (study/arms.py): proxy (the reward model), gold (the gold judge itself: the
-    ceiling) and length (word counts: the length detector). Same prompts, normalisation and PPO settings each."""
+    ceiling) and length (word counts: the length detector). Same prompts, normalisation and PPO settings each. The
+    demo runs the first two within the hour; the full preset adds the length arm."""
     seeds: PositiveInt = 1
     """PPO runs of the proxy arm, seeds seed, seed + 1, ...: the evaluation pools them (the other arms run once)."""
     iterations: PositiveInt = 16
@@ -194,11 +196,12 @@ class DemoConfig:
 QUICK = dict(candidates=64, heldout_candidates=30, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
              batch_size=4, minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, checkpoint_every=1,
              kl_targets="1", sample_batch=16, rm_batch_size=8)
-# issue 43 items 2 and 5: >= 200 held-out prompts (one reply each: per model the demo's sampling, on twice the
-# independent prompts), 3 seeds of the proxy arm, KL targets below the default's first.
+# issue 43 items 1, 2 and 5: the length arm too, >= 200 held-out prompts (one reply each: per model the demo's
+# sampling, on twice the independent prompts), 3 seeds of the proxy arm, KL targets below the default's first.
 # Every setting of the stages before the evaluation is the demo's, so `--full` in a copy of a finished demo's folder
 # runs only the two new seeds and the evaluation (docs/study.md, "Presets and their cost").
-FULL = dict(full=True, seeds=3, eval_prompts=200, replies_per_prompt=1, kl_targets="0.5,1,2,4,8")
+FULL = dict(full=True, arms="proxy,gold,length", seeds=3, eval_prompts=200, replies_per_prompt=1,
+            kl_targets="0.5,1,2,4,8")
 
 
 def split(items: list[str], share: float) -> tuple[list[str], list[str]]:

@@ -174,13 +174,23 @@ def test_presets_and_runs(monkeypatch):
     assert [run_label(*run) for run in runs(full)] == [
         "proxy_nokl_s1", "proxy_nokl_s2", "proxy_nokl_s3", "proxy_nokl_s4", "gold_nokl_s1", "length_nokl_s1"]
     default = build_config(DemoConfig, {})
-    assert default.seeds == 1 and default.arms == "proxy,gold,length" and max(parse_targets(default.kl_targets)) >= 8
+    assert default.seeds == 1 and default.arms == "proxy,gold" and max(parse_targets(default.kl_targets)) >= 8
+    assert full.arms == "proxy,gold,length"
     assert [run_label(*run) for run in runs(build_config(DemoConfig, {"betas": "0.05,0", "arms": "gold,proxy"}))] == [
         "gold_beta005_s1", "gold_nokl_s1", "proxy_beta005_s1", "proxy_nokl_s1"]
     with pytest.raises(UsageError, match="--quick or --full"):
         build_config(DemoConfig, {"quick": True, "full": True})
     with pytest.raises(UsageError, match="KL targets"):
         build_config(DemoConfig, {"kl_targets": "4,2"})
+
+
+def test_the_full_preset_shares_every_stage_before_the_evaluation_with_the_demo():
+    # `make demo-full` copies a finished demo's folder: only the new seeds and the evaluation may run again
+    default, full = build_config(DemoConfig, {}), build_config(DemoConfig, FULL)
+    for stage in ("prompts", "pairs", "reward model", "ppo"):
+        assert demo_module.stage_settings(full, stage) == demo_module.stage_settings(default, stage), stage
+    assert demo_module.stage_settings(full, "evaluation") != demo_module.stage_settings(default, "evaluation")
+    assert set(runs(default)) < set(runs(full))  # the demo's runs are the full study's first ones
 
 
 def test_reach_sentence_names_the_targets_not_reached():

@@ -31,7 +31,8 @@ def test_demo_end_to_end_continues_and_reruns_stale_stages(tmp_path, monkeypatch
     # the three arms, two seeds of the proxy arm, beta 0; a checkpoint every iteration, picked by KL
     settings = dict(candidates=16, heldout_candidates=6, reply_cap=12, rm_epochs=1, iterations=5, batch_size=4,
                     minibatch_size=2, reward_norm_samples=4, replies_per_prompt=1, checkpoint_every=1, min_margin=0.01,
-                    rm_heldout_share=0.3, pair_replies=4, eval_prompts=2, seeds=2, kl_targets="0.001,1000")
+                    rm_heldout_share=0.3, pair_replies=4, eval_prompts=2, seeds=2, kl_targets="0.001,1000",
+                    arms="proxy,gold,length")
 
     def demo_args(**changes) -> list[str]:
         flags = [part for name, value in (settings | changes).items() for part in (f"--{name.replace('_', '-')}",
