@@ -139,7 +139,7 @@ def along_the_way_sentence(summary: list[dict], labels: dict[str, str]) -> str |
              f"{_interval(r['gold_change'])}, proxy {_interval(r['proxy_change'])}" for r in along]
     n = len(rows)
     chance = 100.0 * (1.0 - 0.95 ** n)
-    which = "it" if len(along) == 1 else "they"
+    which = "it" if len(along) == 1 else "them"
     return (f"Before the last checkpoint, the gold change's interval excluded zero {'; '.join(parts)}. Read "
             f"{which} as a hint, not a finding: {n} gold intervals were drawn at 95% each, and with no real change "
             f"at least one would exclude zero by chance with probability up to {chance:.0f}%.")
@@ -369,8 +369,9 @@ def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
             study["curves"], start, study.get("settings", {}).get("reply_cap")) + paragraphs
     labels = {name: f"the beta {beta:g} run" if beta else "the run without a KL penalty"
               for name, beta in study["runs"].items()}
-    labels = {name: study["arms"][name]["arm"] + " " + label if name in study.get("arms", {}) else label
-              for name, label in labels.items()}
+    arms = study.get("arms", {})  # with arms, a label names the arm and the seed: the runs of several seeds differ
+    labels = {name: f"the {arms[name]['arm']} arm's {label.removeprefix('the ')} (seed {arms[name]['seed']})"
+              if name in arms else label for name, label in labels.items()}
     curves = []
     for name, label in labels.items():
         rows = [s for s in summary if s["run"] == name]

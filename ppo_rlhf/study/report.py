@@ -278,7 +278,7 @@ def seeds_figure(summary: list[dict], runs: list[str]) -> Figure:
         axis.axhline(0.0, color="grey", linewidth=0.8)
         axis.set_xlabel("KL to the start model (nats per reply, held-out replies)")
         axis.set_ylabel("score change (start-model sd)")
-        axis.set_title(JUDGE_TITLES[judge] + ", per seed", fontsize=10)
+        axis.set_title(JUDGE_TITLES[judge] + "\n(one line per seed)", fontsize=10)
         axis.grid(alpha=0.3)
         axis.legend(title="run (bars: 95% over prompts)", fontsize=9, title_fontsize=9)
     axes[1].yaxis.set_tick_params(labelleft=True)

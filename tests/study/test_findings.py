@@ -182,6 +182,22 @@ def test_an_interval_that_excludes_zero_before_the_end_is_a_hint_weighed_against
     assert "Read it as a hint" not in " ".join(headline({"summary": summary, "settings": {}}, study))
 
 
+def test_hints_of_several_runs_name_the_arm_and_seed_of_each():
+    # the full study of 2026-12-07 printed "in proxy the run without a KL penalty" for three seeds alike, and "Read
+    # they as a hint"
+    summary = [START]
+    for run in ("proxy_nokl_s1", "proxy_nokl_s2"):
+        summary += [row((-0.2, -0.35, -0.05), (0.1, -0.1, 0.3), kl=3.0, run=run, iteration=4),
+                    row((0.5, 0.3, 0.7), (0.9, 0.7, 1.1), kl=12.0, run=run, iteration=16)]
+    study = {"runs": {"proxy_nokl_s1": 0.0, "proxy_nokl_s2": 0.0}, "rm_info": None, "settings": {},
+             "arms": {f"proxy_nokl_s{k}": {"arm": "proxy", "beta": 0.0, "seed": k} for k in (1, 2)}}
+    text = " ".join(headline({"summary": summary, "settings": {}}, study))
+    assert ("excluded zero in the proxy arm's run without a KL penalty (seed 1) at step 4 (KL 3.0): gold -0.20 "
+            "[-0.35, -0.05], proxy +0.10 [-0.10, +0.30]; in the proxy arm's run without a KL penalty (seed 2) at "
+            "step 4") in text
+    assert "Read them as a hint, not a finding: 4 gold intervals" in text
+
+
 def test_the_curve_sentence_says_why_a_fall_is_not_measured():
     peak = row((0.50, 0.40, 0.60), (0.5, 0.3, 0.7), kl=2.0, iteration=2)
     one_prompt = row((0.10, 0.10, 0.10), (0.9, 0.9, 0.9), kl=5.0, iteration=4)
