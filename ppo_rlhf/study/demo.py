@@ -67,8 +67,9 @@ class DemoConfig:
     quick: bool = False
     """The small preset: the same study in a few minutes (numbers too small to mean much)."""
     full: bool = False
-    """The powered preset of issue 43: 3 seeds of the proxy arm, 200 held-out prompts, KL targets from 0.5 (hours on
-    a 2-core CPU; docs/study.md)."""
+    """The powered preset of issue 43: the length arm too, 3 seeds of the proxy arm, 200 held-out prompts, KL targets
+    from 0.5. In a copy of a finished demo's folder (`make demo-full`) it runs only the new PPO runs and the
+    evaluation: 1 h 3 min on the 2-core CPU of docs/study.md, about 1 h 40 min from scratch."""
     task: str | None = None
     """A verifiable task (`ppo-rlhf task list`, e.g. add-tiny, or calc-steps: multi-turn with a calculator tool): run
     the task demo instead of this study, PPO on its preset (configs/smollm2_add_tiny.yaml, smollm2_calc_steps.yaml)
