@@ -343,9 +343,9 @@ def settings_sentence(study: dict[str, Any], settings: dict[str, Any]) -> str:
             f"{demo.get('reply_cap')} tokens"
             + (f"; arms {demo['arms']}, {demo.get('seeds')} seed(s) of the proxy arm, checkpoints picked at KL targets "
                f"{demo.get('kl_targets')} and the last" if "arms" in demo else "")
-            + f"; evaluation on {settings.get('n_prompts')} held-out prompts x "
-            f"{settings.get('replies_per_prompt')} replies per checkpoint, scores in start-model standard "
-            "deviations, 95% intervals from resampling prompts"
+            + f"; evaluation on {settings.get('n_prompts')} held-out prompts x {settings.get('replies_per_prompt')} "
+            f"{'reply' if settings.get('replies_per_prompt') == 1 else 'replies'} per checkpoint, scores in "
+            "start-model standard deviations, 95% intervals from resampling prompts"
             + (" (the arms' points: prompts and seeds)." if "arms" in demo else "."))
 
 

@@ -7,6 +7,7 @@ from ppo_rlhf.study.findings import (
     headline,
     reward_model_sentence,
     run_sentence,
+    settings_sentence,
     word_baseline_sentence,
 )
 
@@ -180,6 +181,14 @@ def test_an_interval_that_excludes_zero_before_the_end_is_a_hint_weighed_against
     summary[5] = row((-0.3, -0.5, -0.1), (0.3, 0.1, 0.5), kl=1.86, iteration=10)
     assert along_the_way_sentence(summary, labels) is None
     assert "Read it as a hint" not in " ".join(headline({"summary": summary, "settings": {}}, study))
+
+
+def test_the_settings_sentence_says_one_reply_in_the_singular():
+    # the full preset evaluates one reply a prompt; its report said "200 held-out prompts x 1 replies"
+    one = settings_sentence({"settings": {}}, {"n_prompts": 200, "replies_per_prompt": 1})
+    assert "evaluation on 200 held-out prompts x 1 reply per checkpoint, scores" in one
+    two = settings_sentence({"settings": {}}, {"n_prompts": 100, "replies_per_prompt": 2})
+    assert "evaluation on 100 held-out prompts x 2 replies per checkpoint, scores" in two
 
 
 def test_hints_of_several_runs_name_the_arm_and_seed_of_each():
