@@ -1,6 +1,7 @@
 """How close one PPO iteration of our trainer comes to this machine's limit (bench/HISTORY.md).
 
     .venv/bin/python bench/limit.py --batch 8 --minibatch 4 --max-new-tokens 48
+    .venv/bin/python bench/limit.py --config configs/smollm2_add_tiny.yaml --iterations 3   # a preset's own settings
 
 1. The machine: fp32 and bf16 GEMM throughput (torch.matmul, best of several shapes) and memory read bandwidth.
 2. One warm-up and `--iterations` timed iterations of our trainer on SmolLM2-135M (LoRA policy, LoRA value model).
@@ -24,6 +25,13 @@ Last run (bench/HISTORY.md, ninth session), 2026-12-04 10:08-10:15 UTC, quiet ma
 
     bf16 GEMM peak 385.5 GFLOP/s (fp32 168.8); one iteration 171.86 s: generation 19.65 s, MFU 36.7% (78 reply
     tokens/s); scoring 39.39 s, 59.3%; update 112.82 s, 62.1% (6N), 43.6% in work done (4N + head)
+On add-tiny's preset (2026-12-07, 2-core AMX + AVX512-BF16 Xeon, quiet; docs/benchmarks.md):
+
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python bench/limit.py --config configs/smollm2_add_tiny.yaml \
+        --iterations 2
+
+    bf16 GEMM peak 2321.0 GFLOP/s (fp32 380.3); iterations 27.70 and 22.96 s: generation 8.13 / 5.38 s, MFU 2.5% /
+    3.1%; scoring 4.02 / 3.26 s, 12.0% / 11.1%; update 15.54 / 14.32 s, 12.2% / 9.9% (6N)
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 
+# a verifiable task's preset: the level whose training problems it reads
+TASK_OF_PRESET = {"smollm2_add_tiny.yaml": "add-tiny"}
 CPU_SHAPES = {"2048^3": (2048, 2048, 2048), "1024x576x1536": (1024, 576, 1536), "1024x1536x576": (1024, 1536, 576),
               "1024x576x49152": (1024, 576, 49152), "4096^3": (4096, 4096, 4096)}
 
@@ -115,8 +125,10 @@ def model_sizes(trainer) -> dict[str, int]:
     return {"n_body": count(body), "n_head": head.weight.numel(), "n_vbody": count(vbody)}
 
 
-def iteration_flops(rollout, micro: int, epochs: int, minibatch: int, sizes: dict[str, int]) -> dict[str, float]:
-    """The FLOPs of one iteration's phases (the module docstring's counts) from the rollout it ran."""
+def iteration_flops(rollout, micro: int, epochs: int, minibatch: int, sizes: dict[str, int],
+                    reward_model: bool = True) -> dict[str, float]:
+    """The FLOPs of one iteration's phases (the module docstring's counts) from the rollout it ran; `reward_model`:
+    whether scoring runs a reward model (a reward function, as a verifiable task's, costs no FLOPs here)."""
     from ppo_rlhf.models.logprobs import first_reply_position
 
     n_body, n_head, n_vbody = sizes["n_body"], sizes["n_head"], sizes["n_vbody"]
@@ -127,7 +139,7 @@ def iteration_flops(rollout, micro: int, epochs: int, minibatch: int, sizes: dic
     # generation: prefill of the left-padded prompts, then `steps` decoding steps for every row
     gen = B * (prompt_width + steps) * 2 * (n_body + n_head)
     # scoring: policy (with logits), reference (with logits), value model; reward model ~ one more body pass
-    score = scored * 2 * n_body * 2 + scored_head * 2 * n_head * 2 + scored * 2 * n_vbody * 2
+    score = scored * 2 * n_body * 2 + scored_head * 2 * n_head * 2 + scored * 2 * n_vbody * (1 + reward_model)
     # update: every epoch, every micro-batch; per token 6N model FLOPs for policy and value bodies, + LM head
     # (the minibatches are random rows; contiguous ones are used here, close enough for the count)
     update_tokens = update_head = 0
@@ -144,11 +156,14 @@ def iteration_flops(rollout, micro: int, epochs: int, minibatch: int, sizes: dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--minibatch", type=int, default=4)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--config", help="a training config (e.g. configs/smollm2_add_tiny.yaml): its model, task, "
+                        "rewards and settings instead of the defaults below (a verifiable task's problems written "
+                        "afresh); the options below given explicitly still apply")
+    parser.add_argument("--model", default=None, help="smollm2 (default) or qwen-shape")
+    parser.add_argument("--batch", type=int, default=None, help="default 8")
+    parser.add_argument("--minibatch", type=int, default=None, help="default 4")
+    parser.add_argument("--epochs", type=int, default=None, help="default 2")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 48")
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--dtype", default="auto", help="the trainer's dtype setting (auto, float32, bfloat16)")
     parser.add_argument("--json")
@@ -169,17 +184,32 @@ def main() -> None:
 
     from peer_trl import PROMPTS, prepare_model
 
-    from ppo_rlhf.config import build_config
+    from ppo_rlhf.config import build_config, read_yaml
     from ppo_rlhf.ppo.train_config import TrainConfig
     from ppo_rlhf.ppo.trainer import PPOLoop
+    from ppo_rlhf.tasks.arithmetic import write_task
 
-    path = prepare_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="limit_"))
-    (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    cfg = build_config(TrainConfig, dict(policy_model=path, reward_model=path, prompts=str(work / "prompts.jsonl"),
-                                         out=str(work / "run"), batch_size=args.batch, minibatch_size=args.minibatch,
-                                         epochs=args.epochs, max_new_tokens=args.max_new_tokens, tensorboard=False,
-                                         quiet=True, device="cpu", dtype=args.dtype, init_score_head=True))
+    given = {key: value for key, value in (("policy_model", args.model), ("batch_size", args.batch),
+                                           ("minibatch_size", args.minibatch), ("epochs", args.epochs),
+                                           ("max_new_tokens", args.max_new_tokens)) if value is not None}
+    if args.config:
+        settings = {**read_yaml(args.config), **given}
+        level = TASK_OF_PRESET.get(Path(args.config).name)
+        if level:  # the preset's problems file, written here (its path is relative to wherever it was made)
+            settings["prompts"] = str(write_task(level, work / "data")[0])
+    else:
+        path = prepare_model(given.get("policy_model", "smollm2"))
+        (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+        settings = {"batch_size": 8, "minibatch_size": 4, "epochs": 2, "max_new_tokens": 48, **given,
+                    "policy_model": path, "reward_model": path, "prompts": str(work / "prompts.jsonl"),
+                    "init_score_head": True}
+    # every timed iteration a full one (policy and value update), as after a preset's critic warm-up
+    settings.update(out=str(work / "run"), tensorboard=False, quiet=True, device="cpu", dtype=args.dtype,
+                    log_completions_every=0, critic_warmup_iterations=0)
+    cfg = build_config(TrainConfig, settings)
+    args.model, args.batch, args.minibatch = cfg.policy_model, cfg.batch_size, cfg.minibatch_size
+    args.epochs, args.max_new_tokens = cfg.epochs, cfg.max_new_tokens
     trainer = PPOLoop(cfg)
     sizes = model_sizes(trainer)
     n_body, n_head, n_vbody = sizes["n_body"], sizes["n_head"], sizes["n_vbody"]
@@ -194,7 +224,8 @@ def main() -> None:
     for index in range(1, args.iterations + 1):
         stats, rollout = trainer.iteration(index)
         B = len(rollout.prompts)
-        flops = iteration_flops(rollout, trainer.micro_size, args.epochs, args.minibatch, sizes)
+        flops = iteration_flops(rollout, trainer.micro_size, args.epochs, args.minibatch, sizes,
+                                reward_model=cfg.reward_model is not None)
         gen_flops, score_flops, update_model, update_done = (flops[k] for k in ("gen", "score", "update_6N",
                                                                                   "update_4N"))
         reply_tokens, steps, scored = flops["reply_tokens"], flops["decode_steps"], flops["scored_positions"]
@@ -217,7 +248,7 @@ def main() -> None:
               f"{row['gen_tokens_per_s']:.1f} reply tok/s ({row['gen_rows_tokens_per_s']:.1f} incl. finished rows); "
               f"bound: weights-read {bound_bw:.0f} tok/s, compute {bound_compute:.0f} tok/s")
         print(f"  scoring    {t['score']:6.2f} s  {score_flops / 1e12:6.3f} TFLOP  MFU {row['mfu_score']:.1%}  "
-              f"({scored} positions x 3 passes + reward model)")
+              f"({scored} positions x 3 passes{' + reward model' if cfg.reward_model else ''})")
         print(f"  update     {t['update']:6.2f} s  {update_model / 1e12:6.3f} TFLOP (6N)  MFU "
               f"{row['mfu_update_6N']:.1%}; "
               f"work done (4N + head) {update_done / 1e12:.3f} TFLOP, utilisation {row['hfu_update_4N']:.1%}")

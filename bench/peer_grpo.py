@@ -62,7 +62,11 @@ The goal (issue 45 item 2): ours (PPO) reaches the final accuracy of TRL's best 
 printed table gives, for each of our sides, the first checkpoint at or above that accuracy and its seconds and
 tokens over TRL's. And ours-grpo against trl-lora: seconds per step and per reply token.
 
-Not run yet at the full budget (the machine must be quiet); --dry-run is tests/bench/test_peer_grpo.py.
+Last run (bench/HISTORY.md, 2026-12-07 02:30-04:49 UTC, 2-core AMX + AVX512-BF16 Xeon, quiet; sides trl-lora,
+trl-tuned, ours-ppo, ours-grpo, 1800 s each, checkpoints every 300 s, 200 held-out problems): TRL's best final 68.0%
+(trl-lora); ours-ppo first at or above it at 909 s, 0.504x TRL's seconds and 0.27x its tokens (goal missed); finals
+ours-ppo 76.5% and ours-grpo 75.0%, +8.5 [+2.1, +15.0] and +7.0 [+2.0, +12.0] points over TRL's; GRPO at equal
+settings 0.82x TRL's seconds per step. --dry-run is tests/bench/test_peer_grpo.py.
 """
 
 from __future__ import annotations
@@ -348,23 +352,119 @@ def first_reaching(rows: list[dict], target: float) -> dict | None:
     return next((row for row in rows if row["accuracy"]["mean"] >= target), None)
 
 
+def correct_by_problem(records: list[dict], model: str) -> dict[tuple[int, int], float]:
+    return {(r["prompt_index"], r["reply_index"]): float(r["correct"]) for r in records if r["model"] == model}
+
+
+def paired_difference(records: list[dict], model: str, reference: str) -> dict:
+    """`model`'s exact match minus `reference`'s on the same held-out replies, with its 95% interval (problems
+    resampled: ppo_rlhf.study.stats.paired_bootstrap)."""
+    from ppo_rlhf.study.stats import paired_bootstrap
+
+    ours, theirs = correct_by_problem(records, model), correct_by_problem(records, reference)
+    keys = sorted(theirs)
+    mean, lo, hi = paired_bootstrap([ours[k] - theirs[k] for k in keys], [k[0] for k in keys], n_boot=10000)
+    return {"mean": mean, "lo": lo, "hi": hi}
+
+
+def ours_against_target(side: str, rows: list[dict], trl_rows: list[dict], records: list[dict], target: float
+                        ) -> dict:
+    """The goal's two readings for one of our sides: the first checkpoint at or above TRL's best final accuracy (a
+    point estimate: its seconds and tokens over TRL's), and the paired difference, with its 95% interval, between our
+    last checkpoint within half of TRL's seconds and TRL's final checkpoint (the goal holds with evidence when that
+    interval lies above zero, and refuted when it lies below); and our final against TRL's, the same seconds spent."""
+    trl_end = trl_rows[-1]
+    result: dict = {"first_reaching": None, "at_half_time": None}
+    hit = first_reaching(rows, target)
+    if hit is None:
+        print(f"  {side}: did not reach {target:.1%} (final {rows[-1]['accuracy']['mean']:.1%})")
+    else:
+        ratio, tokens = hit["seconds"] / trl_end["seconds"], hit["tokens"] / max(trl_end["tokens"], 1)
+        print(f"  {side}: first at or above it at step {hit['iteration']}, {hit['accuracy']['mean']:.1%} at "
+              f"{hit['seconds']:.0f} s, {hit['tokens']} tokens: {ratio:.3f}x TRL's seconds, {tokens:.2f}x its tokens")
+        result["first_reaching"] = {"iteration": hit["iteration"], "seconds": hit["seconds"], "tokens": hit["tokens"],
+                                    "time_ratio": ratio, "token_ratio": tokens}
+    within = [row for row in rows if row["seconds"] <= 0.5 * trl_end["seconds"]]
+    if not within:
+        print(f"  {side}: no checkpoint within half of TRL's {trl_end['seconds']:.0f} s")
+        return result
+    half = within[-1]
+    difference = paired_difference(records, half["label"], trl_end["label"])
+    verdict = ("met: the interval lies above zero" if difference["lo"] > 0 else
+               "not met: the interval lies below zero" if difference["hi"] < 0 else
+               "not shown: the interval includes zero")
+    print(f"  {side} at {half['seconds']:.0f} s ({half['seconds'] / trl_end['seconds']:.2f}x TRL's), step "
+          f"{half['iteration']}: {half['accuracy']['mean']:.1%}, minus TRL's final {interval_points(difference)} "
+          f"points (paired, 95%): goal {verdict}")
+    result["at_half_time"] = {"iteration": half["iteration"], "seconds": half["seconds"],
+                              "accuracy": half["accuracy"], "minus_trl_final": difference}
+    end = paired_difference(records, rows[-1]["label"], trl_end["label"])  # the same budget spent
+    print(f"  {side} final (step {rows[-1]['iteration']}, {rows[-1]['seconds']:.0f} s): "
+          f"{rows[-1]['accuracy']['mean']:.1%}, minus TRL's final {interval_points(end)} points (paired, 95%)")
+    result["final_minus_trl_final"] = end
+    return result
+
+
+def interval_points(c: dict) -> str:
+    return f"{100 * c['mean']:+.1f} [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]"
+
+
+def plot(curves: dict[str, list[dict]], start: dict, goal: dict, path: Path) -> None:
+    """Held-out exact match against training seconds and against sampled reply tokens, one line per side with its
+    95% band; TRL's best final accuracy dashed, half of its seconds dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+    for axis, key, name in ((axes[0], "seconds", "training seconds"), (axes[1], "tokens", "sampled reply tokens")):
+        for side, rows in curves.items():
+            xs = [0] + [row[key] for row in rows]
+            accuracy = [start] + [row["accuracy"] for row in rows]
+            style = "-" if side.startswith("ours") else "--"
+            line, = axis.plot(xs, [100 * a["mean"] for a in accuracy], style, marker="o", ms=3, label=side)
+            axis.fill_between(xs, [100 * a["lo"] for a in accuracy], [100 * a["hi"] for a in accuracy],
+                              color=line.get_color(), alpha=0.12)
+        if goal:
+            axis.axhline(100 * goal["target"], color="grey", ls="--", lw=0.8)
+        axis.set_xlabel(name)
+        axis.grid(alpha=0.3)
+    if goal:
+        axes[0].axvline(0.5 * goal["trl_seconds"], color="grey", ls=":", lw=0.8)
+        axes[0].text(0.5 * goal["trl_seconds"], 0.02, " half of TRL's seconds", fontsize=8, color="grey",
+                     transform=axes[0].get_xaxis_transform())
+        axes[1].text(0.98, 100 * goal["target"], f"TRL's best final ({goal['trl_best']})", fontsize=8, color="grey",
+                     va="top", ha="right", transform=axes[1].get_yaxis_transform())
+    axes[0].set_ylabel("held-out exact match, % (95% interval)")
+    axes[0].legend(fontsize=8, loc="lower right")
+    figure.suptitle("add-tiny: time to a trained model, ours and TRL's GRPOTrainer (bench/peer_grpo.py)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def report(results: dict[str, dict], evaluation: dict) -> dict:
-    """Per checkpoint: seconds, reply tokens, exact match [95%], peak RSS; then the goal's ratios."""
+    """Per checkpoint: seconds, reply tokens, exact match [95%], its change from the start model [95%, paired], peak
+    RSS; then the goal's two readings (ours_against_target) and GRPO at equal settings per step and per token."""
     by_label = {s["model"]: s for s in evaluation["summary"]}
     start = evaluation["summary"][0]
     curves = {}
-    print(f"\n{'side':15s} {'step':>5s} {'seconds':>8s} {'tokens':>8s}  {'exact match [95%]':22s} {'peak RSS':>8s}")
+    print(f"\n{'side':15s} {'step':>5s} {'seconds':>8s} {'tokens':>8s}  {'exact match [95%]':22s} "
+          f"{'change, points [95%]':22s} {'peak RSS':>8s}")
     acc = start["accuracy"]
     print(f"{'start':15s} {0:5d} {0:8.0f} {0:8d}  {acc['mean']:6.1%} [{acc['lo']:.1%}, {acc['hi']:.1%}]")
     for side, result in results.items():
         rows = []
         for record in result["checkpoints"]:
             summary = by_label[f"{side} step {record['iteration']}"]
-            rows.append({**record, "accuracy": summary["accuracy"], "kl": summary["kl"],
-                         "finished": summary["finished"]})
+            rows.append({**record, "label": summary["model"], "accuracy": summary["accuracy"],
+                         "change": summary["accuracy_change"], "kl": summary["kl"], "finished": summary["finished"],
+                         "reply_tokens": summary["tokens"]})
             acc = summary["accuracy"]
             print(f"{side:15s} {record['iteration']:5d} {record['seconds']:8.0f} {record['tokens']:8d}  "
-                  f"{acc['mean']:6.1%} [{acc['lo']:.1%}, {acc['hi']:.1%}]  {record['peak_rss_gb']:6.2f} GB")
+                  f"{acc['mean']:6.1%} [{acc['lo']:.1%}, {acc['hi']:.1%}]  "
+                  f"{interval_points(summary['accuracy_change']):22s} {record['peak_rss_gb']:6.2f} GB")
         curves[side] = rows
     goal: dict = {}
     trl_sides = [s for s in results if results[s]["trainer"] == "trl"]
@@ -379,17 +479,7 @@ def report(results: dict[str, dict], evaluation: dict) -> dict:
         goal = {"trl_best": best, "target": target, "trl_seconds": trl_end["seconds"], "trl_tokens": trl_end["tokens"],
                 "ours": {}}
         for side in (s for s in results if results[s]["trainer"] == "ours"):
-            hit = first_reaching(curves[side], target)
-            if hit is None:
-                print(f"  {side}: did not reach {target:.1%} (final {curves[side][-1]['accuracy']['mean']:.1%})")
-                goal["ours"][side] = None
-                continue
-            ratio, tokens = hit["seconds"] / trl_end["seconds"], hit["tokens"] / max(trl_end["tokens"], 1)
-            print(f"  {side}: reached {hit['accuracy']['mean']:.1%} at {hit['seconds']:.0f} s, {hit['tokens']} tokens: "
-                  f"{ratio:.2f}x TRL's seconds, {tokens:.2f}x its tokens (goal <= 0.5x in seconds: "
-                  f"{'met' if ratio <= 0.5 else 'not met'})")
-            goal["ours"][side] = {"seconds": hit["seconds"], "tokens": hit["tokens"], "time_ratio": ratio,
-                                  "token_ratio": tokens}
+            goal["ours"][side] = ours_against_target(side, curves[side], curves[best], evaluation["records"], target)
     if "ours-grpo" in results and "trl-lora" in results:
         per = {}
         for side in ("ours-grpo", "trl-lora"):
@@ -424,6 +514,8 @@ def main() -> None:
     parser.add_argument("--trl-precision", default="bf16", choices=["bf16", "fp32", "bf16-weights"],
                         help="TRL's: bf16 (bf16=True, autocast over fp32 weights, its default), fp32, bf16-weights")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the table and draw peer_grpo.png again from OUT's finished sides and evaluation")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny random models, one step a side, 4 held-out problems (tests/bench/test_peer_grpo.py)")
     args = parser.parse_args()
@@ -443,6 +535,13 @@ def main() -> None:
     if any(SIDES[s]["trainer"] == "trl" for s in sides) and not GRPO_PY.exists():
         raise SystemExit(f"{GRPO_PY} missing: see bench/HISTORY.md (TRL's GRPO environment) or `make venv-grpo`")
     out = Path(args.out)
+    if args.report_only:
+        missing = [s for s in sides if not (out / "eval" / s / "side.json").is_file()]
+        if missing or not (out / "evaluation" / "task_eval.json").is_file():
+            parser.error(f"--report-only: {out} has no finished {', '.join(missing) or 'evaluation'}")
+        results = {side: json.loads((out / "eval" / side / "side.json").read_text()) for side in sides}
+        finish(args, out, results, json.loads((out / "evaluation" / "task_eval.json").read_text()))
+        return
     out.mkdir(parents=True, exist_ok=True)
     model, data, dtype = prepare(args, out)
     print(f"peer_grpo: {LEVEL}, start model {model}, sides {', '.join(sides)}, budget {args.budget_s:.0f} s a side"
@@ -450,11 +549,15 @@ def main() -> None:
           f"{args.checkpoint_every_s:.0f} s, TRL {TRL_VERSION} in {args.trl_precision}, {args.heldout} held-out "
           f"problems{' (dry run)' if args.dry_run else ''}", flush=True)
     results = {side: run_side(side, args, out, model, data, dtype) for side in sides}
-    evaluation = evaluate(args, out, sides)
+    finish(args, out, results, evaluate(args, out, sides))
+
+
+def finish(args, out: Path, results: dict[str, dict], evaluation: dict) -> None:
     summary = report(results, evaluation)
     (out / "peer_grpo.json").write_text(json.dumps({"args": vars(args), "sides": results, **summary}, indent=1,
                                                    default=str))
-    print(f"wrote {out / 'peer_grpo.json'}")
+    plot(summary["curves"], summary["start"], summary["goal"], out / "peer_grpo.png")
+    print(f"wrote {out / 'peer_grpo.json'} and {out / 'peer_grpo.png'}")
 
 
 if __name__ == "__main__":

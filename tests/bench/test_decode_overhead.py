@@ -1,0 +1,37 @@
+"""bench/decode_overhead.py on a tiny random model: every variant's process builds the preset's trainer, generates
+with and without the adapter, profiles one generation, and the table compares like with like (issue 45 item 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+import tiny  # noqa: E402
+
+
+def test_a_dry_run_measures_each_variant_against_the_bounds(tmp_path):
+    tokenizer = tiny.tiny_tokenizer()
+    folder = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer), tokenizer, tmp_path / "policy")
+    out = tmp_path / "decode.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "decode_overhead.py"), "--model", str(folder),
+                           "--variants", "passive-1,default-1", "--rounds", "1", "--batches", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["bounds_ms"]["weights_read"] > 0 and result["bounds_ms"]["compute"] > 0
+    for name in ("passive-1", "default-1"):
+        variant, [run] = result["variants"][name], result["runs"][name]
+        assert run["threads"] == 1 and run["batch_size"] == 16  # the preset's batch, one thread as asked
+        assert variant["ms_per_step"] > 0 and variant["ms_per_step_no_adapter"] > 0 and variant["ops_per_step"] > 0
+        assert len(run["replies"]) == 16
+    assert result["runs"]["passive-1"][0]["omp_wait_policy"] == "PASSIVE"
+    assert result["runs"]["default-1"][0]["omp_wait_policy"] is None
+    # the same seeds and prompts: the first variant matches itself, and the table says how the other compares
+    assert result["variants"]["passive-1"]["same_replies"] == [16, 16]
+    assert "| default-1 |" in proc.stdout and "bounds: weights-read" in proc.stdout
