@@ -62,7 +62,7 @@ def test_dry_run_both_sides_step_and_trl_checkpoints_are_evaluated(tmp_path):
 def test_the_goal_reads_our_checkpoint_within_half_of_trls_time_against_trls_final_paired():
     """ours_against_target on made-up records: our step 2 (at 0.4x TRL's seconds) is right on 150 of 200 problems, TRL's
     final on 100 of the same problems, so ours minus TRL is +25 points with an interval above zero; step 3 (0.6x) is
-    past half of TRL's time and is not the one read."""
+    past half of TRL's time and is not the one read there, but is our final against TRL's."""
     problems = range(200)
 
     def records(model: str, right: int) -> list[dict]:
@@ -73,12 +73,14 @@ def test_the_goal_reads_our_checkpoint_within_half_of_trls_time_against_trls_fin
     ours = [{"label": f"ours-ppo step {i}", "iteration": i, "seconds": s, "tokens": 1000 * i,
              "accuracy": {"mean": a, "lo": a - 0.07, "hi": a + 0.07}}
             for i, s, a in ((1, 200.0, 0.3), (2, 400.0, 0.75), (3, 600.0, 0.8))]
-    every = records("trl-lora step 40", 100) + records("ours-ppo step 2", 150) + records("ours-ppo step 1", 60)
+    every = (records("trl-lora step 40", 100) + records("ours-ppo step 2", 150) + records("ours-ppo step 1", 60)
+             + records("ours-ppo step 3", 160))
     result = peer_grpo.ours_against_target("ours-ppo", ours, trl, every, target=0.5)
     assert result["first_reaching"]["iteration"] == 2 and result["first_reaching"]["time_ratio"] == 0.4
     half = result["at_half_time"]
     assert half["iteration"] == 2
     assert half["minus_trl_final"]["mean"] == 0.25 and 0 < half["minus_trl_final"]["lo"] < 0.25
+    assert result["final_minus_trl_final"]["mean"] == 0.3  # step 3, the same budget spent: 160 against 100 right
     # a side that never gets there: no first checkpoint, and its half-time reading is below TRL's
     slow = [{**ours[0], "accuracy": {"mean": 0.3, "lo": 0.23, "hi": 0.37}}]
     result = peer_grpo.ours_against_target("ours-ppo", slow, trl, every, target=0.5)
