@@ -374,7 +374,10 @@ def ours_against_target(side: str, rows: list[dict], trl_rows: list[dict], recor
     last checkpoint within half of TRL's seconds and TRL's final checkpoint (the goal holds with evidence when that
     interval lies above zero, and refuted when it lies below); and our final against TRL's, the same seconds spent."""
     trl_end = trl_rows[-1]
-    result: dict = {"first_reaching": None, "at_half_time": None}
+    end = paired_difference(records, rows[-1]["label"], trl_end["label"])  # the same budget spent
+    print(f"  {side} final (step {rows[-1]['iteration']}, {rows[-1]['seconds']:.0f} s): "
+          f"{rows[-1]['accuracy']['mean']:.1%}, minus TRL's final {interval_points(end)} points (paired, 95%)")
+    result: dict = {"first_reaching": None, "at_half_time": None, "final_minus_trl_final": end}
     hit = first_reaching(rows, target)
     if hit is None:
         print(f"  {side}: did not reach {target:.1%} (final {rows[-1]['accuracy']['mean']:.1%})")
@@ -398,10 +401,6 @@ def ours_against_target(side: str, rows: list[dict], trl_rows: list[dict], recor
           f"points (paired, 95%): goal {verdict}")
     result["at_half_time"] = {"iteration": half["iteration"], "seconds": half["seconds"],
                               "accuracy": half["accuracy"], "minus_trl_final": difference}
-    end = paired_difference(records, rows[-1]["label"], trl_end["label"])  # the same budget spent
-    print(f"  {side} final (step {rows[-1]['iteration']}, {rows[-1]['seconds']:.0f} s): "
-          f"{rows[-1]['accuracy']['mean']:.1%}, minus TRL's final {interval_points(end)} points (paired, 95%)")
-    result["final_minus_trl_final"] = end
     return result
 
 
