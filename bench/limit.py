@@ -168,6 +168,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", help="the trainer's dtype setting (auto, float32, bfloat16)")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.config and not Path(args.config).is_file():
+        parser.error(f"--config: no such file: {args.config}")
 
     from ppo_rlhf.models.precision import dtype_name, resolve_dtype
 
