@@ -294,8 +294,12 @@ def run_side(side: str, args, out: Path, model: str, data: Path, dtype: str) -> 
     eval_dir = out / "eval" / side
     result_file = eval_dir / "side.json"
     if result_file.is_file():
+        done = json.loads(result_file.read_text())
+        if done.get("omp_wait_policy", "passive") != args.omp_wait_policy:  # runs before the option were passive
+            raise SystemExit(f"{side} was run with --omp-wait-policy {done.get('omp_wait_policy', 'passive')} in "
+                             f"{out}; use another --out to run it {args.omp_wait_policy}")
         print(f"  {side}: done before, {result_file}")
-        return json.loads(result_file.read_text())
+        return done
     shutil.rmtree(eval_dir, ignore_errors=True)  # an unfinished earlier try
     (eval_dir / "checkpoints").mkdir(parents=True)
     # what `ppo-rlhf task evaluate` reads: the start model and the evaluation sampler, the same for every side
@@ -312,13 +316,15 @@ def run_side(side: str, args, out: Path, model: str, data: Path, dtype: str) -> 
     log.parent.mkdir(exist_ok=True)
     started = time.perf_counter()
     with open(log, "w") as handle:
-        proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, text=True, env=side_env(), cwd=ROOT)
+        proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, text=True,
+                              env=side_env(args.omp_wait_policy), cwd=ROOT)
     lines = log.read_text().splitlines()
     line = next((line for line in reversed(lines) if line.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         print("\n".join(lines[-40:]), file=sys.stderr)
         raise SystemExit(f"{side} failed (exit {proc.returncode}); its log: {log}")
-    result = {"side": side, "trainer": SIDES[side]["trainer"], **json.loads(line[len("RESULT "):])}
+    result = {"side": side, "trainer": SIDES[side]["trainer"], "omp_wait_policy": args.omp_wait_policy,
+              **json.loads(line[len("RESULT "):])}
     result_file.write_text(json.dumps(result, indent=1))
     print(f"  {side}: {result['steps']} steps, {result['seconds']:.0f} s, {result['tokens']} reply tokens, peak RSS "
           f"{result['peak_rss_gb']:.2f} GB, {len(result['checkpoints'])} checkpoints "
@@ -326,10 +332,14 @@ def run_side(side: str, args, out: Path, model: str, data: Path, dtype: str) -> 
     return result
 
 
-def side_env() -> dict:
-    # PASSIVE: OpenMP threads sleep instead of spinning while they wait (bench/peer_trl.py: on a shared 2-core
-    # machine spinning made passes 3-4x slower); the same for both sides
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+def side_env(wait_policy: str) -> dict:
+    """The environment of both sides and the evaluation. `wait_policy` "passive": OMP_WAIT_POLICY=PASSIVE, OpenMP's
+    idle threads sleep at once (bench/peer_trl.py: on a shared 2-core machine spinning made passes 3-4x slower);
+    "unset": libgomp's default (a waiting thread spins a while first), what a user's `ppo-rlhf train` or TRL script
+    runs with: on a quiet machine decoding ran 1.8x faster so (bench/decode_overhead.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                **({"OMP_WAIT_POLICY": "PASSIVE"} if wait_policy == "passive" else {})})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return env
 
@@ -341,7 +351,7 @@ def evaluate(args, out: Path, sides: list[str]) -> dict:
                "--level", LEVEL, "--heldout", str(args.heldout), "--out", str(folder), "--checkpoints", "all",
                "--batch-size", str(args.eval_batch)]
     print("  " + " ".join(command[1:]), flush=True)
-    proc = subprocess.run(command, capture_output=True, text=True, env=side_env(), cwd=ROOT)
+    proc = subprocess.run(command, capture_output=True, text=True, env=side_env(args.omp_wait_policy), cwd=ROOT)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-5000:], file=sys.stderr)
         raise SystemExit(f"the evaluation failed (exit {proc.returncode})")
@@ -513,6 +523,9 @@ def main() -> None:
     parser.add_argument("--trl-precision", default="bf16", choices=["bf16", "fp32", "bf16-weights"],
                         help="TRL's: bf16 (bf16=True, autocast over fp32 weights, its default), fp32, bf16-weights")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--omp-wait-policy", default="unset", choices=["unset", "passive"],
+                        help="OpenMP's wait policy for every side and the evaluation: unset (libgomp's default, what "
+                             "users run; for a quiet machine) or passive (OMP_WAIT_POLICY=PASSIVE, for a shared one)")
     parser.add_argument("--report-only", action="store_true",
                         help="print the table and draw peer_grpo.png again from OUT's finished sides and evaluation")
     parser.add_argument("--dry-run", action="store_true",
@@ -546,7 +559,8 @@ def main() -> None:
     print(f"peer_grpo: {LEVEL}, start model {model}, sides {', '.join(sides)}, budget {args.budget_s:.0f} s a side"
           f"{f', at most {args.max_steps} steps' if args.max_steps else ''}, checkpoints every "
           f"{args.checkpoint_every_s:.0f} s, TRL {TRL_VERSION} in {args.trl_precision}, {args.heldout} held-out "
-          f"problems{' (dry run)' if args.dry_run else ''}", flush=True)
+          f"problems, OMP_WAIT_POLICY {'PASSIVE' if args.omp_wait_policy == 'passive' else 'unset'}"
+          f"{' (dry run)' if args.dry_run else ''}", flush=True)
     results = {side: run_side(side, args, out, model, data, dtype) for side in sides}
     finish(args, out, results, evaluate(args, out, sides))
 
