@@ -362,29 +362,16 @@ def first_reaching(rows: list[dict], target: float) -> dict | None:
     return next((row for row in rows if row["accuracy"]["mean"] >= target), None)
 
 
-def correct_by_problem(records: list[dict], model: str) -> dict[tuple[int, int], float]:
-    return {(r["prompt_index"], r["reply_index"]): float(r["correct"]) for r in records if r["model"] == model}
-
-
-def paired_difference(records: list[dict], model: str, reference: str) -> dict:
-    """`model`'s exact match minus `reference`'s on the same held-out replies, with its 95% interval (problems
-    resampled: ppo_rlhf.study.stats.paired_bootstrap)."""
-    from ppo_rlhf.study.stats import paired_bootstrap
-
-    ours, theirs = correct_by_problem(records, model), correct_by_problem(records, reference)
-    keys = sorted(theirs)
-    mean, lo, hi = paired_bootstrap([ours[k] - theirs[k] for k in keys], [k[0] for k in keys], n_boot=10000)
-    return {"mean": mean, "lo": lo, "hi": hi}
-
-
 def ours_against_target(side: str, rows: list[dict], trl_rows: list[dict], records: list[dict], target: float
                         ) -> dict:
     """The goal's two readings for one of our sides: the first checkpoint at or above TRL's best final accuracy (a
     point estimate: its seconds and tokens over TRL's), and the paired difference, with its 95% interval, between our
     last checkpoint within half of TRL's seconds and TRL's final checkpoint (the goal holds with evidence when that
     interval lies above zero, and refuted when it lies below); and our final against TRL's, the same seconds spent."""
+    from ppo_rlhf.tasks.compare import paired_accuracy_difference
+
     trl_end = trl_rows[-1]
-    end = paired_difference(records, rows[-1]["label"], trl_end["label"])  # the same budget spent
+    end = paired_accuracy_difference(records, rows[-1]["label"], trl_end["label"])  # the same budget spent
     print(f"  {side} final (step {rows[-1]['iteration']}, {rows[-1]['seconds']:.0f} s): "
           f"{rows[-1]['accuracy']['mean']:.1%}, minus TRL's final {interval_points(end)} points (paired, 95%)")
     result: dict = {"first_reaching": None, "at_half_time": None, "final_minus_trl_final": end}
@@ -402,7 +389,7 @@ def ours_against_target(side: str, rows: list[dict], trl_rows: list[dict], recor
         print(f"  {side}: no checkpoint within half of TRL's {trl_end['seconds']:.0f} s")
         return result
     half = within[-1]
-    difference = paired_difference(records, half["label"], trl_end["label"])
+    difference = paired_accuracy_difference(records, half["label"], trl_end["label"])
     verdict = ("met: the interval lies above zero" if difference["lo"] > 0 else
                "not met: the interval lies below zero" if difference["hi"] < 0 else
                "not shown: the interval includes zero")

@@ -203,8 +203,6 @@ def summarize(evaluation: dict[str, Any], runs: dict[str, dict[str, Any]], n_boo
     """Per variant: its curve (start and each evaluated checkpoint: iteration, sampled tokens, accuracy), final
     accuracy and change, the process numbers; the best variant by final accuracy, and every other variant's paired
     difference from it (its final replies minus the best's, problems resampled)."""
-    from ppo_rlhf.study.stats import paired_bootstrap
-
     summary, records = evaluation["summary"], evaluation["records"]
     start = summary[0]
     variants: dict[str, dict[str, Any]] = {}
@@ -221,22 +219,26 @@ def summarize(evaluation: dict[str, Any], runs: dict[str, dict[str, Any]], n_boo
                           **{key: run[key] for key in ("seconds_per_iteration", "peak_rss_mib", "wall_s",
                                                        "continued")}}
     best = max(variants, key=lambda name: variants[name]["accuracy"]["mean"])
-
-    def correct(model: str) -> dict[tuple[int, int], float]:
-        return {(r["prompt_index"], r["reply_index"]): r["correct"] for r in records if r["model"] == model}
-
-    best_correct = correct(variants[best]["model"])
-    differences = {}
-    for name, variant in variants.items():
-        if name == best:
-            continue
-        other = correct(variant["model"])
-        keys = sorted(best_correct)
-        mean, lo, hi = paired_bootstrap([other[k] - best_correct[k] for k in keys], [k[0] for k in keys],
-                                        n_boot=n_boot)
-        differences[name] = {"mean": mean, "lo": lo, "hi": hi}
+    differences = {name: paired_accuracy_difference(records, variant["model"], variants[best]["model"], n_boot)
+                   for name, variant in variants.items() if name != best}
     return {"start": {"accuracy": start["accuracy"]}, "problems": start["problems"], "variants": variants,
             "best": best, "differences": differences}
+
+
+def paired_accuracy_difference(records: list[dict[str, Any]], model: str, reference: str, n_boot: int = 10000
+                               ) -> dict[str, float]:
+    """`model`'s exact match minus `reference`'s on the same held-out replies of one `ppo-rlhf task evaluate`
+    (its records: model, prompt_index, reply_index, correct), with its 95% interval, problems resampled
+    (study.stats.paired_bootstrap)."""
+    from ppo_rlhf.study.stats import paired_bootstrap
+
+    def correct(name: str) -> dict[tuple[int, int], float]:
+        return {(r["prompt_index"], r["reply_index"]): float(r["correct"]) for r in records if r["model"] == name}
+
+    ours, theirs = correct(model), correct(reference)
+    keys = sorted(theirs)
+    mean, lo, hi = paired_bootstrap([ours[k] - theirs[k] for k in keys], [k[0] for k in keys], n_boot=n_boot)
+    return {"mean": mean, "lo": lo, "hi": hi}
 
 
 def compare_sentence(variants: dict[str, dict], best: str, differences: dict[str, dict]) -> str:
