@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from ppo_rlhf.data import Prompt, PromptRow, load_prompt_rows
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models.chat import chat_prompt_ids
-from ppo_rlhf.models.generation import make_generator
+from ppo_rlhf.models.generation import HFGenerator, make_generator
 from ppo_rlhf.models.loading import (
     LoraSettings,
     NoScoreHead,
@@ -463,8 +463,12 @@ class PPOLoop:
         the environment's reset sees each prompt's row (its other columns) when the prompts are `batch_prompts`."""
         cfg = self.cfg
 
+        generator = self.generator
+        assert isinstance(generator, HFGenerator)  # (multi-turn needs the hf backend: TrainConfig)
+
         def sample(trajectories: list[list[int]], cap: int):
-            return sample_replies(self.policy, self.tokenizer, trajectories, cap, cfg.temperature,
+            # the generator's model: the policy, or its merged copy (generation_merged_copy)
+            return sample_replies(generator.policy, self.tokenizer, trajectories, cap, cfg.temperature,
                                   cfg.generation_batch_size or None, cfg.top_p, record_logprobs=True,
                                   drop_finished=cfg.generation_drop_finished)
 

@@ -130,3 +130,54 @@ def test_vllm_python_needs_an_environment_that_has_vllm(monkeypatch):
     assert generation.vllm_python() == "/opt/gpu-venv/bin/python"  # named explicitly: used as is
     # the probe asks the other python itself (the project's venv has no vllm: what a failed `make venv-vllm` leaves)
     assert generation._imports_vllm(sys.executable) == (importlib.util.find_spec("vllm") is not None)
+
+
+def test_merged_copy_samples_what_the_policy_samples_and_follows_its_updates(tokenizer):
+    policy = lora_policy(tokenizer)  # float32: the merged weights equal W + B A * scale to rounding
+    plain = HFGenerator(policy, tokenizer, max_new_tokens=5, temperature=1.0, record_logprobs=True)
+    merged = HFGenerator(policy, tokenizer, max_new_tokens=5, temperature=1.0, record_logprobs=True, merged=True)
+    prompts = ["Hello", "Tell me a story", "Hi"]
+    copies = []
+    for update in range(2):
+        plain.sync(policy)
+        merged.sync(policy)
+        assert merged.policy is not policy and not hasattr(merged.policy, "get_base_model")  # a plain HF model
+        weights = merged_state_dict(policy)
+        assert all(torch.equal(merged.policy.state_dict()[k], weights[k]) for k in weights)
+        torch.manual_seed(update)
+        a = plain.generate(prompts)
+        torch.manual_seed(update)
+        b = merged.generate(prompts)
+        assert a.reply_ids == b.reply_ids
+        assert torch.allclose(a.logprobs, b.logprobs, atol=1e-5)
+        copies.append(merged.policy)
+        with torch.no_grad():  # an optimiser step on the adapter: the next sync must carry it
+            for name, p in policy.named_parameters():
+                if "lora_A" in name:
+                    p.add_(torch.randn_like(p) * 0.5)
+    assert copies[0] is copies[1]  # refreshed in place, not rebuilt
+
+
+def test_trainer_samples_from_the_merged_copy_and_scores_on_the_policy(tmp_path, tokenizer):
+    policy = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer), tokenizer, tmp_path / "policy")
+    reward = tiny.save_tiny(tiny.tiny_reward_model(tokenizer), tokenizer, tmp_path / "reward")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hi", "Tell me a story"]))
+    cfg = build_config(TrainConfig, dict(policy_model=str(policy), reward_model=str(reward), prompts=str(prompts),
+                                         out=str(tmp_path / "run"), batch_size=2, minibatch_size=2, max_new_tokens=4,
+                                         reward_norm_samples=2, lora_rank=4, quiet=True, tensorboard=False,
+                                         generation_merged_copy=True, dtype="float32"))
+    trainer = PPOLoop(cfg)
+    rollout = trainer.rollout(["Hi", "Tell me a story"])
+    assert isinstance(trainer.generator, HFGenerator) and trainer.generator.policy is not trainer.policy
+    batch = trainer.score(rollout)  # log pi_old recomputed on the policy itself
+    expected = token_logprobs(trainer.policy, rollout.input_ids, rollout.attention_mask, cfg.temperature)
+    act = batch.action_mask.bool()
+    assert torch.allclose(batch.old_logprobs[act], expected[act], atol=1e-6)
+    assert torch.allclose(rollout.logprobs[act], expected[act], atol=1e-4)  # the copy's own, float32 here
+
+
+def test_merged_copy_is_a_setting_of_the_hf_backend():
+    with pytest.raises(UsageError, match="generation_merged_copy"):
+        build_config(TrainConfig, dict(policy_model="x", reward_model="y", prompts="p.jsonl",
+                                       generation_merged_copy=True, generation_backend="vllm"))
