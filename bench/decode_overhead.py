@@ -19,7 +19,12 @@ Variants (each a subprocess: OpenMP reads its environment once, when torch start
     passive-2-fp32   passive-2 with the weights in float32 (the preset's `dtype: auto` is bf16 on a CPU with bf16
                 instructions): whether small-batch decoding runs faster in fp32 kernels here
 In each process the batch is also generated with the LoRA adapter switched off (`disable_adapter`: the base model
-alone): what merging the adapter into the weights for sampling could save at most.
+alone), and from the merged copy `generation_merged_copy` samples from (ppo_rlhf/models/generation.py: the adapter
+merged into a plain model's weights, refreshed before each batch as before each rollout, the refresh timed apart).
+A fresh adapter is zero (LoRA's B starts at 0), so `--adapter` loads a trained one (a checkpoint's `policy` folder)
+to make the merged copy's rounding real; the merged copy's distance from the policy is then measured on the
+adapter path's own replies: per reply token, the full-vocabulary KL(policy || merged copy) at the sampling
+temperature, beside the policy's own generation-against-training-forward distance (what `mismatch_kl` reads).
 
 Per variant: ms per decoding step (median over batches and rounds), reply tokens/s, and a torch.profiler count of
 the operators one generation runs per decoding step and their mean self time; beside them the step's bounds on
@@ -42,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +67,7 @@ def measure(args) -> dict:
     from limit import TASK_OF_PRESET, gemm_throughput, read_bandwidth
 
     from ppo_rlhf.config import build_config, read_yaml
+    from ppo_rlhf.models.generation import make_generator
     from ppo_rlhf.models.logprobs import body_and_lm_head
     from ppo_rlhf.ppo.train_config import TrainConfig
     from ppo_rlhf.ppo.trainer import PPOLoop
@@ -76,6 +83,16 @@ def measure(args) -> dict:
                     seed=args.seed)
     trainer = PPOLoop(build_config(TrainConfig, settings))
     cfg = trainer.cfg
+    if args.adapter:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        loaded = set_peft_model_state_dict(trainer.policy, load_file(str(Path(args.adapter) /
+                                                                          "adapter_model.safetensors")))
+        if loaded.unexpected_keys:
+            raise SystemExit(f"--adapter {args.adapter}: not this preset's adapter ({len(loaded.unexpected_keys)} "
+                             "unexpected weights)")
+    merged = make_generator(replace(cfg, generation_merged_copy=True), trainer.policy, trainer.tokenizer)
     body, head = body_and_lm_head(trainer.policy)
     weights = [p for name, p in body.named_parameters() if "embed_tokens" not in name and "lora_" not in name]
     n_params = sum(p.numel() for p in weights) + head.weight.numel()
@@ -84,42 +101,82 @@ def measure(args) -> dict:
     peak = max(gemm_throughput(dtype).values())
     bandwidth = read_bandwidth()
 
-    def generate(batch: int, adapter: bool):
+    modes = ("adapter", "no adapter", "merged")
+    merge_seconds: list[float] = []
+
+    def generate(batch: int, mode: str):
         prompts = trainer.batch_prompts(list(range(batch * cfg.batch_size, (batch + 1) * cfg.batch_size)))
+        if mode == "merged":  # the refresh the trainer runs before each rollout, outside the decoding time
+            start = time.perf_counter()
+            merged.sync(trainer.policy)
+            merge_seconds.append(time.perf_counter() - start)
         torch.manual_seed(args.seed + batch)
         start = time.perf_counter()
-        if adapter:
+        if mode == "adapter":
             rollout = trainer.rollout(prompts)
+        elif mode == "merged":
+            rollout = merged.generate(prompts)
         else:
             with trainer.policy.disable_adapter():
                 rollout = trainer.rollout(prompts)
-        seconds = time.perf_counter() - start
-        return seconds, int(rollout.reply_lengths.max()), int(rollout.reply_lengths.sum()), rollout.reply_ids
+        return time.perf_counter() - start, rollout
 
-    generate(args.batches, True)  # warm-up: first calls pay one-off costs (a batch not measured)
-    rows: dict[str, list] = {"adapter": [], "no adapter": []}
-    replies = []
+    @torch.no_grad()
+    def distances(rollout) -> tuple[list[float], list[float]]:
+        """Per reply token of the policy's own sample: KL(policy || merged copy) over the vocabulary, and
+        |log-prob recorded while sampling - the training forward's| (the policy against itself)."""
+        def logprobs(model):
+            logits = model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask).logits[:, :-1]
+            return torch.log_softmax(logits.float() / cfg.temperature, dim=-1)
+
+        mask = rollout.action_mask.bool()  # [B, L-1], aligned with the logits that predict each token
+        policy_lp, merged_lp = logprobs(trainer.policy), logprobs(merged.policy)
+        kl = (policy_lp.exp() * (policy_lp - merged_lp)).sum(-1)[mask]
+        forward = policy_lp.gather(-1, rollout.input_ids[:, 1:, None]).squeeze(-1)
+        return kl.tolist(), (rollout.logprobs - forward)[mask].abs().tolist()
+
+    generate(args.batches, "adapter")  # warm-up: first calls pay one-off costs (a batch not measured)
+    generate(args.batches, "merged")
+    rows: dict[str, list] = {mode: [] for mode in modes}
+    replies: dict[str, list] = {mode: [] for mode in modes}
+    kl_merged: list[float] = []
+    own_gap: list[float] = []
     for batch in range(args.batches):
-        for adapter in (True, False) if batch % 2 == 0 else (False, True):
-            seconds, steps, tokens, ids = generate(batch, adapter)
-            rows["adapter" if adapter else "no adapter"].append({"seconds": seconds, "steps": steps,
-                                                                  "tokens": tokens})
-            if adapter:
-                replies.extend(ids)
+        for mode in modes if batch % 2 == 0 else modes[::-1]:
+            seconds, rollout = generate(batch, mode)
+            rows[mode].append({"seconds": seconds, "steps": int(rollout.reply_lengths.max()),
+                               "tokens": int(rollout.reply_lengths.sum())})
+            replies[mode].extend(rollout.reply_ids)
+            if mode == "adapter":
+                kl, gap = distances(rollout)
+                kl_merged.extend(kl)
+                own_gap.extend(gap)
     from torch.profiler import ProfilerActivity, profile
 
-    torch.manual_seed(args.seed)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        _, steps, _, _ = generate(0, True)
-    events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
-    op_count = sum(e.count for e in events if e.key.startswith("aten::"))
-    self_us = sum(e.self_cpu_time_total for e in events if e.key.startswith("aten::"))
+    def operators(mode: str) -> tuple[float, float]:
+        """aten operator calls per decoding step of one generation, and their mean self time (us)."""
+        torch.manual_seed(args.seed)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            _, rollout = generate(0, mode)
+        events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+        count = sum(e.count for e in events)
+        return count / int(rollout.reply_lengths.max()), sum(e.self_cpu_time_total for e in events) / max(count, 1)
+
+    ops_per_step, op_self_us = operators("adapter")
+    ops_per_step_merged, _ = operators("merged")
+
+    def mean_max(values: list[float]) -> list[float]:
+        return [statistics.fmean(values), max(values)] if values else [0.0, 0.0]
+
     return {"threads": torch.get_num_threads(), "omp_wait_policy": wait_policy,
             "dtype": str(dtype), "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens,
             "n_params": n_params, "weight_bytes": weight_bytes, "gemm_peak_gflops": peak, "bandwidth_gbs": bandwidth,
-            "rows": rows, "replies": replies, "ops_per_step": op_count / steps,
-            "op_self_us_mean": self_us / max(op_count, 1)}
-
+            "adapter": args.adapter, "rows": rows, "replies": replies["adapter"],
+            "merged_same_replies": [sum(a == b for a, b in zip(replies["merged"], replies["adapter"])),
+                                    len(replies["adapter"])],
+            "merge_seconds": statistics.median(merge_seconds), "kl_policy_merged": mean_max(kl_merged),
+            "policy_generation_gap": mean_max(own_gap), "ops_per_step": ops_per_step,
+            "ops_per_step_merged": ops_per_step_merged, "op_self_us_mean": op_self_us}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -128,6 +185,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds; the variants' order reverses each round")
     parser.add_argument("--batches", type=int, default=3, help="batches a variant generates per round")
     parser.add_argument("--model", help="a model folder instead of the preset's (a tiny one for a dry run)")
+    parser.add_argument("--adapter", help="a trained LoRA adapter of the preset's policy (a checkpoint's policy "
+                        "folder) to measure with: a fresh one is zero, so merging it would change nothing")
     parser.add_argument("--json", help="write the table's numbers here")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)  # one variant's process
@@ -149,7 +208,8 @@ def main() -> None:
             env.update({"HF_HUB_OFFLINE": "1", **({"OMP_WAIT_POLICY": policy} if policy else {})})
             command = [sys.executable, __file__, "--child", "--config", args.config, "--batches", str(args.batches),
                        "--seed", str(args.seed), "--threads", str(threads),
-                       *(["--model", args.model] if args.model else []), *(["--dtype", dtype] if dtype else [])]
+                       *(["--model", args.model] if args.model else []), *(["--dtype", dtype] if dtype else []),
+                       *(["--adapter", args.adapter] if args.adapter else [])]
             proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
             line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT ")), None)
             if proc.returncode != 0 or line is None:
@@ -187,6 +247,23 @@ def main() -> None:
         summary[name] = {"ms_per_step": per_step, "ms_per_step_no_adapter": per_step_base,
                          "reply_tokens_per_s": tokens_s, "ops_per_step": ops, "op_self_us_mean": op_us,
                          "same_replies": [same, len(reference)]}
+    print(f"\nThe merged copy (generation_merged_copy) against the adapter path it replaces"
+          f"{', adapter ' + first['adapter'] if first['adapter'] else ' (a fresh adapter: zero)'}:")
+    print("\n| variant | ms/step (merged) | adapter / merged time | refresh s | ops/step (merged) | same replies "
+          "| KL(policy \\|\\| merged) per token, mean / max | policy's own generation gap, mean / max |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, runs in results.items():
+        merged = [r for run in runs for r in run["rows"]["merged"]]
+        per_step_merged = statistics.median(r["seconds"] / r["steps"] * 1e3 for r in merged)
+        ratio = summary[name]["ms_per_step"] / per_step_merged
+        same = [sum(run["merged_same_replies"][i] for run in runs) for i in (0, 1)]
+        kl, gap = runs[0]["kl_policy_merged"], runs[0]["policy_generation_gap"]  # the same in every round
+        refresh = statistics.median(run["merge_seconds"] for run in runs)
+        ops = statistics.median(run["ops_per_step_merged"] for run in runs)
+        print(f"| {name} | {per_step_merged:.1f} | {ratio:.2f} | {refresh:.2f} | {ops:.0f} | {same[0]}/{same[1]} "
+              f"| {kl[0]:.1e} / {kl[1]:.2f} | {gap[0]:.1e} / {gap[1]:.2f} |")
+        summary[name].update(ms_per_step_merged=per_step_merged, adapter_over_merged=ratio,
+                             merged_same_replies=same, kl_policy_merged=kl, policy_generation_gap=gap)
     print(f"\nbounds: weights-read {read_ms:.1f} ms/step, compute {compute_ms:.1f} ms/step")
     if args.json:
         Path(args.json).write_text(json.dumps({"bounds_ms": {"weights_read": read_ms, "compute": compute_ms},

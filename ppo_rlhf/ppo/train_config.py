@@ -115,8 +115,9 @@ class TrainConfig:
     each rollout; one more copy of the weights in memory): a decoding step skips the adapter's extra matmuls and
     casts. In bf16 the merged weights round once, so the sampled distribution differs from the training forward's
     about as much as the policy's own float32 evaluation does (per-token KL ~1e-3); scoring, log pi_old included,
-    stays on the policy. Measured on SmolLM2 in bf16: decoding 1.5x faster, and 8 add-tiny iterations 0.91x the
-    time (generation 1.16x the tokens/s); slower in float32 (bench/HISTORY.md 2026-12-07). For bf16 weights."""
+    stays on the policy. Measured on SmolLM2 in bf16: a decoding step 1.53x faster (bench/decode_overhead.py), 8
+    add-tiny iterations 0.88x the time (generation 1.48x the tokens/s); slower in float32 (bench/HISTORY.md
+    2026-12-07). For bf16 weights."""
     generation_backend: Literal["hf", "vllm"] = "hf"
     """"hf" (Hugging Face generate on the policy) or "vllm" (a vLLM engine in its own process and environment, `make
     venv-vllm`; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
