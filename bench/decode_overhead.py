@@ -34,7 +34,7 @@ GEMM peak of the dtype), from bench/limit.py's measurements. Run it on a quiet m
 Last run (2026-12-07 04:53-04:58 UTC, 2-core AMX + AVX512-BF16 Xeon, quiet; `--rounds 1 --batches 2 --variants
 passive-2,default-2,passive-1,passive-2-fp32`): ms per step with the adapter 135.9 / 74.6 / 93.1 / 116.3 (adapter
 off 84.5 / 50.0 / 68.6 / 96.6), ~14,400 aten calls a step; bounds 7.9 ms (weights read) and 1.7 ms (compute)
-(docs/benchmarks.md). With `--adapter` (run 2's final ours-PPO adapter; 12:42-12:45 UTC, `--rounds 1 --batches 4
+(docs/benchmarks.md). With `--adapter` (run 2's final ours-PPO adapter; 12:34-12:37 UTC, `--rounds 1 --batches 4
 --variants default-2,passive-2`): adapter 87.6 / 166.2 ms a step, merged copy 57.3 / 92.1 (1.53x / 1.80x), 61/64
 replies the same, KL(policy || merged copy) 6.1e-4 a reply token on average.
 """

@@ -62,7 +62,7 @@ The goal (issue 45 item 2): ours (PPO) reaches the final accuracy of TRL's best 
 printed table gives, for each of our sides, the first checkpoint at or above that accuracy and its seconds and
 tokens over TRL's. And ours-grpo against trl-lora: seconds per step and per reply token.
 
-Last run (bench/HISTORY.md, 2026-12-07 05:58-07:12 and 11:05-12:29 UTC, 2-core AMX + AVX512-BF16 Xeon, quiet;
+Last run (bench/HISTORY.md, 2026-12-07 05:58-07:12 and 11:05-12:23 UTC, 2-core AMX + AVX512-BF16 Xeon, quiet;
 --omp-wait-policy unset; sides trl-lora, trl-tuned, ours-ppo, ours-grpo, 1800 s each, checkpoints every 150 s, 200
 held-out problems): TRL's best final 67.0% (trl-lora); ours-ppo first at or above it at 610 s, 0.338x TRL's seconds
 and 0.19x its tokens, +9.5 [+3.0, +16.0] points at half TRL's time (goal met; with PASSIVE, the first run: 0.504x,
