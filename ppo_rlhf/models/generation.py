@@ -139,8 +139,9 @@ def merged_copy(policy: nn.Module, into: nn.Module | None = None) -> nn.Module:
     if into is None:
         # a copy of the loaded model, not one built from its config: on SmolLM2 in bf16 a copy built with
         # `from_config` decoded 2x slower with the same weights, dtypes and config (bench/HISTORY.md 2026-12-07)
-        into = copy.deepcopy(policy).merge_and_unload().eval().requires_grad_(False)
-    into.load_state_dict(merged_state_dict(policy))  # the values always merged one way (here, not peft's merge)
+        # (`unload`: the adapter's layers removed, nothing merged; the merged values come from one place, below)
+        into = copy.deepcopy(policy).unload().eval().requires_grad_(False)
+    into.load_state_dict(merged_state_dict(policy))
     return into
 
 

@@ -6,6 +6,7 @@ import copy
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,15 +83,20 @@ def test_vllm_generator_builds_rollout_from_token_ids(tokenizer):
     assert set(engine.weights) == set(merged_state_dict(policy)) and gen.synced == 1
 
 
-def test_trainer_recomputes_logprobs_from_vllm_tokens(tmp_path, tokenizer, monkeypatch):
-    root = tmp_path
+def tiny_trainer_config(root: Path, tokenizer, **settings) -> TrainConfig:
+    """A TrainConfig of two prompts, batch 2, on a tiny policy and reward model saved under `root`."""
     policy = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer), tokenizer, root / "policy")
     reward = tiny.save_tiny(tiny.tiny_reward_model(tokenizer), tokenizer, root / "reward")
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hi", "Tell me a story"]))
-    cfg = build_config(TrainConfig, dict(policy_model=str(policy), reward_model=str(reward), prompts=str(prompts),
-                                         out=str(root / "run"), batch_size=2, minibatch_size=2, max_new_tokens=4,
-                                         reward_norm_samples=2, lora_rank=4, quiet=True, tensorboard=False))
+    return build_config(TrainConfig, dict(policy_model=str(policy), reward_model=str(reward), prompts=str(prompts),
+                                          out=str(root / "run"), batch_size=2, minibatch_size=2, max_new_tokens=4,
+                                          reward_norm_samples=2, lora_rank=4, quiet=True, tensorboard=False,
+                                          **settings))
+
+
+def test_trainer_recomputes_logprobs_from_vllm_tokens(tmp_path, tokenizer, monkeypatch):
+    cfg = tiny_trainer_config(tmp_path, tokenizer)
     trainer = PPOLoop(cfg)
     engine = FakeEngine([[5, 6, tokenizer.eos_token_id], [8, 9, 10, 11]])
     trainer.generator = VLLMGenerator(engine, trainer.tokenizer, [tokenizer.eos_token_id], 4, cfg.temperature)
@@ -159,14 +165,7 @@ def test_merged_copy_samples_what_the_policy_samples_and_follows_its_updates(tok
 
 
 def test_trainer_samples_from_the_merged_copy_and_scores_on_the_policy(tmp_path, tokenizer):
-    policy = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer), tokenizer, tmp_path / "policy")
-    reward = tiny.save_tiny(tiny.tiny_reward_model(tokenizer), tokenizer, tmp_path / "reward")
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hi", "Tell me a story"]))
-    cfg = build_config(TrainConfig, dict(policy_model=str(policy), reward_model=str(reward), prompts=str(prompts),
-                                         out=str(tmp_path / "run"), batch_size=2, minibatch_size=2, max_new_tokens=4,
-                                         reward_norm_samples=2, lora_rank=4, quiet=True, tensorboard=False,
-                                         generation_merged_copy=True, dtype="float32"))
+    cfg = tiny_trainer_config(tmp_path, tokenizer, generation_merged_copy=True, dtype="float32")
     trainer = PPOLoop(cfg)
     rollout = trainer.rollout(["Hi", "Tell me a story"])
     assert isinstance(trainer.generator, HFGenerator) and trainer.generator.policy is not trainer.policy
