@@ -443,6 +443,49 @@ def test_a_function_reward_on_smollm2(tmp_path):
     assert len(rows) == 2 and rows[0]["kl"] == 0.0 and "reward/short" in rows[0]
 
 
+def large_mean(completions, **columns):
+    """A reward function whose mean is far from 0 and whose spread is small: 3 + 0.1 x characters."""
+    return [3.0 + 0.1 * len(c) for c in completions]
+
+
+def test_a_cold_critic_starts_at_zero_on_the_normalised_scale(models, tmp_path):
+    """A cold critic (reward functions only, no value_model) has a zero head, so its first values must be 0 on the
+    normalised scale and its first advantages the rewards minus zero. Read through the reward's start statistics they
+    began at -mean/std for every token, and with lambda < 1 the advantages of a reply ramped with position."""
+    from ppo_rlhf.ppo.run import start_or_resume
+
+    trainer = PPOTrainer(PPOConfig(**settings(models, tmp_path / "run", reward_norm_samples=16, lam=0.9)),
+                         reward_funcs=[large_mean])
+    loop = trainer.loop
+    assert loop.critic_scale == "identity"
+    (tmp_path / "run").mkdir()
+    start_or_resume(loop, tmp_path / "run", resume=False, log=lambda line: None)
+    norm = json.loads((tmp_path / "run" / "reward_norm.json").read_text())
+    assert norm["mean"] / norm["std"] > 3 and (norm["value_mean"], norm["value_std"]) == (0.0, 1.0)
+    assert loop.value_norm == (0.0, 1.0)
+    experience = loop.score(loop.rollout(loop.batch_prompts([0, 1, 2, 3])))
+    act = experience.action_mask.bool()
+    assert float(experience.old_values[act].abs().max()) == 0.0
+    # with V = 0 the only per-token rewards before the last token are the KL penalty's (0 at the start, where the
+    # policy is the reference): every token of a reply has the same raw advantage, lambda^k times the score
+    lengths = act.sum(1)
+    for row in range(len(lengths)):
+        raw = experience.raw_advantages[row][act[row]]
+        expected = experience.scores[row] * 0.9 ** torch.arange(int(lengths[row]) - 1, -1, -1, dtype=raw.dtype)
+        assert torch.allclose(raw, expected, atol=1e-5), (raw, expected)
+    # a resumed run reads its file: one begun before cold critics had statistics (no value_mean) keeps reading its
+    # values through the reward's, as it was trained
+    old = PPOConfig(**settings(models, tmp_path / "old", iterations=1, reward_norm_samples=16))
+    PPOTrainer(old, reward_funcs=[large_mean]).train()
+    norm_file = tmp_path / "old" / "reward_norm.json"
+    norm = {k: v for k, v in json.loads(norm_file.read_text()).items() if not k.startswith("value_")}
+    norm_file.write_text(json.dumps(norm))
+    resumed = PPOTrainer(PPOConfig(**settings(models, tmp_path / "old", iterations=2, reward_norm_samples=16)),
+                         reward_funcs=[large_mean], resume=True)
+    resumed.train()
+    assert resumed.loop.value_norm is None and len(history(tmp_path / "old")) == 2
+
+
 def test_a_value_model_folder_is_normalised_by_its_own_start_values(models, tmp_path):
     """A named value model was trained on another reward: normalised by the reward's start statistics, its values
     would sit sd away from the normalised scores and bias every reply's last token (issue 43's gold and length arms);

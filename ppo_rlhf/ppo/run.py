@@ -218,13 +218,15 @@ def start_or_resume(trainer: PPOLoop, run_dir: Path, resume: bool, log: Callable
         if main:
             atomic_write_text(norm_file, json.dumps(norm, indent=1))
         history, start = [], 0
+        critic = {"own": f"; value model's own: mean {norm.get('value_mean', 0):+.3f} "
+                         f"std {norm.get('value_std', 1):.3f}",
+                  "identity": "; the cold critic's values (a zero head) are read as they are"}
         log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} "
-            f"std {norm['std']:.3f} (finished {norm['finished']:.2f})"
-            + (f"; value model's own: mean {norm['value_mean']:+.3f} std {norm['value_std']:.3f}"
-               if "value_mean" in norm else ""))
+            f"std {norm['std']:.3f} (finished {norm['finished']:.2f})" + critic.get(trainer.critic_scale or "", ""))
     trainer.reward_mean, trainer.reward_std = norm["mean"], norm["std"]
-    if "value_mean" in norm:  # a value model that is not the reward model (PPOLoop.separate_critic)
-        trainer.value_norm = (norm["value_mean"], norm["value_std"])
+    # a critic that is not the reward model (PPOLoop.critic_scale) has its own; a run begun before a cold critic had
+    # them (no value_mean in its file) goes on reading its values through the reward's, as it was trained
+    trainer.value_norm = (norm["value_mean"], norm["value_std"]) if "value_mean" in norm else None
     if main:
         atomic_write_text(run_dir / "history.jsonl", "".join(history))
     if resume and main:

@@ -240,8 +240,9 @@ class PPOLoop:
         self.kl_controller = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
                               else FixedKLController(cfg.beta))
         self.reward_mean, self.reward_std = 0.0, 1.0
-        # a value model that is not the reward model: its own start mean and std (measure_reward_norm), else None
-        self.value_norm: tuple[float, float] | None = None
+        # the critic's own start mean and std when it is not the reward model (`critic_scale`), else None: the
+        # reward's. A cold critic's zero head starts every value at 0, so its own statistics are the identity.
+        self.value_norm: tuple[float, float] | None = (0.0, 1.0) if self.critic_scale == "identity" else None
         self.consecutive_skips = 0
         self.policy_started = False  # set once past the critic warm-up (`phase`), checkpointed
 
@@ -262,7 +263,7 @@ class PPOLoop:
         if tokenizer is None:
             tokenizer = load_tokenizer(cfg.policy_model, trust_remote_code=remote)
         self.tokenizer = check_chat_tokenizer(tokenizer, cfg.policy_model)
-        source = self._critic_source(specs)  # (its tokenizer is read before any weights load)
+        source = self.critic_source = self._critic_source(specs)  # (its tokenizer is read before any weights load)
         base = load_causal_lm(cfg.policy_model, dtype, remote) if policy is None else loaded_causal_lm(policy, dtype)
         # a cold critic copies the policy's base before LoRA wraps it
         cold = None
@@ -544,7 +545,7 @@ class PPOLoop:
             scores.append(self.raw_scores(rollout))
             finished.append(rollout.finished)
             lengths.append(rollout.reply_lengths)
-            if self.separate_critic:
+            if self.critic_scale == "own":
                 values.append(self.last_token_values(rollout))
         scores, finished = self.dist.gather_1d(torch.cat(scores)), self.dist.gather_1d(torch.cat(finished))
         require(bool(torch.isfinite(scores).all()), "the reward model gave non-finite scores to start-policy replies")
@@ -560,16 +561,26 @@ class PPOLoop:
             start_values = self.dist.gather_1d(torch.cat(values))
             value_std = float(start_values.std()) if n > 1 else 1.0
             norm |= {"value_mean": float(start_values.mean()), "value_std": value_std if value_std > 0 else 1.0}
+        elif self.critic_scale == "identity":  # written down, so that a resumed run reads its values the same way
+            norm |= {"value_mean": 0.0, "value_std": 1.0}
         return norm
 
     @property
-    def separate_critic(self) -> bool:
-        """A value model named by value_model: trained on some other reward (a proxy reward model in the study's gold
-        and length arms) or none, so the reward's start statistics say nothing about its scale. Normalised with the
-        reward's, a critic from a reward model scoring 4.3 on average starts +11 sd above a gold judge's normalised
-        scores: the last token's TD error of every reply is then about -12, which teaches the policy not to stop
-        (docs/study.md, issue 43's first run)."""
-        return self.critic is not None and self.cfg.value_model is not None
+    def critic_scale(self) -> str | None:
+        """How the critic's raw values are put on the normalised reward scale (`normalised_values`): None without a
+        critic; "reward" when it starts from the reward model (its raw scale is the reward's); "own" for a value model
+        named by value_model, trained on some other reward (a proxy reward model in the study's gold and length arms)
+        or none, whose start values are measured; "identity" for a cold critic, whose zero head starts every value at
+        0. Read with the reward's statistics, either of the last two starts off the scores' scale: a critic from a
+        reward model scoring 4.3 on average starts +11 sd above a gold judge's normalised scores (the study's first
+        three-arm run, docs/study.md), and a cold critic at -mean/std (-15.6 for a reward 3 + 0.1 x length of mean
+        3.37 and std 0.216), so that every reply's advantages ramp with position until the critic learns the
+        constant."""
+        if self.critic is None:
+            return None
+        if self.cfg.value_model is not None:
+            return "own"
+        return "identity" if self.critic_source is None else "reward"
 
     @torch.no_grad()
     def last_token_values(self, rollout: Rollout) -> torch.Tensor:
@@ -628,7 +639,7 @@ class PPOLoop:
 
     def normalised_values(self, raw: torch.Tensor) -> torch.Tensor:
         """The critic's outputs on the normalised reward scale: by the reward's start statistics when the critic
-        starts from the reward model (its raw scale is the reward's), else by its own (`separate_critic`)."""
+        starts from the reward model (its raw scale is the reward's), else by its own (`critic_scale`)."""
         if self.value_norm is None:
             return self.normalised(raw)
         mean, std = self.value_norm
