@@ -1,5 +1,5 @@
-"""Time to a trained model: our PPO (and our GRPO) against TRL's maintained GRPOTrainer on add-tiny, side by side
-(issue 45 item 1). Held-out exact match against wall-clock seconds and sampled reply tokens, with 95% intervals.
+"""Time to a trained model: our PPO (and our GRPO) against TRL's maintained GRPOTrainer on add-tiny, side by side.
+Held-out exact match against wall-clock seconds and sampled reply tokens, with 95% intervals.
 
     .venv/bin/python bench/peer_grpo.py --dry-run --out /tmp/peer_grpo     # tiny random models, one step a side
     .venv/bin/python bench/peer_grpo.py --out runs/peer_grpo               # every side, 1800 s each (quiet machine)
@@ -58,16 +58,20 @@ the reply cap and temperature of our preset since add-tiny's answers take ~15 to
 memory is ample) and trl-lora (our preset's LoRA and rate). Ours uses one of its two: ours-ppo-warm0 (critic warm-up
 0 reached 69.5% against 57.5% with the preset's 3 in `ppo-rlhf compare`, bench/HISTORY.md).
 
-The goal (issue 45 item 2): ours (PPO) reaches the final accuracy of TRL's best run in <= 0.5x TRL's seconds; the
-printed table gives, for each of our sides, the first checkpoint at or above that accuracy and its seconds and
-tokens over TRL's. And ours-grpo against trl-lora: seconds per step and per reply token.
+The statistics, one function for both sides (`symmetric_statistics`): L is the plateau of TRL's best side (the mean
+of its checkpoints from half the budget on; "best" by that same plateau); `time_ratio`, the seconds at which our side's
+3-checkpoint moving average first reaches L over the seconds at which TRL's does (and, beside it, the same with the
+first single checkpoint); `plateau_diff`, our plateau minus TRL's, paired over problems with its 95% interval. And
+ours-grpo against trl-lora at equal settings: seconds per step and per reply token.
 
 Last run (bench/HISTORY.md, 2026-12-07 05:58-07:12 and 11:05-12:23 UTC, 2-core AMX + AVX512-BF16 Xeon, quiet;
 --omp-wait-policy unset; sides trl-lora, trl-tuned, ours-ppo, ours-grpo, 1800 s each, checkpoints every 150 s, 200
-held-out problems): TRL's best final 67.0% (trl-lora); ours-ppo first at or above it at 610 s, 0.338x TRL's seconds
-and 0.19x its tokens, +9.5 [+3.0, +16.0] points at half TRL's time (goal met; with PASSIVE, the first run: 0.504x,
-missed); finals ours-ppo 84.5% and ours-grpo 82.5%, +17.5 [+10.5, +24.5] and +15.5 [+10.0, +21.0] points over
-TRL's; GRPO at equal settings 0.64x TRL's seconds per step. --dry-run is tests/bench/test_peer_grpo.py.
+held-out problems; one seed a side), read by these rules afterwards (the correction of 2026-12-07 in HISTORY.md):
+trl-lora's plateau 70.7%; ours-ppo's 81.6% (+10.9 points); the moving average reached 70.7% at 759 s (ours-ppo)
+and 1,203 s (trl-lora), 0.63x; the first single checkpoint at it at 759 s and 902 s, 0.84x; and at trl-lora's final
+67.0%, the level the withdrawn text used, at 610 s and 452 s, 1.35x: by that rule ours was slower. GRPO at equal
+settings 0.64x TRL's seconds per step (TRL's weights fp32 under bf16 autocast, ours bf16). --dry-run is
+tests/bench/test_peer_grpo.py.
 """
 
 from __future__ import annotations
@@ -359,47 +363,80 @@ def evaluate(args, out: Path, sides: list[str]) -> dict:
     return json.loads((folder / "task_eval.json").read_text())
 
 
-def first_reaching(rows: list[dict], target: float) -> dict | None:
-    return next((row for row in rows if row["accuracy"]["mean"] >= target), None)
+PLATEAU_FROM = 0.5  # a side's plateau: the mean of its checkpoints from this share of the budget's seconds on
+WINDOW = 3  # the moving average whose first crossing times a side (1: its first checkpoint at the level)
 
 
-def ours_against_target(side: str, rows: list[dict], trl_rows: list[dict], records: list[dict], target: float
-                        ) -> dict:
-    """The goal's two readings for one of our sides: the first checkpoint at or above TRL's best final accuracy (a
-    point estimate: its seconds and tokens over TRL's), and the paired difference, with its 95% interval, between our
-    last checkpoint within half of TRL's seconds and TRL's final checkpoint (the goal holds with evidence when that
-    interval lies above zero, and refuted when it lies below); and our final against TRL's, the same seconds spent."""
-    from ppo_rlhf.tasks.compare import paired_accuracy_difference
+def plateau_rows(rows: list[dict], budget_s: float) -> list[dict]:
+    """A side's checkpoints in the second half of the budget (seconds >= PLATEAU_FROM x budget_s)."""
+    return [row for row in rows if row["seconds"] >= PLATEAU_FROM * budget_s]
 
-    trl_end = trl_rows[-1]
-    end = paired_accuracy_difference(records, rows[-1]["label"], trl_end["label"])  # the same budget spent
-    print(f"  {side} final (step {rows[-1]['iteration']}, {rows[-1]['seconds']:.0f} s): "
-          f"{rows[-1]['accuracy']['mean']:.1%}, minus TRL's final {interval_points(end)} points (paired, 95%)")
-    result: dict = {"first_reaching": None, "at_half_time": None, "final_minus_trl_final": end}
-    hit = first_reaching(rows, target)
-    if hit is None:
-        print(f"  {side}: did not reach {target:.1%} (final {rows[-1]['accuracy']['mean']:.1%})")
-    else:
-        ratio, tokens = hit["seconds"] / trl_end["seconds"], hit["tokens"] / max(trl_end["tokens"], 1)
-        print(f"  {side}: first at or above it at step {hit['iteration']}, {hit['accuracy']['mean']:.1%} at "
-              f"{hit['seconds']:.0f} s, {hit['tokens']} tokens: {ratio:.3f}x TRL's seconds, {tokens:.2f}x its tokens")
-        result["first_reaching"] = {"iteration": hit["iteration"], "seconds": hit["seconds"], "tokens": hit["tokens"],
-                                    "time_ratio": ratio, "token_ratio": tokens}
-    within = [row for row in rows if row["seconds"] <= 0.5 * trl_end["seconds"]]
-    if not within:
-        print(f"  {side}: no checkpoint within half of TRL's {trl_end['seconds']:.0f} s")
-        return result
-    half = within[-1]
-    difference = paired_accuracy_difference(records, half["label"], trl_end["label"])
-    verdict = ("met: the interval lies above zero" if difference["lo"] > 0 else
-               "not met: the interval lies below zero" if difference["hi"] < 0 else
-               "not shown: the interval includes zero")
-    print(f"  {side} at {half['seconds']:.0f} s ({half['seconds'] / trl_end['seconds']:.2f}x TRL's), step "
-          f"{half['iteration']}: {half['accuracy']['mean']:.1%}, minus TRL's final {interval_points(difference)} "
-          f"points (paired, 95%): goal {verdict}")
-    result["at_half_time"] = {"iteration": half["iteration"], "seconds": half["seconds"],
-                              "accuracy": half["accuracy"], "minus_trl_final": difference}
+
+def plateau(rows: list[dict], budget_s: float) -> float:
+    """The mean held-out accuracy of a side's second-half checkpoints: its level once learning has flattened, less
+    noisy than any one checkpoint (each scores one sample of 200 replies)."""
+    return sum(row["accuracy"]["mean"] for row in plateau_rows(rows, budget_s)) / len(plateau_rows(rows, budget_s))
+
+
+def first_at_level(rows: list[dict], level: float, window: int = WINDOW) -> dict | None:
+    """The first checkpoint at which the mean accuracy of the last `window` checkpoints (itself included) is at or
+    above `level`: its step, seconds and tokens; None when no window gets there. One rule for every side."""
+    for i in range(window - 1, len(rows)):
+        recent = [row["accuracy"]["mean"] for row in rows[i - window + 1:i + 1]]
+        if sum(recent) / window >= level - 1e-9:  # (means of the same scores summed in another order)
+            return {"iteration": rows[i]["iteration"], "seconds": rows[i]["seconds"], "tokens": rows[i]["tokens"]}
+    return None
+
+
+def plateau_difference(records: list[dict], ours: list[dict], theirs: list[dict], budget_s: float
+                       ) -> dict[str, float]:
+    """Our plateau minus theirs with its 95% interval, problems resampled: per held-out reply, each side's mean
+    correctness over its plateau checkpoints, paired (study.stats.paired_bootstrap)."""
+    from ppo_rlhf.study.stats import paired_bootstrap
+
+    def mean_correct(rows: list[dict]) -> dict[tuple[int, int], float]:
+        labels = {row["label"] for row in plateau_rows(rows, budget_s)}
+        sums: dict[tuple[int, int], float] = {}
+        for r in records:
+            if r["model"] in labels:
+                key = (r["prompt_index"], r["reply_index"])
+                sums[key] = sums.get(key, 0.0) + float(r["correct"]) / len(labels)
+        return sums
+
+    a, b = mean_correct(ours), mean_correct(theirs)
+    keys = sorted(b)
+    mean, lo, hi = paired_bootstrap([a[k] - b[k] for k in keys], [k[0] for k in keys])
+    return {"mean": mean, "lo": lo, "hi": hi}
+
+
+def symmetric_statistics(ours: list[dict], theirs: list[dict], records: list[dict], budget_s: float) -> dict:
+    """The comparison's statistics, each computed by one function for both sides: the level L is their plateau;
+    `time_ratio` is the seconds at which our WINDOW-checkpoint moving average first reaches L over the seconds at
+    which theirs does (and `first_checkpoint_ratio` the same with a window of one); `plateau_diff` is our plateau
+    minus theirs, paired over problems."""
+    level = plateau(theirs, budget_s)
+    result: dict = {"level": level, "plateau_ours": plateau(ours, budget_s), "plateau_theirs": level,
+                    "plateau_diff": plateau_difference(records, ours, theirs, budget_s)}
+    for name, window in (("time", WINDOW), ("first_checkpoint", 1)):
+        mine, their = first_at_level(ours, level, window), first_at_level(theirs, level, window)
+        result[f"{name}_ours"], result[f"{name}_theirs"] = mine, their
+        result[f"{name}_ratio"] = (mine["seconds"] / their["seconds"] if mine and their else None)
+        result[f"{name}_token_ratio"] = (mine["tokens"] / max(their["tokens"], 1) if mine and their else None)
     return result
+
+
+def print_statistics(side: str, other: str, stats: dict) -> None:
+    def when(hit: dict | None) -> str:
+        return "never" if hit is None else f"{hit['seconds']:.0f} s ({hit['tokens']} tokens)"
+
+    print(f"  {side}: plateau {stats['plateau_ours']:.1%} against {other}'s {stats['plateau_theirs']:.1%}: "
+          f"{interval_points(stats['plateau_diff'])} points (paired over problems, 95%)")
+    for name, what in (("time", f"{WINDOW}-checkpoint moving average"), ("first_checkpoint", "first checkpoint")):
+        ratio = stats[f"{name}_ratio"]
+        print(f"    {what} at {other}'s plateau {stats['level']:.1%}: {side} {when(stats[f'{name}_ours'])}, "
+              f"{other} {when(stats[f'{name}_theirs'])}"
+              + ("" if ratio is None else f": {ratio:.2f}x {other}'s seconds, "
+                 f"{stats[f'{name}_token_ratio']:.2f}x its tokens"))
 
 
 def interval_points(c: dict) -> str:
@@ -408,7 +445,7 @@ def interval_points(c: dict) -> str:
 
 def plot(curves: dict[str, list[dict]], start: dict, goal: dict, path: Path) -> None:
     """Held-out exact match against training seconds and against sampled reply tokens, one line per side with its
-    95% band; TRL's best final accuracy dashed, half of its seconds dotted."""
+    95% band; the plateau of TRL's best side dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -424,14 +461,11 @@ def plot(curves: dict[str, list[dict]], start: dict, goal: dict, path: Path) -> 
             axis.fill_between(xs, [100 * a["lo"] for a in accuracy], [100 * a["hi"] for a in accuracy],
                               color=line.get_color(), alpha=0.12)
         if goal:
-            axis.axhline(100 * goal["target"], color="grey", ls="--", lw=0.8)
+            axis.axhline(100 * goal["level"], color="grey", ls="--", lw=0.8)
         axis.set_xlabel(name)
         axis.grid(alpha=0.3)
     if goal:
-        axes[0].axvline(0.5 * goal["trl_seconds"], color="grey", ls=":", lw=0.8)
-        axes[0].text(0.5 * goal["trl_seconds"], 0.02, " half of TRL's seconds", fontsize=8, color="grey",
-                     transform=axes[0].get_xaxis_transform())
-        axes[1].text(0.98, 100 * goal["target"], f"TRL's best final ({goal['trl_best']})", fontsize=8, color="grey",
+        axes[1].text(0.98, 100 * goal["level"], f"{goal['trl_best']}'s plateau", fontsize=8, color="grey",
                      va="top", ha="right", transform=axes[1].get_yaxis_transform())
     axes[0].set_ylabel("held-out exact match, % (95% interval)")
     axes[0].legend(fontsize=8, loc="lower right")
@@ -441,9 +475,10 @@ def plot(curves: dict[str, list[dict]], start: dict, goal: dict, path: Path) -> 
     plt.close(figure)
 
 
-def report(results: dict[str, dict], evaluation: dict) -> dict:
+def report(results: dict[str, dict], evaluation: dict, budget_s: float) -> dict:
     """Per checkpoint: seconds, reply tokens, exact match [95%], its change from the start model [95%, paired], peak
-    RSS; then the goal's two readings (ours_against_target) and GRPO at equal settings per step and per token."""
+    RSS; then each of our sides against TRL's best by `symmetric_statistics`, and GRPO at equal settings per step
+    and per reply token."""
     by_label = {s["model"]: s for s in evaluation["summary"]}
     start = evaluation["summary"][0]
     curves = {}
@@ -466,17 +501,16 @@ def report(results: dict[str, dict], evaluation: dict) -> dict:
     goal: dict = {}
     trl_sides = [s for s in results if results[s]["trainer"] == "trl"]
     if trl_sides:
-        best = max(trl_sides, key=lambda s: curves[s][-1]["accuracy"]["mean"])
-        target, trl_end = curves[best][-1]["accuracy"]["mean"], curves[best][-1]
-        trl_first = first_reaching(curves[best], target)
-        print(f"\nTRL's best run: {best}, final {target:.1%} at {trl_end['seconds']:.0f} s, {trl_end['tokens']} tokens "
-              f"(first reached at {trl_first['seconds']:.0f} s)")
-        if target <= start["accuracy"]["mean"]:  # then every checkpoint "reaches" it: no evidence either way
+        best = max(trl_sides, key=lambda s: plateau(curves[s], budget_s))  # by the rule applied to ours
+        level = plateau(curves[best], budget_s)
+        print(f"\nTRL's best side by its plateau (mean of its checkpoints from {PLATEAU_FROM * budget_s:.0f} s on): "
+              f"{best}, {level:.1%}")
+        if level <= start["accuracy"]["mean"]:  # then every checkpoint "reaches" it: no evidence either way
             print(f"  (not above the start model's {start['accuracy']['mean']:.1%}: the ratios below say nothing)")
-        goal = {"trl_best": best, "target": target, "trl_seconds": trl_end["seconds"], "trl_tokens": trl_end["tokens"],
-                "ours": {}}
+        goal = {"trl_best": best, "level": level, "ours": {}}
         for side in (s for s in results if results[s]["trainer"] == "ours"):
-            goal["ours"][side] = ours_against_target(side, curves[side], curves[best], evaluation["records"], target)
+            goal["ours"][side] = symmetric_statistics(curves[side], curves[best], evaluation["records"], budget_s)
+            print_statistics(side, best, goal["ours"][side])
     if "ours-grpo" in results and "trl-lora" in results:
         per = {}
         for side in ("ours-grpo", "trl-lora"):
@@ -554,7 +588,7 @@ def main() -> None:
 
 
 def finish(args, out: Path, results: dict[str, dict], evaluation: dict) -> None:
-    summary = report(results, evaluation)
+    summary = report(results, evaluation, args.budget_s)
     (out / "peer_grpo.json").write_text(json.dumps({"args": vars(args), "sides": results, **summary}, indent=1,
                                                    default=str))
     plot(summary["curves"], summary["start"], summary["goal"], out / "peer_grpo.png")

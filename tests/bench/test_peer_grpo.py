@@ -56,32 +56,39 @@ def test_dry_run_both_sides_step_and_trl_checkpoints_are_evaluated(tmp_path):
     evaluation = json.loads((tmp_path / "evaluation" / "task_eval.json").read_text())
     assert [s["model"] for s in evaluation["summary"]] == ["start"] + [f"{side} step 1" for side in SIDES]
     assert all(s["problems"] == 4 for s in evaluation["summary"])  # the same held-out problems for every side
-    assert "TRL's best run" in proc.stdout and "GRPO at equal settings" in proc.stdout
+    assert "TRL's best side by its plateau" in proc.stdout and "GRPO at equal settings" in proc.stdout
 
 
-def test_the_goal_reads_our_checkpoint_within_half_of_trls_time_against_trls_final_paired():
-    """ours_against_target on made-up records: our step 2 (at 0.4x TRL's seconds) is right on 150 of 200 problems, TRL's
-    final on 100 of the same problems, so ours minus TRL is +25 points with an interval above zero; step 3 (0.6x) is
-    past half of TRL's time and is not the one read there, but is our final against TRL's."""
-    problems = range(200)
+def test_the_statistics_apply_one_rule_to_both_sides_on_made_up_curves():
+    """symmetric_statistics on two made-up curves, against a hand computation. TRL's checkpoints at 100-600 s score
+    40, 60, 65, 80, 60, 75%: its plateau (checkpoints from 300 s, half the 600-s budget, on) is (65+80+60+75)/4 = 70%.
+    Ours at 100-600 s score 30, 50, 90, 70, 90, 80%: plateau (90+70+90+80)/4 = 82.5%. The 3-checkpoint moving average
+    first reaches 70% at 400 s for ours ((50+90+70)/3) and at 600 s for TRL's ((80+60+75)/3 = 71.7): 2/3 of its
+    seconds; the first single checkpoint at 70% is ours' 300 s and TRL's 400 s: 0.75x. Every held-out reply of a
+    checkpoint scoring s% is right on the first s/5 of 20 problems, so the paired plateau difference is exactly the
+    difference of the plateaus."""
+    problems = range(20)
 
-    def records(model: str, right: int) -> list[dict]:
-        return [{"model": model, "prompt_index": i, "reply_index": 0, "correct": i < right} for i in problems]
+    def curve(side: str, scores: list[int]) -> tuple[list[dict], list[dict]]:
+        rows, records = [], []
+        for step, score in enumerate(scores, start=1):
+            label = f"{side} step {step}"
+            rows.append({"label": label, "iteration": step, "seconds": 100.0 * step, "tokens": 1000 * step,
+                         "accuracy": {"mean": score / 100}})
+            records += [{"model": label, "prompt_index": i, "reply_index": 0, "correct": i < score // 5}
+                        for i in problems]
+        return rows, records
 
-    trl = [{"label": "trl-lora step 40", "iteration": 40, "seconds": 1000.0, "tokens": 8000,
-            "accuracy": {"mean": 0.5, "lo": 0.43, "hi": 0.57}}]
-    ours = [{"label": f"ours-ppo step {i}", "iteration": i, "seconds": s, "tokens": 1000 * i,
-             "accuracy": {"mean": a, "lo": a - 0.07, "hi": a + 0.07}}
-            for i, s, a in ((1, 200.0, 0.3), (2, 400.0, 0.75), (3, 600.0, 0.8))]
-    every = (records("trl-lora step 40", 100) + records("ours-ppo step 2", 150) + records("ours-ppo step 1", 60)
-             + records("ours-ppo step 3", 160))
-    result = peer_grpo.ours_against_target("ours-ppo", ours, trl, every, target=0.5)
-    assert result["first_reaching"]["iteration"] == 2 and result["first_reaching"]["time_ratio"] == 0.4
-    half = result["at_half_time"]
-    assert half["iteration"] == 2
-    assert half["minus_trl_final"]["mean"] == 0.25 and 0 < half["minus_trl_final"]["lo"] < 0.25
-    assert result["final_minus_trl_final"]["mean"] == 0.3  # step 3, the same budget spent: 160 against 100 right
-    # a side that never gets there: no first checkpoint, and its half-time reading is below TRL's
-    slow = [{**ours[0], "accuracy": {"mean": 0.3, "lo": 0.23, "hi": 0.37}}]
-    result = peer_grpo.ours_against_target("ours-ppo", slow, trl, every, target=0.5)
-    assert result["first_reaching"] is None and result["at_half_time"]["minus_trl_final"]["hi"] < 0
+    trl, trl_records = curve("trl-lora", [40, 60, 65, 80, 60, 75])
+    ours, our_records = curve("ours-ppo", [30, 50, 90, 70, 90, 80])
+    stats = peer_grpo.symmetric_statistics(ours, trl, trl_records + our_records, budget_s=600)
+    assert stats["level"] == pytest.approx(0.70) and stats["plateau_ours"] == pytest.approx(0.825)
+    assert stats["time_ours"]["seconds"] == 400 and stats["time_theirs"]["seconds"] == 600
+    assert stats["time_ratio"] == pytest.approx(2 / 3) and stats["time_token_ratio"] == pytest.approx(2 / 3)
+    assert stats["first_checkpoint_ratio"] == pytest.approx(0.75)
+    assert stats["plateau_diff"]["mean"] == pytest.approx(0.125)
+    assert stats["plateau_diff"]["lo"] <= 0.125 <= stats["plateau_diff"]["hi"]
+    # the same function with the sides swapped: the level is now ours, and TRL's never reaches it
+    swapped = peer_grpo.symmetric_statistics(trl, ours, trl_records + our_records, budget_s=600)
+    assert swapped["level"] == pytest.approx(0.825) and swapped["time_ours"] is None
+    assert swapped["time_ratio"] is None and swapped["plateau_diff"]["mean"] == pytest.approx(-0.125)
