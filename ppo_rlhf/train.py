@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         saved = read_yaml(run_dir / "config.yaml")
         flags = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and k != "resume"}
         cfg = build_config(TrainConfig, saved, flags, {"out": str(run_dir), "resume": True},
-                           origin={key: str(run_dir / "config.yaml") for key in saved if key not in flags})
+                           origin={key: str(run_dir / "config.yaml") for key in saved if key not in flags}, flags=True)
     else:
         cfg = config_from_args(TrainConfig, args, extra=("resume",))  # (args.resume is --resume RUN_DIR)
     cfg.require_inputs()

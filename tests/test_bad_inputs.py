@@ -244,8 +244,8 @@ def test_issue_13_messages(env, tmp_path, capsys):
     assert "is a file, not a run directory" in expect_usage_error(["train", "--resume", str(tmp_path / "file")], "file")
     assert "is a file, not a model folder" in expect_usage_error(argv(policy_model=str(tmp_path / "file")),
                                                                  "policy_model")
-    text = expect_usage_error(argv(batch_size=4, minibatch_size=8), "minibatch_size")
-    assert "minibatch_size (8) must not exceed batch_size (4)" in text
+    text = expect_usage_error(argv(batch_size=4, minibatch_size=8), "minibatch-size")
+    assert "--minibatch-size (8) must not exceed --batch-size (4)" in text
     assert not (tmp_path / "run").exists()
     capsys.readouterr()
     assert main(["--version"]) == 0

@@ -18,6 +18,7 @@ from ppo_rlhf.config import (
     Seed,
     check_value,
     field_types,
+    shown,
 )
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.utils.device import DtypeName, resolve_device
@@ -315,21 +316,27 @@ class TrainConfig:
     def validate(self) -> None:
         """What the field types cannot say: relations between fields. (Each field's own type, interval and choices are
         checked by `ppo_rlhf.config.check_value` as it is read; `require_inputs` says what a run needs besides.)"""
+        def setting(name: str) -> str:
+            return shown(self, name)
+
         require(self.minibatch_size <= self.batch_size,
-                f"minibatch_size ({self.minibatch_size}) must not exceed batch_size ({self.batch_size})")
+                f"{setting('minibatch_size')} must not exceed {setting('batch_size')}")
         require(self.batch_size % self.minibatch_size == 0,
-                f"batch_size ({self.batch_size}) must be a multiple of minibatch_size ({self.minibatch_size})")
+                f"{setting('batch_size')} must be a multiple of {setting('minibatch_size')}")
         require(self.micro_batch_size <= self.minibatch_size,
-                f"micro_batch_size ({self.micro_batch_size}) must not exceed minibatch_size ({self.minibatch_size})")
+                f"{setting('micro_batch_size')} must not exceed {setting('minibatch_size')}")
         require(self.advantage_estimator == "gae" or self.group_size >= 2,
                 f"advantage_estimator {self.advantage_estimator} needs group_size >= 2 replies per prompt")
         require(self.batch_size % self.group_size == 0,
-                f"batch_size ({self.batch_size} replies) must be a multiple of group_size ({self.group_size})")
+                f"{setting('batch_size')} must be a multiple of {setting('group_size')} (replies per prompt)")
+        require(self.critic_warmup_iterations < self.iterations,
+                f"{setting('critic_warmup_iterations')} must be less than {setting('iterations')}: the policy "
+                "trains only in the iterations after the critic warm-up")
         require(self.warmup_iterations <= self.iterations,
-                f"warmup_iterations ({self.warmup_iterations}) must not exceed iterations ({self.iterations})")
+                f"{setting('warmup_iterations')} must not exceed {setting('iterations')}")
         require(self.warmup_iterations <= self.iterations - self.critic_warmup_iterations,
-                f"warmup_iterations ({self.warmup_iterations}) must not exceed the policy's iterations, those after "
-                f"the critic warm-up ({self.iterations} - {self.critic_warmup_iterations})")
+                f"{setting('warmup_iterations')} must not exceed the policy's iterations, {setting('iterations')} - "
+                f"{setting('critic_warmup_iterations')} = {self.iterations - self.critic_warmup_iterations}")
         require(self.ptx_coef == 0 or bool(self.ptx_data), "ptx_coef > 0 needs ptx_data (a file of texts)")
         require(self.tis_cap == 0 or (self.old_logprobs == "recompute" and self.generation_backend == "hf"),
                 "tis_cap needs old_logprobs: recompute and generation_backend: hf (the rollout's own log-probs)")
