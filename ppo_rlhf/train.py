@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
                            origin={key: str(run_dir / "config.yaml") for key in saved if key not in flags}, flags=True)
     else:
         cfg = config_from_args(TrainConfig, args, extra=("resume",))  # (args.resume is --resume RUN_DIR)
-    cfg.require_inputs()
+    cfg.require_inputs(flags=True)
     cfg.check_files()  # before the config is printed and before anything heavy is imported
     if not cfg.resume:
         require_free(cfg.out)  # a run in progress is named before "not empty"

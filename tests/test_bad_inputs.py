@@ -292,7 +292,7 @@ def test_every_command_checks_its_named_files_before_importing_torch(tmp_path):
               "missing.jsonl not found"),
              (["evaluate", str(run_dir), "--prompts", str(prompts), "--proxy", f"rm:{empty}", "--out",
                str(tmp_path / "e")], "no config.json"),
-             (["compare", "--eval-prompts", missing], "reward_model or reward_funcs is required"),
+             (["compare", "--eval-prompts", missing], "--reward-model or --reward-funcs is required"),
              (["reward-model", "train", "--pairs", missing, "--out", str(tmp_path / "rm")], "missing.jsonl not found"),
              (["reward-model", "train", "--pairs", str(pairs), "--out", str(tmp_path / "rm"), "--base", str(empty)],
               "no config.json"),

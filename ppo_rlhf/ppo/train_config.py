@@ -17,6 +17,7 @@ from ppo_rlhf.config import (
     PositiveInt,
     Seed,
     check_value,
+    did_you_mean,
     field_types,
     shown,
 )
@@ -24,6 +25,19 @@ from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.utils.device import DtypeName, resolve_device
 
 TrackerName = Literal["tensorboard", "wandb", "trackio", "all", "none"]
+
+
+def unknown_keywords(cls: type, unknown: list[str], given: dict[str, Any]) -> str:
+    """Why `PPOConfig(**given)` refuses the keywords `unknown`: TRL's names with ours for each, or a misspelt field."""
+    from ppo_rlhf.ppo.from_trl import TRL_DEFAULTS, our_names_for
+
+    not_trl = [key for key in unknown if key not in TRL_DEFAULTS]
+    if not_trl:
+        return f"PPOConfig has no field {not_trl[0]!r}{did_you_mean(not_trl[0], cls.__dataclass_fields__)}"
+    shown = ", ".join(f"{key}=..." for key in unknown)
+    return (f"PPOConfig({shown}): these are TRL's names; ppo-rlhf's are "
+            f"{our_names_for({key: given[key] for key in unknown})}; or convert TRL's settings with "
+            f"PPOConfig.from_trl({{{', '.join(repr(key) + ': ...' for key in unknown)}}}) (docs/from-trl.md)")
 
 
 @dataclass
@@ -294,6 +308,14 @@ class TrainConfig:
     quiet: bool = False
     """No progress bar and no dashboard lines on stdout (history.jsonl is still written)."""
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> TrainConfig:
+        """A keyword that is no field is a one-line UsageError: TRL's names (`output_dir`, `learning_rate`) get ours
+        and `PPOConfig.from_trl`, others the closest field (the dataclass's own `__init__` would raise a TypeError)."""
+        unknown = [key for key in kwargs if key not in cls.__dataclass_fields__]
+        if unknown:
+            raise UsageError(unknown_keywords(cls, unknown, kwargs))
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         """Built in Python (`PPOConfig(...)`), a config is checked as YAML keys and flags are: the same one-line
         UsageError for the same bad value."""
@@ -372,15 +394,22 @@ class TrainConfig:
 
         return cls(**settings_from_trl(trl_config, num_processes, **ours))
 
-    def require_inputs(self, dataset: bool = False) -> None:
+    def require_inputs(self, dataset: bool = False, flags: bool = False) -> None:
         """What a run cannot start without: a reward (reward_model or reward_funcs), one weight per reward, and prompts
-        (`prompts`, or the trainer's `train_dataset`). (The trainer's `reward_funcs` are in reward_funcs by then.)"""
+        (`prompts`, or the trainer's `train_dataset`). (The trainer's `reward_funcs` are in reward_funcs by then.) A
+        missing one is named as the user would give it: by its flag from the command line (`flags`), else by the
+        config's field and the trainer's argument."""
         require(self.reward_count > 0,
-                "reward_model or reward_funcs is required (a reward-model folder or id, or a reward function)")
+                "--reward-model or --reward-funcs is required (a reward-model folder or id, or file.py:function)"
+                if flags else "reward_model or reward_funcs is required (a reward-model folder or id, or a reward "
+                "function: PPOTrainer(config, reward_funcs=[...]))")
         require(self.reward_weights is None or len(self.reward_weights) == self.reward_count,
                 f"reward_weights has {len(self.reward_weights or [])} weights for {self.reward_count} rewards "
                 "(reward_model, if set, then each of reward_funcs)")
-        require(bool(self.prompts) or dataset, "prompts is required (a JSONL file, see `ppo-rlhf prompts`)")
+        require(bool(self.prompts) or dataset,
+                "--prompts is required (a JSONL file of prompts, see `ppo-rlhf prompts`)" if flags else
+                "prompts are required: PPOTrainer(config, train_dataset=...) (a datasets.Dataset or a list of prompts) "
+                "or PPOConfig(prompts=...) (a JSONL file, see `ppo-rlhf prompts`)")
 
     def check_files(self) -> None:
         """Every file and folder the config names exists and is of its kind. Called before the config is printed

@@ -46,7 +46,7 @@ def compare_configs(base: dict[str, Any], out: str | Path, estimators: list[str]
                                                       "out": str(Path(out) / name)})
                for name in estimators}
     for config in configs.values():  # before hours of training: what a run needs, and its files
-        config.require_inputs()
+        config.require_inputs(flags=True)
         config.check_files()
     return configs
 
