@@ -224,25 +224,58 @@ POSITIVE_FLOAT = Checked(float, POSITIVE)
 SEED = Checked(int, typing.get_args(Seed)[1])
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field (but those in `skip`). Defaults are suppressed so that only the flags actually given override
+def field_sections(cls: type) -> dict[str, str]:
+    """The section each field is written under: the latest `# --- title` comment line above it in the class ("" before
+    the first)."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    headings = {number: match[1].strip() for number, line in enumerate(source.splitlines(), start=1)
+                if (match := re.match(r"\s*# --- (.+)", line))}
+    sections = {}
+    for node in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above = [number for number in headings if number < node.lineno]
+            sections[node.target.id] = headings[max(above)] if above else ""
+    return sections
+
+
+def metavar(field_type: FieldType, given: str | None) -> str:
+    """What a field's flag takes, as its help shows it: the class's own word (`FILE`), the choices, or the kind."""
+    if given is not None:
+        return given
+    if field_type.choices:
+        return "{" + ",".join(field_type.choices) + "}"
+    return {int: "INT", float: "FLOAT", str: "TEXT"}[field_type.kind]
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
+                         title: str = "{}") -> None:
+    """One flag per field (but those in `skip`), in an argument group per section of the class (`field_sections`;
+    `title` formats a section's name), each showing what it takes: the class's `METAVARS` word for it (`FILE`,
+    `FILE.py:FUNC`), else its choices or kind. Defaults are suppressed so that only the flags actually given override
     the YAML. A list field's flag takes one or more values (`--reward-funcs a.py:f runs/rm`)."""
     docs = field_docs(cls)
     kinds = field_types(cls)
+    sections = field_sections(cls)
+    metavars: dict[str, str] = getattr(cls, "METAVARS", {})
+    groups: dict[str, Any] = {"": parser}
     for field in dataclasses.fields(cls):
         if field.name in skip:
             continue
+        section = sections.get(field.name, "")
+        if section not in groups:
+            groups[section] = parser.add_argument_group(title.format(section))
+        group = groups[section]
         field_type = kinds[field.name]
         flag = "--" + field.name.replace("_", "-")
         default = field.default_factory() if field.default is dataclasses.MISSING else field.default  # type: ignore
         help_text = f"{docs.get(field.name, '')} (default: {default!r})"
         if field_type.kind is bool and not field_type.many:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         else:
             item = field_type.item if field_type.many else field_type
-            parser.add_argument(flag, type=Checked(item, field=field.name), default=argparse.SUPPRESS,
-                                nargs="+" if field_type.many else None, metavar=field_type.kind.__name__.upper(),
-                                help=help_text)
+            group.add_argument(flag, type=Checked(item, field=field.name), default=argparse.SUPPRESS,
+                               nargs="+" if field_type.many else None,
+                               metavar=metavar(item, metavars.get(field.name)), help=help_text)
 
 
 class DuplicateKey(yaml.YAMLError):

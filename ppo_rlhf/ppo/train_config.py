@@ -4,9 +4,10 @@ hint says what it accepts (`PositiveInt`, `Literal[...]`), and `validate` checks
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from ppo_rlhf.config import (
     UNIT_INTERVAL,
@@ -33,7 +34,8 @@ def unknown_keywords(cls: type, unknown: list[str], given: dict[str, Any]) -> st
 
     not_trl = [key for key in unknown if key not in TRL_DEFAULTS]
     if not_trl:
-        return f"PPOConfig has no field {not_trl[0]!r}{did_you_mean(not_trl[0], cls.__dataclass_fields__)}"
+        fields = [field.name for field in dataclasses.fields(cls)]
+        return f"PPOConfig has no field {not_trl[0]!r}{did_you_mean(not_trl[0], fields)}"
     shown = ", ".join(f"{key}=..." for key in unknown)
     return (f"PPOConfig({shown}): these are TRL's names; ppo-rlhf's are "
             f"{our_names_for({key: given[key] for key in unknown})}; or convert TRL's settings with "
@@ -42,6 +44,13 @@ def unknown_keywords(cls: type, unknown: list[str], given: dict[str, Any]) -> st
 
 @dataclass
 class TrainConfig:
+    # what each flag takes, as `--help` shows it (`config.add_config_arguments`); not a field
+    METAVARS: ClassVar[dict[str, str]] = {
+        "policy_model": "MODEL", "reward_model": "MODEL", "value_model": "MODEL", "reward_funcs": "FILE.py:FUNC|MODEL",
+        "monitor_judges": "FILE.py:FUNC|MODEL", "prompts": "FILE", "prompt_column": "COLUMN", "out": "RUN_DIR",
+        "device": "DEVICE", "environment": "FILE.py:FACTORY", "tools": "FILE.py:FUNC", "ptx_data": "FILE",
+        "push_to_hub": "REPO_ID"}
+
     # --- models and data
     policy_model: str = "smollm2"
     """Policy to train: a Hugging Face id, a local folder, a .gguf file, or "smollm2" (offline default)."""
@@ -124,15 +133,13 @@ class TrainConfig:
     and its KV cache (ppo_rlhf/models/decode.py) instead of being stepped with pad until the longest reply ends
     (false: Hugging Face `generate`). The same random numbers, so the same tokens wherever the smaller batch's matmuls
     round as the whole batch's did (float32: 415 of 416 SmolLM2 replies, tiny models always). Faster at every batch
-    and cap measured, 0.75-0.96x the time (bench/generation_drop.py, bench/HISTORY.md)."""
+    size and reply cap tried."""
     generation_merged_copy: bool = False
     """Sample from a copy of the policy with its LoRA adapter merged into the weights (hf backend; refreshed before
     each rollout; one more copy of the weights in memory): a decoding step skips the adapter's extra matmuls and
     casts. In bf16 the merged weights round once, so the sampled distribution differs from the training forward's
     about as much as the policy's own float32 evaluation does (per-token KL ~1e-3); scoring, log pi_old included,
-    stays on the policy. Measured on SmolLM2 in bf16: a decoding step 1.53x faster (bench/decode_overhead.py), 8
-    add-tiny iterations 0.88x the time (generation 1.48x the tokens/s); slower in float32 (bench/HISTORY.md
-    2026-12-07). For bf16 weights."""
+    stays on the policy. For bf16 weights: faster decoding there (SmolLM2), slower in float32."""
     generation_backend: Literal["hf", "vllm"] = "hf"
     """"hf" (Hugging Face generate on the policy) or "vllm" (a vLLM engine in its own process and environment, `make
     venv-vllm`; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
@@ -256,7 +263,7 @@ class TrainConfig:
     over the run."""
     warmup_iterations: NonNegativeInt = 0
     """Iterations of linear learning-rate warm-up at the start of the schedule."""
-    # --- PPO-ptx (section 8.12)
+    # --- PPO-ptx: a language-modelling loss beside PPO's
     ptx_coef: NonNegativeFloat = 0.0
     """Coefficient of the language-modelling loss on ptx_data added to every policy step (InstructGPT's PPO-ptx); 0 =
     off."""
@@ -271,7 +278,7 @@ class TrainConfig:
     threads: NonNegativeInt = 0
     """CPU threads of torch's operations (torch.set_num_threads, at the start of the run); 0 = torch's default (one per
     core, or OMP_NUM_THREADS). Lower it when other jobs share the cores: threads that wait for each other on a loaded
-    machine cost far more than they gain (a loaded 2-core machine: 145 s with the default, 29 s with 1)."""
+    machine cost far more than they gain (1 can be several times faster there)."""
     logprob_chunk: NonNegativeInt = 64
     """Positions per chunk of the LM head when computing log-probs (never the full-vocabulary log-softmax at once); 0 =
     one pass."""
@@ -282,7 +289,7 @@ class TrainConfig:
     """Scoring and update passes (log-probs, reference, values, reward scores) run each micro-batch's real tokens packed
     into one row, attention block-diagonal causal, instead of right-padded rows: no work on padding, the same numbers
     to float rounding (llama and qwen2 models)."""
-    # --- observability and checkpoints
+    # --- logs and checkpoints
     checkpoint_every: PositiveInt = 10
     """Save a checkpoint every N iterations (and always at the end)."""
     keep_last_checkpoints: NonNegativeInt = 0
@@ -311,7 +318,8 @@ class TrainConfig:
     def __new__(cls, *args: Any, **kwargs: Any) -> TrainConfig:
         """A keyword that is no field is a one-line UsageError: TRL's names (`output_dir`, `learning_rate`) get ours
         and `PPOConfig.from_trl`, others the closest field (the dataclass's own `__init__` would raise a TypeError)."""
-        unknown = [key for key in kwargs if key not in cls.__dataclass_fields__]
+        fields = {field.name for field in dataclasses.fields(cls)}
+        unknown = [key for key in kwargs if key not in fields]
         if unknown:
             raise UsageError(unknown_keywords(cls, unknown, kwargs))
         return super().__new__(cls)
