@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 
 from ppo_rlhf import __version__
@@ -118,8 +119,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def no_bars_off_a_terminal() -> None:
+    """Progress bars redraw their line with "\\r" several times a second: in a log file (stderr not a terminal) that
+    is one line of kilobytes, and an error message lands glued to a bar's fragment. Off a terminal every tqdm bar is
+    off (transformers', accelerate's and the study's): TQDM_DISABLE, which tqdm reads when it is imported, before any
+    command loads it. A value the user set wins."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("TQDM_DISABLE", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    no_bars_off_a_terminal()
     if argv[:1] in (["--version"], ["-V"]):
         print(f"ppo-rlhf {__version__}")
         return 0

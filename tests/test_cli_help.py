@@ -144,3 +144,15 @@ def test_an_unknown_flag_gets_the_closest_one(capsys):
     assert cli.main(["train", "--zzz"]) == 2  # nothing close: no guess
     assert capsys.readouterr().err == ("ppo-rlhf train: error: unrecognized arguments: --zzz (see ppo-rlhf train "
                                        "--help)\n")
+
+
+def test_no_progress_bars_when_stderr_is_not_a_terminal():
+    """A bar redraws its line with carriage returns: in a log file that is one line of kilobytes. The CLI turns every
+    tqdm bar off when stderr is not a terminal (here a pipe), before any command imports tqdm."""
+    script = ("import sys; from ppo_rlhf.cli import no_bars_off_a_terminal; no_bars_off_a_terminal(); "
+              "from tqdm.auto import tqdm; bar = tqdm(range(3)); print(bar.disable); list(bar)")
+    env = {key: value for key, value in os.environ.items() if key != "TQDM_DISABLE"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**env, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "True" and "\r" not in result.stderr

@@ -548,7 +548,7 @@ class PPOLoop:
         picks = self.dist.shard(picks)  # this process's share (all of them in one process)
         scores, finished, lengths, values = [], [], [], []
         for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation",
-                         disable=self.cfg.quiet, leave=False):
+                         disable=self.cfg.quiet or None, leave=False):  # (None: off a terminal, none)
             rollout = self.rollout(self.batch_prompts([picks[i] for i in rows]))
             scores.append(self.raw_scores(rollout))
             finished.append(rollout.finished)
