@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 
 from ppo_rlhf import __version__
+from ppo_rlhf.config import did_you_mean
 from ppo_rlhf.errors import RunError, UsageError
 
 # The study's own dependencies (`pip install "ppo-rlhf[study]"`, pyproject.toml): the library and `train` run without
@@ -24,12 +26,12 @@ STUDY_MODULES = ("matplotlib", "scipy", "sklearn", "vaderSentiment", "profanity_
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "toy": ("ppo_rlhf.ppo.toy_command", "the six-token bandit experiments of section 8.3/8.4"),
-    "memory": ("ppo_rlhf.models.memory", "memory of the four RLHF models (section 8.7)"),
+    "toy": ("ppo_rlhf.ppo.toy_command", "why PPO clips, shown on a six-token bandit (no language model)"),
+    "memory": ("ppo_rlhf.models.memory", "the memory the four models of RLHF (policy, reference, reward, value) need"),
     "prompts": ("ppo_rlhf.study.prompts", "build train and held-out prompt files"),
     "pairs": ("ppo_rlhf.study.pairs", "sample reply pairs and label them with a gold judge"),
     "reward-model": ("ppo_rlhf.study.reward_model", "train a Bradley-Terry reward model"),
-    "train": ("ppo_rlhf.train", "run PPO"),
+    "train": ("ppo_rlhf.train", "run PPO on your prompts against a reward model or reward functions"),
     "task": ("ppo_rlhf.tasks.command",
              "verifiable arithmetic problems (train and held-out JSONL) with an exact checker"),
     "check": ("ppo_rlhf.ppo.check", "the invariants of a correct PPO, measured on a config's models before training"),
@@ -39,6 +41,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("ppo_rlhf.study.report", "plots and a report page for runs and evaluations"),
     "demo": ("ppo_rlhf.study.demo", "the whole offline study end to end"),
 }
+
+
+START_HERE = """\
+start here:
+  ppo-rlhf demo --quick     the whole study on a small budget, offline: prompts, a reward model, PPO, a report
+  ppo-rlhf train --help     PPO on your own prompts and rewards (the same as `from ppo_rlhf import PPOTrainer`)
+  ppo-rlhf COMMAND --help   any command's options
+
+example:
+  ppo-rlhf demo --quick --out runs/demo-quick"""
 
 
 # A command handed on to another module's `run` when one of its flags is given (the same parser and arguments): the
@@ -52,6 +64,15 @@ def non_empty_text(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
+
+
+def flag_hint(flag: str, options: list[str]) -> str:
+    """"; did you mean '--epochs'?" for a misspelt or shortened flag (the options it begins, else the closest)."""
+    options = [option for option in options if option != "--help"]
+    begun = [option for option in options if option.startswith(flag)]
+    if begun:
+        return f"; did you mean {' or '.join(map(repr, begun[:3]))}?"
+    return did_you_mean(flag, options)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -68,11 +89,27 @@ class OneLineParser(argparse.ArgumentParser):
         return action
 
     def error(self, message: str):
-        raise UsageError(f"{message} (see {self.prog} --help)")
+        prog, hint = self.prog, ""
+        if message.startswith("unrecognized arguments: "):  # raised by the top parser for a command's unknown flag
+            command = self.command_parser()
+            prog = command.prog if command is not None else prog
+            flags = [word.split("=")[0] for word in message.split()[2:] if word.startswith("--")]
+            options = [option for option in (command or self)._option_string_actions if option.startswith("--")]
+            hint = next(filter(None, (flag_hint(flag, options) for flag in flags)), "")
+        raise UsageError(f"{message}{hint} (see {prog} --help)")
+
+    def command_parser(self) -> argparse.ArgumentParser | None:
+        """The parser of the command given (the one subcommand this parser has arguments for), or None."""
+        if self._subparsers is None:
+            return None
+        choices = self._subparsers._group_actions[0].choices
+        assert isinstance(choices, dict)
+        return next((parser for parser in choices.values() if len(parser._actions) > 1), None)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="ppo-rlhf", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="ppo-rlhf", description=f"{__doc__.splitlines()[0]}\n\n{START_HERE}",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
@@ -82,8 +119,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def no_bars_off_a_terminal() -> None:
+    """Progress bars redraw their line with "\\r" several times a second: in a log file (stderr not a terminal) that
+    is one line of kilobytes, and an error message lands glued to a bar's fragment. Off a terminal every tqdm bar is
+    off (transformers', accelerate's and the study's): TQDM_DISABLE, which tqdm reads when it is imported, before any
+    command loads it. A value the user set wins."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("TQDM_DISABLE", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    no_bars_off_a_terminal()
     if argv[:1] in (["--version"], ["-V"]):
         print(f"ppo-rlhf {__version__}")
         return 0

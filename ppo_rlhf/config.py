@@ -224,25 +224,58 @@ POSITIVE_FLOAT = Checked(float, POSITIVE)
 SEED = Checked(int, typing.get_args(Seed)[1])
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field (but those in `skip`). Defaults are suppressed so that only the flags actually given override
+def field_sections(cls: type) -> dict[str, str]:
+    """The section each field is written under: the latest `# --- title` comment line above it in the class ("" before
+    the first)."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    headings = {number: match[1].strip() for number, line in enumerate(source.splitlines(), start=1)
+                if (match := re.match(r"\s*# --- (.+)", line))}
+    sections = {}
+    for node in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above = [number for number in headings if number < node.lineno]
+            sections[node.target.id] = headings[max(above)] if above else ""
+    return sections
+
+
+def metavar(field_type: FieldType, given: str | None) -> str:
+    """What a field's flag takes, as its help shows it: the class's own word (`FILE`), the choices, or the kind."""
+    if given is not None:
+        return given
+    if field_type.choices:
+        return "{" + ",".join(field_type.choices) + "}"
+    return {int: "INT", float: "FLOAT", str: "TEXT"}[field_type.kind]
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
+                         title: str = "{}") -> None:
+    """One flag per field (but those in `skip`), in an argument group per section of the class (`field_sections`;
+    `title` formats a section's name), each showing what it takes: the class's `METAVARS` word for it (`FILE`,
+    `FILE.py:FUNC`), else its choices or kind. Defaults are suppressed so that only the flags actually given override
     the YAML. A list field's flag takes one or more values (`--reward-funcs a.py:f runs/rm`)."""
     docs = field_docs(cls)
     kinds = field_types(cls)
+    sections = field_sections(cls)
+    metavars: dict[str, str] = getattr(cls, "METAVARS", {})
+    groups: dict[str, Any] = {"": parser}
     for field in dataclasses.fields(cls):
         if field.name in skip:
             continue
+        section = sections.get(field.name, "")
+        if section not in groups:
+            groups[section] = parser.add_argument_group(title.format(section))
+        group = groups[section]
         field_type = kinds[field.name]
         flag = "--" + field.name.replace("_", "-")
         default = field.default_factory() if field.default is dataclasses.MISSING else field.default  # type: ignore
         help_text = f"{docs.get(field.name, '')} (default: {default!r})"
         if field_type.kind is bool and not field_type.many:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         else:
             item = field_type.item if field_type.many else field_type
-            parser.add_argument(flag, type=Checked(item, field=field.name), default=argparse.SUPPRESS,
-                                nargs="+" if field_type.many else None, metavar=field_type.kind.__name__.upper(),
-                                help=help_text)
+            group.add_argument(flag, type=Checked(item, field=field.name), default=argparse.SUPPRESS,
+                               nargs="+" if field_type.many else None,
+                               metavar=metavar(item, metavars.get(field.name)), help=help_text)
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -289,9 +322,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def build_config(cls: type[T], *sources: dict[str, Any], origin: dict[str, str] | None = None) -> T:
-    """Merge sources left to right into a `cls`, checking keys and types, then run its `validate()`. `origin` names the
-    file each field's final value came from (`config_from_args`): a failed relation check says so."""
+def build_config(cls: type[T], *sources: dict[str, Any], origin: dict[str, str] | None = None,
+                 flags: bool = False) -> T:
+    """Merge sources left to right into a `cls`, checking keys and types, then run its `validate()`. A failed relation
+    check names each field as the user gave it (`name_settings`): `origin` names the file each field's final value
+    came from (`config_from_args`), `flags` says the others were command-line flags."""
     names = [field.name for field in dataclasses.fields(cls)]  # type: ignore[arg-type]
     kinds = field_types(cls)
     values: dict[str, Any] = {}
@@ -299,9 +334,7 @@ def build_config(cls: type[T], *sources: dict[str, Any], origin: dict[str, str] 
         for key, value in source.items():
             name = str(key).replace("-", "_")
             if name not in names:
-                close = difflib.get_close_matches(name, names, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise UsageError(f"unknown config key {key!r}{hint}")
+                raise UsageError(f"unknown config key {key!r}{did_you_mean(name, names)}")
             values[name] = check_value(name, value, kinds[name])
     try:
         config = cls(**values)  # (a config class may validate itself as it is made: TrainConfig does)
@@ -309,17 +342,50 @@ def build_config(cls: type[T], *sources: dict[str, Any], origin: dict[str, str] 
         if validate is not None:
             validate()
     except UsageError as error:
-        raise UsageError(name_origins(str(error), origin or {})) from None
+        raise UsageError(name_settings(str(error), names, set(values), origin or {}, flags)) from None
     return config
 
 
-def name_origins(message: str, origin: dict[str, str]) -> str:
-    """`message` with the value of each field it names that came from a file marked so: `minibatch_size (8, from
-    configs/x.yaml) must not exceed batch_size (4)`; a field named without its value in brackets gets a note at the end.
-    """
+def did_you_mean(name: str, names: typing.Iterable[str]) -> str:
+    """"; did you mean 'x'?" for the closest of `names` to a misspelt `name`, or ""."""
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+DEFAULT_NOTE = ", the default"
+
+
+def shown(config: Any, name: str) -> str:
+    """A field as a failed relation check names it: `minibatch_size (16)`, or `minibatch_size (16, the default)` when
+    its value is its default (the user may not know it has one). `name_settings` rewrites it as the user gave it."""
+    field = next(field for field in dataclasses.fields(config) if field.name == name)
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default  # type: ignore
+    value = getattr(config, name)
+    return f"{name} ({value}{DEFAULT_NOTE if value == default else ''})"
+
+
+def name_settings(message: str, names: typing.Iterable[str], given: set[str], origin: dict[str, str],
+                  flags: bool = False) -> str:
+    """`message`, a failed check naming fields as `shown` does, in the user's terms: a field they gave loses the
+    default note (its value may equal the default), one whose value came from a file says so (`minibatch_size (8,
+    from configs/x.yaml)`), and from the command line (`flags`) the others are named by their flag
+    (`--minibatch-size (16, the default)`). A field of `origin` named without its value in brackets gets a note at
+    the end."""
+    named: set[str] = set()
+
+    def rewrite(match: re.Match) -> str:
+        name, inside = match[1], match[2]
+        named.add(name)
+        if name in given:
+            inside = inside.removesuffix(DEFAULT_NOTE)
+        if name in origin:
+            return f"{name} ({inside}, from {origin[name]})"
+        return f"{'--' + name.replace('_', '-') if flags else name} ({inside})"
+
+    alternatives = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
+    message = re.sub(rf"(?<![\w-])({alternatives}) \(([^()]*)\)", rewrite, message)
     for name, where in origin.items():
-        message, marked = re.subn(rf"\b{name} \(([^()]*)\)", lambda m: f"{name} ({m[1]}, from {where})", message)
-        if not marked and re.search(rf"\b{name}\b", message):
+        if name not in named and re.search(rf"(?<![\w-]){name}\b", message):
             message += f" ({name} from {where})"
     return message
 
@@ -331,7 +397,8 @@ def config_from_args(cls: type[T], args: argparse.Namespace, extra: tuple[str, .
     from_file = read_yaml(path) if path else {}
     from_flags = {k: v for k, v in vars(args).items() if k in names and k not in extra}
     origin = {str(key).replace("-", "_"): path for key in from_file} if path else {}
-    return build_config(cls, from_file, from_flags, origin={k: v for k, v in origin.items() if k not in from_flags})
+    return build_config(cls, from_file, from_flags, origin={k: v for k, v in origin.items() if k not in from_flags},
+                        flags=True)
 
 
 def to_yaml(config: Any) -> str:

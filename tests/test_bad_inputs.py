@@ -244,8 +244,8 @@ def test_issue_13_messages(env, tmp_path, capsys):
     assert "is a file, not a run directory" in expect_usage_error(["train", "--resume", str(tmp_path / "file")], "file")
     assert "is a file, not a model folder" in expect_usage_error(argv(policy_model=str(tmp_path / "file")),
                                                                  "policy_model")
-    text = expect_usage_error(argv(batch_size=4, minibatch_size=8), "minibatch_size")
-    assert "minibatch_size (8) must not exceed batch_size (4)" in text
+    text = expect_usage_error(argv(batch_size=4, minibatch_size=8), "minibatch-size")
+    assert "--minibatch-size (8) must not exceed --batch-size (4)" in text
     assert not (tmp_path / "run").exists()
     capsys.readouterr()
     assert main(["--version"]) == 0
@@ -292,7 +292,7 @@ def test_every_command_checks_its_named_files_before_importing_torch(tmp_path):
               "missing.jsonl not found"),
              (["evaluate", str(run_dir), "--prompts", str(prompts), "--proxy", f"rm:{empty}", "--out",
                str(tmp_path / "e")], "no config.json"),
-             (["compare", "--eval-prompts", missing], "reward_model or reward_funcs is required"),
+             (["compare", "--eval-prompts", missing], "--reward-model or --reward-funcs is required"),
              (["reward-model", "train", "--pairs", missing, "--out", str(tmp_path / "rm")], "missing.jsonl not found"),
              (["reward-model", "train", "--pairs", str(pairs), "--out", str(tmp_path / "rm"), "--base", str(empty)],
               "no config.json"),

@@ -134,8 +134,33 @@ def test_a_failed_relation_check_says_which_values_came_from_the_file(tmp_path):
         return str(caught.value)
 
     assert refusal() == f"minibatch_size (8, from {path}) must not exceed batch_size (4, from {path})"
-    assert refusal(batch_size=4) == f"minibatch_size (8, from {path}) must not exceed batch_size (4)"  # a flag's own
-    assert refusal(minibatch_size=3, batch_size=7) == "batch_size (7) must be a multiple of minibatch_size (3)"
+    assert refusal(batch_size=4) == f"minibatch_size (8, from {path}) must not exceed --batch-size (4)"  # a flag
+    assert refusal(minibatch_size=3, batch_size=7) == "--batch-size (7) must be a multiple of --minibatch-size (3)"
+
+
+def test_a_failed_relation_check_names_the_settings_as_the_user_wrote_them(tmp_path):
+    """The API names fields, the command line flags; a value the user never set is called the default."""
+    import argparse
+
+    from ppo_rlhf.config import config_from_args
+
+    def refusal(build) -> str:
+        with pytest.raises(UsageError) as caught:
+            build()
+        return str(caught.value)
+
+    assert refusal(lambda: TrainConfig(batch_size=4)) == (
+        "minibatch_size (16, the default) must not exceed batch_size (4)")
+    assert refusal(lambda: config_from_args(TrainConfig, argparse.Namespace(batch_size=4))) == (
+        "--minibatch-size (16, the default) must not exceed --batch-size (4)")
+    assert refusal(lambda: config_from_args(TrainConfig, argparse.Namespace(batch_size=4, minibatch_size=16))) == (
+        "--minibatch-size (16) must not exceed --batch-size (4)")  # given, though equal to the default
+    assert refusal(lambda: TrainConfig(critic_warmup_iterations=3, iterations=2)) == (
+        "critic_warmup_iterations (3) must be less than iterations (2): the policy trains only in the iterations "
+        "after the critic warm-up")
+    assert refusal(lambda: TrainConfig(iterations=3, critic_warmup_iterations=1, warmup_iterations=3)) == (
+        "warmup_iterations (3) must not exceed the policy's iterations, iterations (3) - critic_warmup_iterations "
+        "(1) = 2")
 
 
 def test_a_missing_demo_output_says_what_writes_it(tmp_path, monkeypatch, capsys):

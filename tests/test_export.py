@@ -149,6 +149,7 @@ def test_card_names_base_data_rewards_settings_numbers_loading_and_license(run_d
                        ["rewards.py:exact (weight 2)", "runs/rm (weight 1)"], {"beta": 0.05}, None)
     assert f"base_model: {SMOLLM2_HUB_ID}" in alias and "license: apache-2.0" in alias
     assert f'from_pretrained("{SMOLLM2_HUB_ID}")' in alias and "dequantized" in alias
+    assert "/cache/" not in alias  # the folder the alias resolved to on this machine is no name for the base
     assert "`rewards.py:exact (weight 2)`; `runs/rm (weight 1)`" in alias and "No iteration was recorded." in alias
     hub = model_card("Qwen/Qwen2.5-0.5B-Instruct", "p.jsonl", [], {}, None)
     assert "base_model: Qwen/Qwen2.5-0.5B-Instruct" in hub and "license:" not in hub

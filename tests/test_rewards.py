@@ -307,3 +307,18 @@ def test_a_reward_model_failure_is_not_reworded():
     with pytest.raises(RuntimeError, match="CUDA out of memory") as error:
         call([ModelReward.from_scorer(FailingScorer(), "rm")])
     assert not isinstance(error.value, UsageError)
+
+
+def test_a_function_that_fails_on_a_chat_completion_is_shown_the_message_list_it_got():
+    """After a chat prompt a completion is a list of messages (TRL's format): a function written for text fails on
+    it, and the line shows the list, not the text it holds."""
+    def strips(completions, **kwargs):
+        return [float(len(c.strip())) for c in completions]
+
+    prompts = [[{"role": "user", "content": "Hi"}]]
+    with pytest.raises(RewardFunctionError) as caught:
+        CombinedReward(resolve_reward_funcs([strips]))(prompts, ["Hello"], IDS[:1], [{}])
+    assert str(caught.value) == (
+        "reward function strips raised AttributeError: 'list' object has no attribute 'strip' on the completion "
+        "[{'role': 'assistant', 'content': 'Hello'}] (after a chat prompt a completion is a list of messages, as in "
+        "TRL: its text is completion[-1]['content'])")

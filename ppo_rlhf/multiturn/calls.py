@@ -97,9 +97,10 @@ def guarded(what: str, fn: Callable, *args: Any, timeout: float, **kwargs: Any) 
     return value
 
 
-def call_tool(call: ToolCall, tools: dict[str, Callable], turn: int, timeout: float) -> tuple[str, bool]:
+def call_tool(call: ToolCall, tools: dict[str, Callable], turn: int, timeout: float,
+              spec: str | None = None) -> tuple[str, bool]:
     """(the observation text, whether it is a tool error of the policy's) of one call. A tool returns text or a
-    number; anything else stops the run."""
+    number; anything else stops the run, naming the tool by `spec` (how the user gave it: "file.py:function")."""
     if call.malformed is not None:
         return f"error: {call.malformed}", True
     if call.name not in tools:
@@ -109,7 +110,8 @@ def call_tool(call: ToolCall, tools: dict[str, Callable], turn: int, timeout: fl
         inspect.signature(tool).bind(*call.args, **call.kwargs)
     except TypeError as error:
         return f"error: {call.name}: {error}", True
-    what = f"tool {call.name} (turn {turn})"
+    named = f"{spec}, " if spec and spec != call.name else ""
+    what = f"tool {call.name} ({named}turn {turn})"
     result = guarded(what, tool, *call.args, timeout=timeout, **call.kwargs)
     if isinstance(result, bool) or not isinstance(result, str | int | float):
         raise UsageError(f"{what} returned a {type(result).__name__}, not text or a number")

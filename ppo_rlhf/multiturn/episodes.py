@@ -100,10 +100,11 @@ class Observations:
 Sample = Callable[[list[list[int]], int], Replies]  # (trajectories so far, token cap) -> replies, log-probs recorded
 
 
-def _reset(env: Any, prompt: Any, columns: dict[str, Any], timeout: float) -> Any:
-    observation = guarded("environment reset (turn 0)", env.reset, timeout=timeout, prompt=prompt, **columns)
+def _reset(env: Any, prompt: Any, columns: dict[str, Any], timeout: float, of: str) -> Any:
+    what = f"environment reset (turn 0){of}"
+    observation = guarded(what, env.reset, timeout=timeout, prompt=prompt, **columns)
     require(observation is None or isinstance(observation, str),
-            f"environment reset (turn 0) returned a {type(observation).__name__}, not text or None")
+            f"{what} returned a {type(observation).__name__}, not text or None")
     if not observation:
         return prompt
     messages = prompt_messages(prompt)
@@ -111,8 +112,8 @@ def _reset(env: Any, prompt: Any, columns: dict[str, Any], timeout: float) -> An
     return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{observation}"}]
 
 
-def _step(env: Any, text: str, turn: int, timeout: float) -> tuple[str, float | None, bool]:
-    what = f"environment step (turn {turn})"
+def _step(env: Any, text: str, turn: int, timeout: float, of: str) -> tuple[str, float | None, bool]:
+    what = f"environment step (turn {turn}){of}"
     out = guarded(what, env.step, text, timeout=timeout)
     ok = (isinstance(out, tuple) and len(out) == 3 and isinstance(out[0], str) and isinstance(out[2], bool)
           and (out[1] is None or (isinstance(out[1], int | float) and not isinstance(out[1], bool))))
@@ -130,11 +131,15 @@ def _cut_at(tokenizer, tokens: list[int], end: int) -> int:
 
 
 def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[str, Any]], eos: list[int],
-                 limits: EpisodeLimits, tools: dict[str, Callable], environment_factory: Callable | None
-                 ) -> tuple[Rollout, list[Episode]]:
+                 limits: EpisodeLimits, tools: dict[str, Callable], environment_factory: Callable | None,
+                 names: dict[str, str] | None = None) -> tuple[Rollout, list[Episode]]:
     """One episode per prompt. Returns (the rollout: one row per episode, the action mask 1 on the policy's tokens,
     log-probs and entropies recorded, `env_rewards` the environment's reward of each turn at its last token; the
-    episodes, for their counts)."""
+    episodes, for their counts). `names` says how the user named their code ("environment" and each tool name to
+    its "file.py:function"), for the line that stops the run when it fails."""
+    names = names or {}
+    of = f" of {names['environment']}" if names.get("environment") else ""
+    factory = f"environment factory {names['environment']}" if of else "environment_factory"
     require(bool(tools) or environment_factory is not None, "a multi-turn rollout needs tools or an environment")
     observations = Observations(tokenizer, eos)
     # the template's own tool format where it has one (the prompt describes the tools), else the prompt's words
@@ -143,8 +148,8 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
     for i, (prompt, row) in enumerate(zip(prompts, columns)):
         env = None
         if environment_factory is not None:
-            env = guarded("environment_factory (turn 0)", environment_factory, timeout=limits.timeout)
-            prompts[i] = _reset(env, prompt, row, limits.timeout)
+            env = guarded(f"{factory} (turn 0)", environment_factory, timeout=limits.timeout)
+            prompts[i] = _reset(env, prompt, row, limits.timeout, of)
         episodes.append(Episode(chat_prompt_ids(tokenizer, prompts[i], described), env))
     for turn in range(1, limits.max_turns + 1):
         active = [e for e in episodes if not e.done]
@@ -171,10 +176,10 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
                     episode.done = True
                 else:
                     episode.tool_calls += 1
-                    observation, error = call_tool(call, tools, turn, limits.timeout)
+                    observation, error = call_tool(call, tools, turn, limits.timeout, names.get(call.name))
                     episode.tool_errors += error
             elif episode.env is not None:
-                observation, reward, episode.done = _step(episode.env, text, turn, limits.timeout)
+                observation, reward, episode.done = _step(episode.env, text, turn, limits.timeout, of)
                 episode.rewards[-1] += reward or 0.0
                 role = "user"
             else:

@@ -17,6 +17,7 @@ per_device_train_batch_size x gradient_accumulation_steps per process; ours, bat
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
@@ -46,6 +47,9 @@ TRL_DEFAULTS: dict[str, Any] = {
     "save_strategy": "steps", "save_steps": 500, "gradient_checkpointing": True, "deepspeed": None, "fsdp": "",
 }
 
+STOP_TOKEN_NOTE = ("TRL's stop_token=None (its default) samples every reply to response_length; ppo-rlhf stops a reply "
+                   "at the tokenizer's EOS, as TRL does with stop_token='eos'")
+
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 ADAMW = ("adamw_torch", "adamw_torch_fused")
 TRACKERS = ("tensorboard", "wandb", "trackio")
@@ -70,6 +74,24 @@ def trl_values(config_or_dict: Any) -> dict[str, Any]:
     return {key: value.value if isinstance(value, Enum) else value for key, value in values.items()}
 
 
+def our_names_for(trl_settings: Mapping[str, Any]) -> str:
+    """What each of TRL's settings given to `PPOConfig(...)` is called here, found by converting it (so the names
+    come from `settings_from_trl`, the one mapping): "out (for output_dir), policy_lr and value_lr (for
+    learning_rate)". A setting converted to nothing says so; one refused says why."""
+    names = []
+    probe = {"stop_token": "eos", "total_episodes": 64}  # (a conversion needs these)
+    before = settings_from_trl(probe, iterations=10)
+    for trl_name, value in trl_settings.items():
+        try:
+            after = settings_from_trl(probe | {trl_name: value}, iterations=10)
+        except UsageError as error:
+            names.append(f"nothing for {trl_name} ({error})")
+            continue
+        ours = [name for name in after if after[name] != before.get(name)]
+        names.append(f"{' and '.join(ours)} (for {trl_name})" if ours else f"nothing for {trl_name} (not needed)")
+    return ", ".join(names)
+
+
 def refuse_unless(ok: bool, field: str, value: Any, why: str) -> None:
     if not ok:
         raise UsageError(f"TRL's {field}={value!r} has no equivalent in ppo-rlhf: {why}")
@@ -77,9 +99,9 @@ def refuse_unless(ok: bool, field: str, value: Any, why: str) -> None:
 
 def check_no_equivalent(t: dict[str, Any]) -> None:
     """The fields ppo-rlhf cannot honour, each accepted only at the value that behaves like ppo-rlhf."""
-    refuse_unless(t["stop_token"] == "eos" and t["stop_token_id"] is None,
-                  "stop_token" if t["stop_token"] != "eos" else "stop_token_id",
-                  t["stop_token"] if t["stop_token"] != "eos" else t["stop_token_id"],
+    refuse_unless(t["stop_token"] in ("eos", None) and t["stop_token_id"] is None,
+                  "stop_token" if t["stop_token"] not in ("eos", None) else "stop_token_id",
+                  t["stop_token"] if t["stop_token"] not in ("eos", None) else t["stop_token_id"],
                   "replies always end at the tokenizer's EOS; set stop_token='eos' (and no stop_token_id)")
     refuse_unless(t["kl_estimator"] in ("k1", "k3"), "kl_estimator", t["kl_estimator"], "TRL allows k1 or k3")
     for name in ("model_adapter_name", "ref_adapter_name"):
@@ -137,6 +159,8 @@ def settings_from_trl(config_or_dict: Any, num_processes: int = 1, **ours: Any) 
     require(isinstance(num_processes, int) and num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")
     t = trl_values(config_or_dict)
     check_no_equivalent(t)
+    if t["stop_token"] is None:  # TRL's default: converted, as the one difference a user of it should know
+        warnings.warn(STOP_TOKEN_NOTE, stacklevel=3)
     settings = batch_settings(t, num_processes)
     if "iterations" in ours:
         iterations = ours["iterations"]

@@ -145,7 +145,8 @@ def record_machine(trainer: PPOLoop, run_dir: Path, log: Callable[[str], None]) 
     info = {"dtype": cfg.dtype, "resolved_dtype": dtype_name(trainer.dtype),
             "dtype_note": describe_dtype(cfg.dtype, trainer.device), "threads": torch.get_num_threads(),
             "device": str(trainer.device)}
-    log(f"dtype {info['dtype_note']}, {info['threads']} threads, device {info['device']}")
+    log(f"dtype {info['dtype_note']}, {info['threads']} thread{'s' if info['threads'] != 1 else ''}, device "
+        f"{info['device']}")
     if trainer.dist.is_main:
         atomic_write_text(run_dir / "run_info.json", json.dumps(info, indent=1))
 
@@ -248,7 +249,9 @@ def run_iterations(trainer: PPOLoop, run_dir: Path, start: int, history: list[st
 
     cfg, main, models = trainer.cfg, trainer.dist.is_main, tuple(trainer.models)
     trackers = make_trackers(cfg.trackers if main else [], run_dir, dataclasses.asdict(saved_config(cfg)), start)
-    progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations, disable=cfg.quiet)
+    # (disable None: no bar off a terminal, where its redraws would fill a log with one line of fragments)
+    progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations,
+                    disable=cfg.quiet or None)
     # (iterations done, trainer state, RNG states, history) after the last finished iteration no checkpoint holds.
     # One process only: with several, state_dict is a collective that interrupted processes would not all reach.
     unsaved: tuple[int, dict[str, Any], dict[str, Any], list[str]] | None = None

@@ -16,7 +16,10 @@ DEFAULT_LR = 0.1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--experiment", choices=["all", "cases", "one-batch", "loop"], default="all")
+    parser.add_argument("--experiment", choices=["all", "cases", "one-batch", "loop"], default="all",
+                        help="which to run: cases (PPO's clipped objective and its gradient for a token in each of "
+                             "four situations), one-batch (one batch reused for many Adam steps by each "
+                             "objective), loop (the full loop, a fresh batch every iteration), or all (default)")
     parser.add_argument("--seeds", type=POSITIVE_INT, default=500, help="independent runs (default 500)")
     parser.add_argument("--iterations", type=POSITIVE_INT, default=40,
                         help="iterations of the loop experiment (default 40)")

@@ -4,9 +4,10 @@ hint says what it accepts (`PositiveInt`, `Literal[...]`), and `validate` checks
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from ppo_rlhf.config import (
     UNIT_INTERVAL,
@@ -17,7 +18,9 @@ from ppo_rlhf.config import (
     PositiveInt,
     Seed,
     check_value,
+    did_you_mean,
     field_types,
+    shown,
 )
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.utils.device import DtypeName, resolve_device
@@ -25,8 +28,29 @@ from ppo_rlhf.utils.device import DtypeName, resolve_device
 TrackerName = Literal["tensorboard", "wandb", "trackio", "all", "none"]
 
 
+def unknown_keywords(cls: type, unknown: list[str], given: dict[str, Any]) -> str:
+    """Why `PPOConfig(**given)` refuses the keywords `unknown`: TRL's names with ours for each, or a misspelt field."""
+    from ppo_rlhf.ppo.from_trl import TRL_DEFAULTS, our_names_for
+
+    not_trl = [key for key in unknown if key not in TRL_DEFAULTS]
+    if not_trl:
+        fields = [field.name for field in dataclasses.fields(cls)]
+        return f"PPOConfig has no field {not_trl[0]!r}{did_you_mean(not_trl[0], fields)}"
+    shown = ", ".join(f"{key}=..." for key in unknown)
+    return (f"PPOConfig({shown}): these are TRL's names; ppo-rlhf's are "
+            f"{our_names_for({key: given[key] for key in unknown})}; or convert TRL's settings with "
+            f"PPOConfig.from_trl({{{', '.join(repr(key) + ': ...' for key in unknown)}}}) (docs/from-trl.md)")
+
+
 @dataclass
 class TrainConfig:
+    # what each flag takes, as `--help` shows it (`config.add_config_arguments`); not a field
+    METAVARS: ClassVar[dict[str, str]] = {
+        "policy_model": "MODEL", "reward_model": "MODEL", "value_model": "MODEL", "reward_funcs": "FILE.py:FUNC|MODEL",
+        "monitor_judges": "FILE.py:FUNC|MODEL", "prompts": "FILE", "prompt_column": "COLUMN", "out": "RUN_DIR",
+        "device": "DEVICE", "environment": "FILE.py:FACTORY", "tools": "FILE.py:FUNC", "ptx_data": "FILE",
+        "push_to_hub": "REPO_ID"}
+
     # --- models and data
     policy_model: str = "smollm2"
     """Policy to train: a Hugging Face id, a local folder, a .gguf file, or "smollm2" (offline default)."""
@@ -109,15 +133,13 @@ class TrainConfig:
     and its KV cache (ppo_rlhf/models/decode.py) instead of being stepped with pad until the longest reply ends
     (false: Hugging Face `generate`). The same random numbers, so the same tokens wherever the smaller batch's matmuls
     round as the whole batch's did (float32: 415 of 416 SmolLM2 replies, tiny models always). Faster at every batch
-    and cap measured, 0.75-0.96x the time (bench/generation_drop.py, bench/HISTORY.md)."""
+    size and reply cap tried."""
     generation_merged_copy: bool = False
     """Sample from a copy of the policy with its LoRA adapter merged into the weights (hf backend; refreshed before
     each rollout; one more copy of the weights in memory): a decoding step skips the adapter's extra matmuls and
     casts. In bf16 the merged weights round once, so the sampled distribution differs from the training forward's
     about as much as the policy's own float32 evaluation does (per-token KL ~1e-3); scoring, log pi_old included,
-    stays on the policy. Measured on SmolLM2 in bf16: a decoding step 1.53x faster (bench/decode_overhead.py), 8
-    add-tiny iterations 0.88x the time (generation 1.48x the tokens/s); slower in float32 (bench/HISTORY.md
-    2026-12-07). For bf16 weights."""
+    stays on the policy. For bf16 weights: faster decoding there (SmolLM2), slower in float32."""
     generation_backend: Literal["hf", "vllm"] = "hf"
     """"hf" (Hugging Face generate on the policy) or "vllm" (a vLLM engine in its own process and environment, `make
     venv-vllm`; weights synced from the policy each iteration, LoRA merged; the trainer recomputes every log-prob)."""
@@ -241,7 +263,7 @@ class TrainConfig:
     over the run."""
     warmup_iterations: NonNegativeInt = 0
     """Iterations of linear learning-rate warm-up at the start of the schedule."""
-    # --- PPO-ptx (section 8.12)
+    # --- PPO-ptx: a language-modelling loss beside PPO's
     ptx_coef: NonNegativeFloat = 0.0
     """Coefficient of the language-modelling loss on ptx_data added to every policy step (InstructGPT's PPO-ptx); 0 =
     off."""
@@ -256,7 +278,7 @@ class TrainConfig:
     threads: NonNegativeInt = 0
     """CPU threads of torch's operations (torch.set_num_threads, at the start of the run); 0 = torch's default (one per
     core, or OMP_NUM_THREADS). Lower it when other jobs share the cores: threads that wait for each other on a loaded
-    machine cost far more than they gain (a loaded 2-core machine: 145 s with the default, 29 s with 1)."""
+    machine cost far more than they gain (1 can be several times faster there)."""
     logprob_chunk: NonNegativeInt = 64
     """Positions per chunk of the LM head when computing log-probs (never the full-vocabulary log-softmax at once); 0 =
     one pass."""
@@ -267,7 +289,7 @@ class TrainConfig:
     """Scoring and update passes (log-probs, reference, values, reward scores) run each micro-batch's real tokens packed
     into one row, attention block-diagonal causal, instead of right-padded rows: no work on padding, the same numbers
     to float rounding (llama and qwen2 models)."""
-    # --- observability and checkpoints
+    # --- logs and checkpoints
     checkpoint_every: PositiveInt = 10
     """Save a checkpoint every N iterations (and always at the end)."""
     keep_last_checkpoints: NonNegativeInt = 0
@@ -293,6 +315,15 @@ class TrainConfig:
     quiet: bool = False
     """No progress bar and no dashboard lines on stdout (history.jsonl is still written)."""
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> TrainConfig:
+        """A keyword that is no field is a one-line UsageError: TRL's names (`output_dir`, `learning_rate`) get ours
+        and `PPOConfig.from_trl`, others the closest field (the dataclass's own `__init__` would raise a TypeError)."""
+        fields = {field.name for field in dataclasses.fields(cls)}
+        unknown = [key for key in kwargs if key not in fields]
+        if unknown:
+            raise UsageError(unknown_keywords(cls, unknown, kwargs))
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         """Built in Python (`PPOConfig(...)`), a config is checked as YAML keys and flags are: the same one-line
         UsageError for the same bad value."""
@@ -315,21 +346,27 @@ class TrainConfig:
     def validate(self) -> None:
         """What the field types cannot say: relations between fields. (Each field's own type, interval and choices are
         checked by `ppo_rlhf.config.check_value` as it is read; `require_inputs` says what a run needs besides.)"""
+        def setting(name: str) -> str:
+            return shown(self, name)
+
         require(self.minibatch_size <= self.batch_size,
-                f"minibatch_size ({self.minibatch_size}) must not exceed batch_size ({self.batch_size})")
+                f"{setting('minibatch_size')} must not exceed {setting('batch_size')}")
         require(self.batch_size % self.minibatch_size == 0,
-                f"batch_size ({self.batch_size}) must be a multiple of minibatch_size ({self.minibatch_size})")
+                f"{setting('batch_size')} must be a multiple of {setting('minibatch_size')}")
         require(self.micro_batch_size <= self.minibatch_size,
-                f"micro_batch_size ({self.micro_batch_size}) must not exceed minibatch_size ({self.minibatch_size})")
+                f"{setting('micro_batch_size')} must not exceed {setting('minibatch_size')}")
         require(self.advantage_estimator == "gae" or self.group_size >= 2,
                 f"advantage_estimator {self.advantage_estimator} needs group_size >= 2 replies per prompt")
         require(self.batch_size % self.group_size == 0,
-                f"batch_size ({self.batch_size} replies) must be a multiple of group_size ({self.group_size})")
+                f"{setting('batch_size')} must be a multiple of {setting('group_size')} (replies per prompt)")
+        require(self.critic_warmup_iterations < self.iterations,
+                f"{setting('critic_warmup_iterations')} must be less than {setting('iterations')}: the policy "
+                "trains only in the iterations after the critic warm-up")
         require(self.warmup_iterations <= self.iterations,
-                f"warmup_iterations ({self.warmup_iterations}) must not exceed iterations ({self.iterations})")
+                f"{setting('warmup_iterations')} must not exceed {setting('iterations')}")
         require(self.warmup_iterations <= self.iterations - self.critic_warmup_iterations,
-                f"warmup_iterations ({self.warmup_iterations}) must not exceed the policy's iterations, those after "
-                f"the critic warm-up ({self.iterations} - {self.critic_warmup_iterations})")
+                f"{setting('warmup_iterations')} must not exceed the policy's iterations, {setting('iterations')} - "
+                f"{setting('critic_warmup_iterations')} = {self.iterations - self.critic_warmup_iterations}")
         require(self.ptx_coef == 0 or bool(self.ptx_data), "ptx_coef > 0 needs ptx_data (a file of texts)")
         require(self.tis_cap == 0 or (self.old_logprobs == "recompute" and self.generation_backend == "hf"),
                 "tis_cap needs old_logprobs: recompute and generation_backend: hf (the rollout's own log-probs)")
@@ -365,15 +402,22 @@ class TrainConfig:
 
         return cls(**settings_from_trl(trl_config, num_processes, **ours))
 
-    def require_inputs(self, dataset: bool = False) -> None:
+    def require_inputs(self, dataset: bool = False, flags: bool = False) -> None:
         """What a run cannot start without: a reward (reward_model or reward_funcs), one weight per reward, and prompts
-        (`prompts`, or the trainer's `train_dataset`). (The trainer's `reward_funcs` are in reward_funcs by then.)"""
+        (`prompts`, or the trainer's `train_dataset`). (The trainer's `reward_funcs` are in reward_funcs by then.) A
+        missing one is named as the user would give it: by its flag from the command line (`flags`), else by the
+        config's field and the trainer's argument."""
         require(self.reward_count > 0,
-                "reward_model or reward_funcs is required (a reward-model folder or id, or a reward function)")
+                "--reward-model or --reward-funcs is required (a reward-model folder or id, or file.py:function)"
+                if flags else "reward_model or reward_funcs is required (a reward-model folder or id, or a reward "
+                "function: PPOTrainer(config, reward_funcs=[...]))")
         require(self.reward_weights is None or len(self.reward_weights) == self.reward_count,
                 f"reward_weights has {len(self.reward_weights or [])} weights for {self.reward_count} rewards "
                 "(reward_model, if set, then each of reward_funcs)")
-        require(bool(self.prompts) or dataset, "prompts is required (a JSONL file, see `ppo-rlhf prompts`)")
+        require(bool(self.prompts) or dataset,
+                "--prompts is required (a JSONL file of prompts, see `ppo-rlhf prompts`)" if flags else
+                "prompts are required: PPOTrainer(config, train_dataset=...) (a datasets.Dataset or a list of prompts) "
+                "or PPOConfig(prompts=...) (a JSONL file, see `ppo-rlhf prompts`)")
 
     def check_files(self) -> None:
         """Every file and folder the config names exists and is of its kind. Called before the config is printed

@@ -165,10 +165,11 @@ def per_token_in_chunks(fn, rollout, size: int) -> tuple[torch.Tensor, ...]:
 
 
 def check_prompt_lengths(rows: list[PromptRow], tokenizer, models: list, max_new_tokens: int,
-                         max_prompt_tokens: int | None = None) -> None:
+                         max_prompt_tokens: int | None = None, cap_name: str = "max_new_tokens") -> None:
     """Every chat-templated prompt of `rows` within `max_prompt_tokens` (training's cap; None: no cap), and prompt +
-    reply cap within every model's context: a UsageError naming the first row that is not. (Also `ppo-rlhf
-    evaluate`'s check; models without a config, like a word-count judge, have no context.)"""
+    reply cap within every model's context: a UsageError naming the first row that is not, and the cap by its setting
+    `cap_name` (a multi-turn episode's is max_episode_tokens). (Also `ppo-rlhf evaluate`'s check; models without a
+    config, like a word-count judge, have no context.)"""
     contexts = [getattr(getattr(m, "config", None), "max_position_embeddings", None) for m in models]
     context = min((c for c in contexts if isinstance(c, int) and c > 0), default=None)
     for row in rows:
@@ -177,7 +178,7 @@ def check_prompt_lengths(rows: list[PromptRow], tokenizer, models: list, max_new
                 f"{row.where}: the prompt has {n} tokens (chat-templated), more than "
                 f"max_prompt_tokens={max_prompt_tokens}")
         require(context is None or n + max_new_tokens <= context,
-                f"{row.where}: the prompt ({n} tokens) + max_new_tokens={max_new_tokens} exceed the "
+                f"{row.where}: the prompt ({n} tokens) + {cap_name}={max_new_tokens} exceed the "
                 f"models' context of {context} tokens")
 
 
@@ -306,7 +307,7 @@ class PPOLoop:
         frozen = [f.model for f in funcs if isinstance(f, ModelReward) and f.scorer is not self.critic]
         critic_model = [self.critic.model] if self.critic else []
         check_prompt_lengths(self.prompt_rows, self.tokenizer, [self.policy, *critic_model, *frozen],
-                             self.trajectory_cap, cfg.max_prompt_tokens)
+                             self.trajectory_cap, cfg.max_prompt_tokens, self.trajectory_cap_name)
         require(not (self.dist.fsdp and cfg.generation_backend != "hf"),
                 "FSDP shards the policy's layers: use generation_backend: hf (vLLM needs the whole policy per process)")
         for model in (self.policy, *critic_model, *frozen):  # FSDP: each process keeps a shard of every layer
@@ -333,13 +334,19 @@ class PPOLoop:
             except UsageError as error:
                 raise UsageError(f"monitor_judges: {error}") from None
         models = [judge.model for judge in judges if isinstance(judge, ModelReward)]
-        check_prompt_lengths(self.prompt_rows, self.tokenizer, models, self.trajectory_cap)
+        check_prompt_lengths(self.prompt_rows, self.tokenizer, models, self.trajectory_cap,
+                             cap_name=self.trajectory_cap_name)
         return CombinedReward(judges)
 
     @property
     def trajectory_cap(self) -> int:
         """Tokens after the prompt that a scored sequence may reach: the reply cap, or a multi-turn episode's."""
         return self.cfg.max_episode_tokens if self.cfg.multi_turn else self.cfg.max_new_tokens
+
+    @property
+    def trajectory_cap_name(self) -> str:
+        """The setting `trajectory_cap` comes from, as a message names it."""
+        return "max_episode_tokens" if self.cfg.multi_turn else "max_new_tokens"
 
     def rng_untouched(self):
         """A context after which torch's random numbers (CPU, and this process's GPU) are as before it."""
@@ -475,9 +482,11 @@ class PPOLoop:
 
         limits = EpisodeLimits(cfg.max_turns, cfg.max_tool_calls, cfg.max_new_tokens, cfg.max_episode_tokens,
                                cfg.tool_timeout)
+        # the user's code by the names they gave it (config.yaml's), for the line that stops the run when it fails
+        names = {"environment": cfg.environment or "", **dict(zip(self.tools, cfg.tools))}
         rollout, self.episodes = run_episodes(sample, self.tokenizer, prompts, self.columns_of(prompts),
                                               eos_token_ids(self.policy, self.tokenizer), limits, self.tools,
-                                              self.environment_factory)
+                                              self.environment_factory, names)
         return rollout
 
     def raw_scores(self, rollout: Rollout) -> torch.Tensor:
@@ -540,7 +549,7 @@ class PPOLoop:
         picks = self.dist.shard(picks)  # this process's share (all of them in one process)
         scores, finished, lengths, values = [], [], [], []
         for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation",
-                         disable=self.cfg.quiet, leave=False):
+                         disable=self.cfg.quiet or None, leave=False):  # (None: off a terminal, none)
             rollout = self.rollout(self.batch_prompts([picks[i] for i in rows]))
             scores.append(self.raw_scores(rollout))
             finished.append(rollout.finished)

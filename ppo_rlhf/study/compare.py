@@ -46,7 +46,7 @@ def compare_configs(base: dict[str, Any], out: str | Path, estimators: list[str]
                                                       "out": str(Path(out) / name)})
                for name in estimators}
     for config in configs.values():  # before hours of training: what a run needs, and its files
-        config.require_inputs()
+        config.require_inputs(flags=True)
         config.check_files()
     return configs
 
@@ -80,27 +80,44 @@ def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_p
     return {"table": table, "summary": result["summary"], "runs": runs}
 
 
+USAGE = "%(prog)s (--eval-prompts FILE | --task LEVEL) [--config FILE] [--OPTION VALUE ...]"
+DESCRIPTION = """\
+The same training budget with each advantage estimator (GAE/PPO, RLOO, GRPO), then a held-out evaluation of every run
+with the proxy reward and the gold judge, side by side (OUT/compare.txt).
+
+examples:
+  ppo-rlhf compare --config configs/smollm2_offline.yaml --eval-prompts heldout.jsonl --out runs/compare
+  ppo-rlhf compare --task add-tiny --out runs/compare-add   (ppo, ppo-warmup, rloo, grpo on a verifiable task)
+
+The training options set every run (each of them also a key of the --config YAML file); --out is the folder of the
+runs, one subfolder per estimator."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="base YAML config of `ppo-rlhf train`; flags override it (with --task: "
-                                         "default configs/smollm2_add_tiny.yaml)")
+    parser.usage, parser.description = USAGE, DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--config", metavar="FILE", help="base YAML config of `ppo-rlhf train`; flags override it "
+                                                         "(with --task: default configs/smollm2_add_tiny.yaml)")
     parser.add_argument("--task", metavar="LEVEL", help="a verifiable task level (ppo-rlhf task list): compare ppo, "
-                        "ppo-warmup, rloo and grpo on it, scored exactly on held-out problems "
-                        "(ppo_rlhf/tasks/compare.py)")
-    parser.add_argument("--estimators", help="comma-separated, from gae, rloo, grpo (default: all; not with --task)")
-    parser.add_argument("--eval-prompts", help='held-out prompts, a {"prompt": ...} JSONL file (required without '
-                                               '--task)')
-    parser.add_argument("--gold", help="gold judge: gold, vader, nontoxic or rm:PATH_OR_ID (default gold; not with "
-                                       "--task)")
-    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, help="evaluation replies per prompt (default 2; "
-                                                                        "with --task 1)")
-    parser.add_argument("--eval-seed", type=SEED, default=1234)
-    parser.add_argument("--variants", help="with --task: comma-separated, from ppo, ppo-warmup, rloo, grpo (default "
-                                           "all)")
-    parser.add_argument("--checkpoints", help="with --task: iterations evaluated, like 10,20,30 (default every 10th "
-                                              "and the last)")
-    parser.add_argument("--heldout", type=NON_NEGATIVE_INT, help="with --task: held-out problems evaluated (default "
-                                                                 "200; 0 = all of them)")
-    add_config_arguments(parser, TrainConfig)  # --out is the parent folder of the runs
+                        "ppo-warmup, rloo and grpo on it, scored exactly on held-out problems")
+    comparison = parser.add_argument_group("the comparison")
+    comparison.add_argument("--estimators", metavar="NAME,NAME", help="comma-separated, from gae, rloo, grpo "
+                                                                      "(default: all; not with --task)")
+    comparison.add_argument("--eval-prompts", metavar="FILE", help='held-out prompts, a {"prompt": ...} JSONL file '
+                                                                   '(required without --task)')
+    comparison.add_argument("--gold", metavar="JUDGE", help="gold judge: gold, vader, nontoxic or rm:PATH_OR_ID "
+                                                            "(default gold; not with --task)")
+    comparison.add_argument("--replies-per-prompt", type=POSITIVE_INT, metavar="N",
+                            help="evaluation replies per held-out prompt (default 2; with --task 1)")
+    comparison.add_argument("--eval-seed", type=SEED, default=1234, metavar="N",
+                            help="seed of the evaluation's sampling (default 1234)")
+    comparison.add_argument("--variants", metavar="NAME,NAME", help="with --task: comma-separated, from ppo, "
+                                                                    "ppo-warmup, rloo, grpo (default all)")
+    comparison.add_argument("--checkpoints", metavar="N,N", help="with --task: iterations evaluated, like 10,20,30 "
+                                                                 "(default every 10th and the last)")
+    comparison.add_argument("--heldout", type=NON_NEGATIVE_INT, metavar="N",
+                            help="with --task: held-out problems evaluated (default 200; 0 = all of them)")
+    add_config_arguments(parser, TrainConfig, title="training: {}")  # --out is the parent folder of the runs
 
 
 def run(args: argparse.Namespace) -> int:

@@ -67,9 +67,11 @@ class DemoConfig:
     quick: bool = False
     """The small preset: the same study in a few minutes (numbers too small to mean much)."""
     full: bool = False
-    """The powered preset of issue 43: the length arm too, 3 seeds of the proxy arm, 200 held-out prompts, KL targets
-    from 0.5. In a copy of a finished demo's folder (`make demo-full`) it runs only the new PPO runs and the
-    evaluation: 1 h 3 min on the 2-core CPU of docs/study.md, about 1 h 40 min from scratch."""
+    # (measured: 1 h 3 min in a copy of a finished demo's folder on the 2-core CPU of docs/study.md, 1 h 40 min from
+    # scratch)
+    """The larger preset, for conclusions the demo's numbers are too few for: the length arm too, 3 seeds of the proxy
+    arm, 200 held-out prompts, KL targets from 0.5. Run in a copy of a finished demo's folder (`make demo-full`), it
+    adds only the new PPO runs and the evaluation (about an hour on a 2-core CPU; docs/study.md has the times)."""
     task: str | None = None
     """A verifiable task (`ppo-rlhf task list`, e.g. add-tiny, or calc-steps: multi-turn with a calculator tool): run
     the task demo instead of this study, PPO on its preset (configs/smollm2_add_tiny.yaml, smollm2_calc_steps.yaml)
@@ -99,19 +101,18 @@ class DemoConfig:
     rm_heldout_share: Annotated[float, Bounds(low=0, high=1, low_open=True, high_open=True)] = 0.14
     """Share of the reward-model prompts whose pairs only measure its accuracy (never trained on)."""
     pair_replies: Annotated[int, Bounds(low=2)] = 10
-    """Start-policy replies per reward-model prompt; every two finished ones can make a pair. The gold judge ignores
-    the prompt, so K replies of one prompt give up to K(K-1)/2 labelled pairs for K samples: 10 give 45. Pairs grow
-    with the square of the finished replies, the reward model's time with the replies: many replies of fewer prompts
-    won the validation search (bench/HISTORY.md, "The reward-model search"). Measured on 2026-12-07: 8 gave 1,779
-    training pairs and a proxy no better than word counts (0.67 held-out, RM - words -0.03 [-0.16, +0.10]); 10 gave
-    2,928 pairs and 0.78 (+0.22 [+0.12, +0.33]) on 2026-12-06."""
+    # (measured, bench/HISTORY.md "The reward-model search": 8 gave 1,779 training pairs and a proxy no better than
+    # word counts, 0.67 held-out; 10 gave 2,928 pairs and 0.78)
+    """Start-policy replies per reward-model prompt; every two finished ones can make a pair, so K replies of one
+    prompt give up to K(K-1)/2 labelled pairs (10 give 45). Pairs grow with the square of the replies and the reward
+    model's time only with the replies: more replies of fewer prompts give a better reward model for the time."""
     min_margin: Annotated[float, NON_NEGATIVE] = 0.1
     """A pair is kept when its two replies' gold scores differ by more than this (near-ties are the judge's noise)."""
     pair_length_balance: Literal["none", "similar", "half"] = "none"
     """The reward model's training pairs, balanced for length (pairs.length_balanced; the held-out pairs never are):
     "similar" keeps the pairs whose replies differ by at most pair_length_tolerance tokens, "half" a seeded subsample
     in which the longer reply is the chosen one in exactly half of the pairs. A proxy trained on pairs whose longer
-    reply mostly wins can learn length instead of quality (issue 43; bench/rm_search.py measures it)."""
+    reply mostly wins can learn length instead of quality."""
     pair_length_tolerance: NonNegativeInt = LENGTH_TOLERANCE
     """Tokens: the "similar" balance's pairs, and the reward model's similar-length held-out pairs in its report."""
     reply_cap: PositiveInt = 96
@@ -119,24 +120,24 @@ class DemoConfig:
     replies were cut off and PPO's gain came from finishing them (the EOS rule scores a cut-off reply -1); 96 leaves
     room to move in length before the rule bites."""
     rm_epochs: PositiveInt = 2
-    """Reward-model epochs (chosen on a validation split with the LoRA blocks below: bench/rm_search.py)."""
+    """Reward-model epochs (chosen on a validation split, with the LoRA blocks below)."""
     rm_batch_size: PositiveInt = 32
     """Pairs per reward-model step. A batch holds whole prompts' pairs, and each reply is scored once however many
     pairs it is in, so wider batches pass each reply fewer times per epoch."""
     rm_lr: PositiveFloat = 3e-4
     """Reward-model learning rate (LoRA and score head)."""
     rm_lora_layers: NonNegativeInt = 0
+    # (measured: 10 of SmolLM2's 30 blocks take ~0.7x the step time; bench/HISTORY.md, "The reward-model search")
     """Reward-model LoRA on the last N blocks only (0: every block): backward stops at the lowest adapted block, so
-    fewer blocks are cheaper (10 of SmolLM2's 30: ~0.7x the step time), but every block was the one setting of the
-    search that raised validation accuracy beyond noise (bench/HISTORY.md, "The reward-model search")."""
+    fewer blocks are cheaper, but every block was the one setting that raised validation accuracy beyond noise."""
     rm_lora_rank: PositiveInt = 16
     """Reward-model LoRA rank (alpha twice the rank)."""
     rm_shuffle_pairs: bool = False
     """Reward-model batches of pairs in random order instead of whole prompts' pairs together (each reply of a batch
-    is then scored for fewer pairs: more passes per pair). bench/rm_search.py compares the two."""
+    is then scored for fewer pairs: more passes per pair)."""
     rm_length_head: bool = False
     """Train the reward model against a learned length term (logit + w * length gap, reward_model.py), dropped from
-    the saved model: its score head learns what length does not explain (ODIN-style, issue 43)."""
+    the saved model: its score head learns what length does not explain (as ODIN does)."""
     arms: str = "proxy,gold"
     """Optimisation arms, comma-separated (study/arms.py): proxy (the reward model), gold (the gold judge itself: the
     ceiling) and length (word counts: the length detector). Same prompts, normalisation and PPO settings each. The
@@ -144,9 +145,9 @@ class DemoConfig:
     seeds: PositiveInt = 1
     """PPO runs of the proxy arm, seeds seed, seed + 1, ...: the evaluation pools them (the other arms run once)."""
     iterations: PositiveInt = 16
-    """PPO iterations per run: with policy_lr below, meant to take beta 0 past the largest KL target (at 18, the
-    2026-12-06 run's proxy arm passed KL 8 at iteration 13 and ended at 15; 16 to keep the demo within the hour).
-    The report says which targets each run did not reach."""
+    # (at 18, a proxy-arm run passed KL 8 at iteration 13 and ended at 15; 16 keeps the demo within the hour)
+    """PPO iterations per run: with policy_lr below, meant to take beta 0 past the largest KL target. The report says
+    which targets each run did not reach."""
     batch_size: PositiveInt = 8
     """Replies per PPO iteration."""
     minibatch_size: PositiveInt = 4
@@ -154,23 +155,23 @@ class DemoConfig:
     reward_norm_samples: PositiveInt = 32
     """Start-policy replies that normalise the reward."""
     policy_lr: PositiveFloat = 2e-4
-    """Policy LoRA learning rate (at 1e-4, measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first
-    iteration; twice it to reach the KL targets within the hour)."""
+    # (at 1e-4, measured on SmolLM2: approx_kl 0.007, clipfrac 0.085 in the first iteration)
+    """Policy LoRA learning rate (high for LoRA, so that the runs reach the KL targets within the hour)."""
     value_lr: PositiveFloat = 1e-4
     """Value model learning rate."""
     sample_batch: PositiveInt = 100
+    # (measured: the start model's 200 evaluation replies took 51-54 s at 100 and 200, 56-65 s at 50 and 64, bf16 on
+    # the 2-core machine)
     """Replies sampled at once by the prompts, pairs and evaluation stages (generation on a CPU is bound by per-step
-    overhead, so a wider batch gives more replies per second, up to a point: the start model's 200 evaluation
-    replies took 51-54 s at 100 and 200, 56-65 s at 50 and 64, in bf16 on the 2-core machine; the draws, and so
-    the samples, depend on it)."""
+    overhead, so a wider batch gives more replies per second, up to a point; the draws, and so the samples, depend
+    on it)."""
     checkpoint_every: PositiveInt = 2
     """A checkpoint every this many PPO iterations (and the last), for the evaluation to pick from by KL. A SmolLM2
     checkpoint takes about 113 MB."""
     kl_targets: str = "2,4,8"
     """KL targets (nats per reply), increasing: per run the evaluation scores the first checkpoint whose training KL
     reached each (ppo/kl_spacing.py) and the last; seeds and arms are compared at the same target. Each target is
-    one more model per run to evaluate (about 84 s at 100 prompts x 2 replies on the 2-core machine): the demo starts
-    at 2 (1,2,4,8 until 2026-12-07), the full preset at 0.5."""
+    one more model per run to evaluate: the demo starts at 2, the full preset at 0.5."""
     dtype: DtypeName = TrainConfig.dtype
     """Weights and compute dtype of every stage (the trainer's default)."""
     betas: str = "0"

@@ -539,7 +539,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
     parser.add_argument("--proxy", default=None, help="the proxy judge (default: rm: + the runs' reward_model)")
     parser.add_argument("--gold", default="gold", help="the gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
-    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2)
+    parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2, metavar="N",
+                        help="replies sampled per held-out prompt and model (default 2)")
     parser.add_argument("--seed", type=SEED, default=1234, help="sampling seed, the same for every model")
     parser.add_argument("--checkpoints", default="all", help="all, latest, iterations like 10,20, or KL targets like "
                         "kl:1,2,4 (per target the first checkpoint whose training KL reached it, and the last)")

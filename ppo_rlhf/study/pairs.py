@@ -270,8 +270,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="the starting policy that samples the replies")
     parser.add_argument("--judge", default="gold", help="vader | nontoxic | gold | rm:PATH_OR_HUB_ID")
     parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128, help="longest reply in tokens")
-    parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=0.7)
-    parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=0.7, help="sampling temperature (default 0.7)")
+    parser.add_argument("--seed", type=SEED, default=0, help="sampling seed (default 0)")
     parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="replies sampled at once")
     parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2, help="replies sampled per prompt; "
                         "every two of them can make a pair")

@@ -257,7 +257,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128,
                         help="keep prompts whose sampled reply ends within this")
     parser.add_argument("--model", default="smollm2", help="starting policy used for the reply filter")
-    parser.add_argument("--seed", type=SEED, default=0)
+    parser.add_argument("--seed", type=SEED, default=0, help="seed of the draw and the sampled replies (default 0)")
     parser.add_argument("--batch-size", type=POSITIVE_INT, default=16, help="prompts sampled at once")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
                         help="weights of the filter's policy (auto: bf16 where the CPU has it)")

@@ -62,8 +62,8 @@ def machine_sentence(run_dirs: list[Path]) -> str | None:
     for run_dir in run_dirs:
         try:
             info = json.loads((run_dir / "run_info.json").read_text())
-            parts.append(f"{run_dir.resolve().name}: dtype {info['dtype_note']}, {info['threads']} threads, device "
-                         f"{info['device']}")
+            threads = f"{info['threads']} thread{'s' if info['threads'] != 1 else ''}"
+            parts.append(f"{run_dir.resolve().name}: dtype {info['dtype_note']}, {threads}, device {info['device']}")
         except (OSError, ValueError, KeyError, TypeError):  # older runs have none; the report does not need it
             continue
     return "Run settings on their machine: " + "; ".join(parts) + "." if parts else None

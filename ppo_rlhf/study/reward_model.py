@@ -424,10 +424,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--pairs", required=True, help="pairs JSONL (ppo-rlhf pairs) or hf:DATASET[:SPLIT]")
     train.add_argument("--base", default="smollm2", help="backbone and tokenizer (the policy's)")
     train.add_argument("--out", required=True, help="output folder (PEFT adapter + score head + tokenizer)")
-    train.add_argument("--epochs", type=POSITIVE_INT, default=2)
-    train.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-4)
+    train.add_argument("--epochs", type=POSITIVE_INT, default=2, help="passes over the training pairs (default 2)")
+    train.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-4,
+                       help="learning rate of the LoRA adapter and the score head (default 1e-4)")
     train.add_argument("--batch-size", type=POSITIVE_INT, default=8, help="pairs per step")
-    train.add_argument("--lora-rank", type=POSITIVE_INT, default=16)
+    train.add_argument("--lora-rank", type=POSITIVE_INT, default=16, help="LoRA rank (default 16)")
     train.add_argument("--lora-layers", type=Checked(int, Bounds(low=0)), default=0,
                        help="LoRA on the last N blocks only (0: every block); backward stops there, so fewer is faster")
     train.add_argument("--shuffle-pairs", action="store_true",
@@ -435,7 +436,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "once per step)")
     train.add_argument("--heldout-fraction", type=Checked(float, Bounds(0, 1, low_open=True, high_open=True)),
                        default=0.1, help="pairs kept out to measure accuracy")
-    train.add_argument("--seed", type=SEED, default=0)
+    train.add_argument("--seed", type=SEED, default=0,
+                       help="seed of the held-out split and the batch order (default 0)")
     train.add_argument("--max-length", type=POSITIVE_INT, default=512, help="longer conversations are dropped, not cut")
     train.add_argument("--heldout-pairs", default=None,
                        help="a pairs JSONL held out whole (pairs of other prompts); then --heldout-fraction is unused")

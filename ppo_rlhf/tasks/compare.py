@@ -100,7 +100,7 @@ def variant_configs(base: dict[str, Any], overrides: dict[str, Any], out: Path, 
                                    "out": str(out / name)})
                for name in variants}
     for cfg in configs.values():
-        cfg.require_inputs()
+        cfg.require_inputs(flags=True)
         check_model_name(cfg.policy_model)  # before hours of training, and before torch loads
     return configs
 

@@ -100,11 +100,11 @@ def run_task_demo(given: dict[str, Any]) -> int:
 
 def train_config(task_out: Path, quick: bool, overrides: dict[str, Any], task: str = "add-tiny") -> TrainConfig:
     """The PPO run's config: the task's preset (the smoke run's sizes with `quick`), the overrides, its files in OUT."""
-    cfg = build_config(TrainConfig, preset(task), QUICK if quick else {}, overrides,
-                       {"prompts": str(task_out / "data" / "train.jsonl"), "out": str(task_out / "ppo")})
-    require(cfg.iterations > cfg.critic_warmup_iterations,
-            f"iterations ({cfg.iterations}) must exceed the preset's critic_warmup_iterations "
-            f"({cfg.critic_warmup_iterations}), or the policy never trains")
+    settings, sized = preset(task), QUICK if quick else {}
+    from_preset = {name: f"the preset {preset_path(task)}" for name in settings if name not in {*sized, *overrides}}
+    cfg = build_config(TrainConfig, settings, sized, overrides,
+                       {"prompts": str(task_out / "data" / "train.jsonl"), "out": str(task_out / "ppo")},
+                       origin=from_preset)
     check_model_name(cfg.policy_model)  # a typo is named before any stage starts, and before torch loads
     return cfg
 

@@ -118,6 +118,10 @@ def test_user_code_that_raises_hangs_or_returns_the_wrong_type_stops_in_one_line
             run_episodes(scripted(tokenizer, [["<tool>f(1)</tool>"]]), tokenizer, ["Hello"], [{}],
                          [tokenizer.eos_token_id], limits, {"f": tool}, None)
 
+    with pytest.raises(UsageError, match=r"^tool f \(tools\.py:broken, turn 1\) raised RuntimeError: disk on fire$"):
+        run_episodes(scripted(tokenizer, [["<tool>f(1)</tool>"]]), tokenizer, ["Hello"], [{}],
+                     [tokenizer.eos_token_id], LIMITS, {"f": broken}, None, {"f": "tools.py:broken"})
+
     class BadStep(Guess):
         def step(self, text):
             return "only text"
@@ -125,6 +129,16 @@ def test_user_code_that_raises_hangs_or_returns_the_wrong_type_stops_in_one_line
     with pytest.raises(UsageError, match=r"environment step \(turn 1\) returned str"):
         run_episodes(scripted(tokenizer, [["1"]]), tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS, {},
                      BadStep)
+    with pytest.raises(UsageError, match=r"environment step \(turn 1\) of my_env\.py:make_env returned str"):
+        run_episodes(scripted(tokenizer, [["1"]]), tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS, {},
+                     BadStep, {"environment": "my_env.py:make_env"})
+
+    def no_factory():
+        raise OSError("no board")
+
+    with pytest.raises(UsageError, match=r"^environment factory my_env\.py:make_env \(turn 0\) raised OSError"):
+        run_episodes(scripted(tokenizer, [["1"]]), tokenizer, ["Hello"], [{}], [tokenizer.eos_token_id], LIMITS, {},
+                     no_factory, {"environment": "my_env.py:make_env"})
 
 
 HERMES = ("{%- if tools %}<|im_start|>system\nYou may call: {% for tool in tools %}{{ tool | tojson }}{% endfor %}"
@@ -173,3 +187,19 @@ def test_a_tool_without_a_documented_signature_still_gets_a_schema():
         "name": "find", "description": "Find a word.",
         "parameters": {"type": "object", "properties": {"word": {"type": "string"}, "limit": {"type": "string"}},
                        "required": ["word"]}}}]
+
+
+def test_the_context_check_of_a_multi_turn_run_names_max_episode_tokens(tokenizer):
+    """A multi-turn trajectory's cap is max_episode_tokens: the prompt-length check names that setting."""
+    from types import SimpleNamespace
+
+    from ppo_rlhf import PPOConfig
+    from ppo_rlhf.data import PromptRow
+    from ppo_rlhf.ppo.trainer import PPOLoop, check_prompt_lengths
+
+    loop = SimpleNamespace(cfg=PPOConfig(tools=["tools.py:f"], max_episode_tokens=512))
+    assert (PPOLoop.trajectory_cap.fget(loop), PPOLoop.trajectory_cap_name.fget(loop)) == (512, "max_episode_tokens")
+    model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64))
+    with pytest.raises(UsageError, match=r"^p\.jsonl:1: the prompt \(\d+ tokens\) \+ max_episode_tokens=512 exceed"):
+        check_prompt_lengths([PromptRow("Hello", where="p.jsonl:1")], tokenizer, [model], 512,
+                             cap_name="max_episode_tokens")

@@ -97,7 +97,8 @@ class Breaks(Counter):
 def test_an_environment_that_raises_stops_the_run_in_one_line_with_its_checkpoint(policy, tmp_path):
     trainer = PPOTrainer(settings(policy, tmp_path / "run"), reward_funcs=[reply_length], train_dataset=PROMPTS,
                          environment_factory=Breaks)
-    with pytest.raises(UsageError, match=r"environment step \(turn 1\) raised ValueError: broken board"):
+    # the environment named as config.yaml records it (the API's object: module:name)
+    with pytest.raises(UsageError, match=r"environment step \(turn 1\) of \S+:Breaks raised ValueError: broken board"):
         trainer.train()
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "iter_000001"
 

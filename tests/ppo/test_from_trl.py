@@ -14,7 +14,7 @@ import pytest
 
 from ppo_rlhf import PPOConfig
 from ppo_rlhf.errors import UsageError
-from ppo_rlhf.ppo.from_trl import TRL_DEFAULTS, settings_from_trl
+from ppo_rlhf.ppo.from_trl import STOP_TOKEN_NOTE, TRL_DEFAULTS, settings_from_trl
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("peer_trl", ROOT / "bench" / "peer_trl.py")
@@ -85,7 +85,7 @@ def test_enums_of_training_arguments_are_read_by_value():
 
 
 @pytest.mark.parametrize("field, value, says", [
-    ("stop_token", None, "replies always end at the tokenizer's EOS"),
+    ("stop_token", "</s>", "replies always end at the tokenizer's EOS"),
     ("stop_token_id", 7, "replies always end at the tokenizer's EOS"),
     ("kl_estimator", "k2", "TRL allows k1 or k3"),
     ("ref_adapter_name", "ref", "the reference is that adapter switched off"),
@@ -119,3 +119,25 @@ def test_typos_and_bad_batches_are_one_line():
     config = PPOConfig.from_trl({"stop_token": "eos", "total_episodes": 64, "logging_steps": 1,
                                  "dataloader_num_workers": 2, "vf_coef": 1.0, "max_grad_norm": 0.5})
     assert config.max_grad_norm == 1.0  # TRL 1.12's PPO loop never clips gradients: ours keeps its own clip
+
+
+def test_trl_default_stop_token_converts_with_a_one_line_note():
+    """TRL's stop_token defaults to None: a dict without it converts, and the one difference is said once."""
+    with pytest.warns(UserWarning) as caught:
+        config = PPOConfig.from_trl({"total_episodes": 64, "learning_rate": 1e-5})
+    assert [str(w.message) for w in caught] == [STOP_TOKEN_NOTE] and len(STOP_TOKEN_NOTE.splitlines()) == 1
+    assert "stop_token=None" in STOP_TOKEN_NOTE and "EOS" in STOP_TOKEN_NOTE
+    assert config.policy_lr == 1e-5 and config.max_new_tokens == 53
+
+
+def test_trl_names_given_to_the_config_get_ours_and_from_trl():
+    with pytest.raises(UsageError) as caught:
+        PPOConfig(output_dir="runs/x", learning_rate=1e-5)
+    text = str(caught.value)
+    assert len(text.splitlines()) == 1
+    assert "out (for output_dir)" in text and "policy_lr and value_lr (for learning_rate)" in text
+    assert "PPOConfig.from_trl({'output_dir': ..., 'learning_rate': ...})" in text
+    with pytest.raises(UsageError, match=r"nothing for weight_decay \(TRL's weight_decay=0.1 has no equivalent"):
+        PPOConfig(weight_decay=0.1)
+    with pytest.raises(UsageError, match=r"^PPOConfig has no field 'bata'; did you mean 'beta'\?$"):
+        PPOConfig(bata=0.1)

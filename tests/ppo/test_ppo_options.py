@@ -258,7 +258,8 @@ def test_policy_lr_schedule_reaches_zero_after_a_critic_warmup(setup, tmp_path):
     assert trainer.value_optimizer.param_groups[0]["lr"] == 0.0
     from ppo_rlhf.errors import UsageError
 
-    with pytest.raises(UsageError, match=r"the critic warm-up \(3 - 1\)"):  # a warm-up the policy could never finish
+    # a warm-up the policy could never finish
+    with pytest.raises(UsageError, match=r"iterations \(3\) - critic_warmup_iterations \(1\) = 2"):
         config(setup, tmp_path / "run", iterations=3, critic_warmup_iterations=1, warmup_iterations=3).validate()
 
 

@@ -119,7 +119,7 @@ def test_task_demo_refuses_an_unknown_level_and_too_few_iterations(tmp_path, mon
     assert main(["demo", "--task", "add-huge", "--out", str(tmp_path / "demo")]) == 2
     assert "unknown task level 'add-huge'" in capsys.readouterr().err
     assert main(["demo", "--task", "add-tiny", "--iterations", "3", "--out", str(tmp_path / "demo")]) == 2
-    assert "must exceed the preset's critic_warmup_iterations (3)" in capsys.readouterr().err
+    assert "critic_warmup_iterations (3, from the preset " in capsys.readouterr().err
     assert not (tmp_path / "demo").exists()
 
 
