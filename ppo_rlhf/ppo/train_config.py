@@ -366,10 +366,12 @@ class TrainConfig:
         return cls(**settings_from_trl(trl_config, num_processes, **ours))
 
     def require_inputs(self, dataset: bool = False) -> None:
-        """What a run cannot start without: a reward (reward_model or reward_funcs), one weight per reward, and prompts
-        (`prompts`, or the trainer's `train_dataset`). (The trainer's `reward_funcs` are in reward_funcs by then.)"""
-        require(self.reward_count > 0,
-                "reward_model or reward_funcs is required (a reward-model folder or id, or a reward function)")
+        """What a run cannot start without: a reward (reward_model or reward_funcs, or an environment, whose step may
+        return rewards), one weight per reward, and prompts (`prompts`, or the trainer's `train_dataset`). (The
+        trainer's `reward_funcs` are in reward_funcs by then.)"""
+        require(self.reward_count > 0 or self.environment is not None,
+                "reward_model or reward_funcs is required (a reward-model folder or id, or a reward function; or an "
+                "environment whose step returns rewards)")
         require(self.reward_weights is None or len(self.reward_weights) == self.reward_count,
                 f"reward_weights has {len(self.reward_weights or [])} weights for {self.reward_count} rewards "
                 "(reward_model, if set, then each of reward_funcs)")
