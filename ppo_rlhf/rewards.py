@@ -351,7 +351,7 @@ class CombinedReward:
         for key in keys:
             require(key not in ARGUMENTS, f"the dataset column {key!r} has the name of a reward-function argument; "
                     "rename it")
-        kwargs = {key: [row.get(key) for row in columns] for key in keys}
+        kwargs: dict[str, list] = {key: [row.get(key) for row in columns] for key in keys}
         if trajectory_ids is not None:
             kwargs["trajectory_ids"] = trajectory_ids
         formatted = [as_completion(prompt, reply) for prompt, reply in zip(prompts, completions)]
