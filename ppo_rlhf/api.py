@@ -72,9 +72,10 @@ class PPOTrainer:
         config: the run's settings (`PPOConfig`); `config.out` is the run directory.
         reward_funcs: one reward or a list, used instead of `config.reward_funcs` (after `config.reward_model`, if
             set): callables `f(prompts, completions, completion_ids, **columns) -> list[float | None]` (TRL's
-            GRPOTrainer convention; `columns`: the dataset's other columns), "file.py:function" or "module:function"
-            strings, reward-model folders or hub ids, or loaded sequence-classification models (alone, or as
-            `(model, tokenizer)`). Weighted by `config.reward_weights`.
+            GRPOTrainer convention; `columns`: the dataset's other columns; multi-turn: the last turn's completion and
+            ids, and `trajectory_ids`), "file.py:function" or "module:function" strings, reward-model folders or hub
+            ids, or loaded sequence-classification models (alone, or as `(model, tokenizer)`). Weighted by
+            `config.reward_weights`.
         train_dataset: the prompts, instead of `config.prompts`: a `datasets.Dataset`, a list of strings, or a list
             of dicts, with the prompt in `config.prompt_column` (a string or a list of chat messages).
         monitor_judges: one judge or a list, used instead of `config.monitor_judges`, of the kinds `reward_funcs`
@@ -93,7 +94,8 @@ class PPOTrainer:
             Makes the run multi-turn.
         environment_factory: a callable returning a new environment per episode, instead of `config.environment`:
             `reset(**row) -> observation text or None` (row: the dataset row, its prompt as `prompt`) and
-            `step(reply text) -> (observation text, reward or None, done)`. Makes the run multi-turn.
+            `step(reply text) -> (observation text, reward or None, done)`. Makes the run multi-turn; its rewards
+            alone may train it (no `reward_funcs`; docs/multi-turn.md says how the two add up).
 
     Bad settings, files or data raise `ppo_rlhf.UsageError` with one line, before any model loads where they can be
     seen without one. Models load here; `train()` runs.

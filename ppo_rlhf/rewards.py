@@ -8,6 +8,9 @@ A reward function is called with keywords, once per batch:
 * `completions`: the sampled replies, decoded without special tokens. As in TRL, a reply to a chat-message prompt is
   given as a conversation, `[{"role": "assistant", "content": text}]`; a reply to a string prompt as the text.
 * `completion_ids`: each reply's token ids (the policy's tokenizer), unpadded, with the closing EOS when it has one.
+  In a multi-turn run, as `completions`, the last turn's.
+* `trajectory_ids` (multi-turn runs only): each episode's token ids after the prompt, every policy turn and the
+  observations between them (tool results, an environment's messages, the chat template's glue).
 * `columns`: every other column of the prompts' dataset rows, one list each (e.g. `answer=[...]`), so a function
   should take `**kwargs` for the ones it does not use.
 
@@ -57,7 +60,7 @@ from ppo_rlhf.models.loading import backbone_and_head, check_chat_tokenizer, loa
 from ppo_rlhf.models.scores import RewardModel
 from ppo_rlhf.utils.paths import check_reward_spec, function_spec
 
-ARGUMENTS = ("prompts", "completions", "completion_ids")  # the names no dataset column may take
+ARGUMENTS = ("prompts", "completions", "completion_ids", "trajectory_ids")  # the names no dataset column may take
 SPEC_KINDS = ("a callable, a 'file.py:function' or 'module:function' string, a reward-model folder or hub id, "
               "or a sequence-classification model (alone or as a (model, tokenizer) tuple)")
 
@@ -327,9 +330,10 @@ class CombinedReward:
         return scores.total, scores.means()
 
     def scores(self, prompts: list[Prompt], completions: list[str], completion_ids: list[list[int]],
-               columns: list[dict[str, Any]]) -> BatchRewards:
-        """As `__call__`, with each function's values per sample (for a completions table)."""
-        by_function = self.function_values(prompts, completions, completion_ids, columns)
+               columns: list[dict[str, Any]], trajectory_ids: list[list[int]] | None = None) -> BatchRewards:
+        """As `__call__`, with each function's values per sample (for a completions table); `trajectory_ids` (a
+        multi-turn run's) are passed as that keyword."""
+        by_function = self.function_values(prompts, completions, completion_ids, columns, trajectory_ids)
         totals = []
         for row in range(len(prompts)):
             total = None
@@ -345,17 +349,21 @@ class CombinedReward:
         return BatchRewards(torch.tensor(totals, dtype=torch.float32), by_function)
 
     def function_values(self, prompts: list[Prompt], completions: list[str], completion_ids: list[list[int]],
-                        columns: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+                        columns: list[dict[str, Any]], trajectory_ids: list[list[int]] | None = None
+                        ) -> dict[str, list[float | None]]:
         """Each function's checked values per sample by name, unweighted (also how the trainer scores its monitor
         judges, which never enter a total)."""
         size = len(prompts)
-        require(size > 0 and len(completions) == size and len(completion_ids) == size and len(columns) == size,
+        require(size > 0 and len(completions) == size and len(completion_ids) == size and len(columns) == size
+                and (trajectory_ids is None or len(trajectory_ids) == size),
                 f"reward functions need as many completions, completion ids and column rows as prompts ({size})")
         keys = list(dict.fromkeys(key for row in columns for key in row))  # every column, in first-seen order
         for key in keys:
             require(key not in ARGUMENTS, f"the dataset column {key!r} has the name of a reward-function argument; "
                     "rename it")
-        kwargs = {key: [row.get(key) for row in columns] for key in keys}
+        kwargs: dict[str, list] = {key: [row.get(key) for row in columns] for key in keys}
+        if trajectory_ids is not None:
+            kwargs["trajectory_ids"] = trajectory_ids
         formatted = [as_completion(prompt, reply) for prompt, reply in zip(prompts, completions)]
         return {func.name: self._values(func, prompts, formatted, completion_ids, kwargs, completions)
                 for func in self.funcs}

@@ -76,6 +76,24 @@ def test_a_callable_gets_keywords_completion_ids_and_every_column():
     assert means == {"reward/exact_match": 1.0, "reward/length": 59 / 3}
 
 
+def test_trajectory_ids_are_a_keyword_only_when_given_and_no_column_may_take_the_name():
+    seen = []
+
+    def count(completion_ids, **kwargs):
+        seen.append(kwargs)
+        return [float(len(ids)) for ids in completion_ids]
+
+    combined = CombinedReward(resolve_reward_funcs([count]))
+    combined.scores(PROMPTS, REPLIES, IDS, COLUMNS)  # a single-turn run's call
+    trajectories = [[1, *ids] for ids in IDS]
+    combined.scores(PROMPTS, REPLIES, IDS, COLUMNS, trajectories)  # a multi-turn run's
+    assert seen == [{"prompts": PROMPTS, "completions": REPLIES, "answer": ["cat", "4", None]},
+                    {"prompts": PROMPTS, "completions": REPLIES, "answer": ["cat", "4", None],
+                     "trajectory_ids": trajectories}]
+    with pytest.raises(UsageError, match="the dataset column 'trajectory_ids' has the name of a reward-function"):
+        combined.scores(PROMPTS, REPLIES, IDS, [{"trajectory_ids": 1}] * 3)
+
+
 def test_file_spec_module_spec_and_names(tmp_path, monkeypatch):
     rewards_file = tmp_path / "my_rewards.py"
     rewards_file.write_text(

@@ -8,8 +8,8 @@ entry t is about choosing token t+1 after tokens 0..t. Masks come from known len
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import TypeVar
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -58,6 +58,17 @@ class Rollout:
     logprobs: torch.Tensor | None = None  # [B, L-1] log pi(token) at the sampling temperature, recorded by generate
     entropy: torch.Tensor | None = None  # [B, L-1] entropy of that distribution; both 0 off the reply tokens
     env_rewards: torch.Tensor | None = None  # [B, L-1] a multi-turn environment's reward of each turn, at its end
+    # each row's other dataset columns, carried from where the prompts were drawn to every reader (the reward
+    # functions, the monitor's judges): the prompt itself may change on the way (a multi-turn environment's reset
+    # appends its observation), so it cannot identify the row. Empty dicts for prompts from no dataset.
+    columns: list[dict[str, Any]] = field(default_factory=list)
+    # what the reward functions get as `completion_ids`, the ids of `reply_texts`: the reply (multi-turn: its last
+    # turn; reply_ids is then the whole trajectory after the prompt, observations included)
+    completion_ids: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.columns = self.columns or [{} for _ in self.prompts]
+        self.completion_ids = self.completion_ids or self.reply_ids
 
     @property
     def reply_lengths(self) -> torch.Tensor:
@@ -69,14 +80,14 @@ class Rollout:
         rows = torch.arange(len(self.prompts))[index].reshape(-1).tolist()
         width = max(max(len(self.prompt_ids[i]) + len(self.reply_ids[i]) for i in rows), 2)
         picked = {}
-        for field in fields(self):
-            value = getattr(self, field.name)
+        for member in fields(self):
+            value = getattr(self, member.name)
             if isinstance(value, list):
-                picked[field.name] = [value[i] for i in rows]
+                picked[member.name] = [value[i] for i in rows]
             elif value is not None:
                 value = value[rows]
-                cut = width if field.name in SEQUENCE_FIELDS else width - 1
-                picked[field.name] = value[:, :cut] if value.dim() == 2 else value
+                cut = width if member.name in SEQUENCE_FIELDS else width - 1
+                picked[member.name] = value[:, :cut] if value.dim() == 2 else value
         return replace(self, **picked)
 
 

@@ -45,6 +45,7 @@ class Episode:
     entropies: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)  # the environment's reward of each turn, at its last token
     answer: str = ""  # the last turn's text
+    answer_ids: list[int] = field(default_factory=list)  # the last turn's tokens (the closing EOS when it has one)
     ended_with_eos: bool = False
     done: bool = False
     turns: int = 0
@@ -133,10 +134,11 @@ def _cut_at(tokenizer, tokens: list[int], end: int) -> int:
 def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[str, Any]], eos: list[int],
                  limits: EpisodeLimits, tools: dict[str, Callable], environment_factory: Callable | None,
                  names: dict[str, str] | None = None) -> tuple[Rollout, list[Episode]]:
-    """One episode per prompt. Returns (the rollout: one row per episode, the action mask 1 on the policy's tokens,
-    log-probs and entropies recorded, `env_rewards` the environment's reward of each turn at its last token; the
-    episodes, for their counts). `names` says how the user named their code ("environment" and each tool name to
-    its "file.py:function"), for the line that stops the run when it fails."""
+    """One episode per prompt, `columns` its row's other dataset columns (for the environment's reset). Returns (the
+    rollout: one row per episode, the action mask 1 on the policy's tokens, log-probs and entropies recorded,
+    `env_rewards` the environment's reward of each turn at its last token, `columns` carried, `completion_ids` the last
+    turn's tokens; the episodes, for their counts). `names` says how the user named their code ("environment" and each
+    tool name to its "file.py:function"), for the line that stops the run when it fails."""
     names = names or {}
     of = f" of {names['environment']}" if names.get("environment") else ""
     factory = f"environment factory {names['environment']}" if of else "environment_factory"
@@ -168,7 +170,7 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
                 tokens = tokens[: _cut_at(tokenizer, tokens, call.end)]
                 text = tokenizer.decode(tokens, skip_special_tokens=True)
             episode.append(tokens, True, replies.logprobs[i][: len(tokens)], replies.entropies[i][: len(tokens)])
-            episode.turns, episode.answer = turn, text
+            episode.turns, episode.answer, episode.answer_ids = turn, text, tokens
             episode.ended_with_eos = bool(tokens) and tokens[-1] in eos
             observation, role = None, "tool"
             if call is not None:
@@ -193,10 +195,11 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
                 episode.done = True
             else:
                 episode.append(ids, False)
-    return _layout(tokenizer, prompts, episodes)
+    return _layout(tokenizer, prompts, columns, episodes)
 
 
-def _layout(tokenizer, prompts: list, episodes: list[Episode]) -> tuple[Rollout, list[Episode]]:
+def _layout(tokenizer, prompts: list, columns: list[dict[str, Any]], episodes: list[Episode]
+            ) -> tuple[Rollout, list[Episode]]:
     rows = [e.prompt_ids + e.tokens for e in episodes]
     input_ids, attention_mask = right_pad(rows, tokenizer.pad_token_id, min_width=2)
     width = input_ids.shape[1] - 1
@@ -212,5 +215,6 @@ def _layout(tokenizer, prompts: list, episodes: list[Episode]) -> tuple[Rollout,
                       reply_ids=[e.tokens for e in episodes], reply_texts=[e.answer for e in episodes],
                       finished=torch.tensor([e.ended_with_eos for e in episodes], dtype=torch.bool),
                       input_ids=input_ids, attention_mask=attention_mask, action_mask=per_token["mask"],
-                      logprobs=per_token["logprobs"], entropy=per_token["entropy"], env_rewards=per_token["rewards"])
+                      logprobs=per_token["logprobs"], entropy=per_token["entropy"], env_rewards=per_token["rewards"],
+                      columns=list(columns), completion_ids=[e.answer_ids for e in episodes])
     return rollout, episodes

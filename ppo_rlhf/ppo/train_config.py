@@ -403,14 +403,15 @@ class TrainConfig:
         return cls(**settings_from_trl(trl_config, num_processes, **ours))
 
     def require_inputs(self, dataset: bool = False, flags: bool = False) -> None:
-        """What a run cannot start without: a reward (reward_model or reward_funcs), one weight per reward, and prompts
-        (`prompts`, or the trainer's `train_dataset`). (The trainer's `reward_funcs` are in reward_funcs by then.) A
-        missing one is named as the user would give it: by its flag from the command line (`flags`), else by the
-        config's field and the trainer's argument."""
-        require(self.reward_count > 0,
-                "--reward-model or --reward-funcs is required (a reward-model folder or id, or file.py:function)"
+        """What a run cannot start without: a reward (reward_model or reward_funcs, or an environment, whose step may
+        return rewards), one weight per reward, and prompts (`prompts`, or the trainer's `train_dataset`). (The
+        trainer's `reward_funcs` are in reward_funcs by then.) A missing one is named as the user would give it: by its
+        flag from the command line (`flags`), else by the config's field and the trainer's argument."""
+        require(self.reward_count > 0 or self.environment is not None,
+                "--reward-model or --reward-funcs is required (a reward-model folder or id, or file.py:function; or "
+                "--environment, whose step returns rewards)"
                 if flags else "reward_model or reward_funcs is required (a reward-model folder or id, or a reward "
-                "function: PPOTrainer(config, reward_funcs=[...]))")
+                "function: PPOTrainer(config, reward_funcs=[...]); or an environment whose step returns rewards)")
         require(self.reward_weights is None or len(self.reward_weights) == self.reward_count,
                 f"reward_weights has {len(self.reward_weights or [])} weights for {self.reward_count} rewards "
                 "(reward_model, if set, then each of reward_funcs)")

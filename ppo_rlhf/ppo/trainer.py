@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -220,7 +221,6 @@ class PPOLoop:
         self.device = self.dist.device(cfg.device)
         self.prompt_rows = prompt_rows if prompt_rows is not None else load_prompt_rows(cfg.prompts, cfg.prompt_column)
         self.prompts = [row.prompt for row in self.prompt_rows]
-        self.batch: tuple[list, list[dict]] = ([], [])  # the prompts being scored and their rows' other columns
         self.batch_rewards: BatchRewards | None = None  # the last batch's rewards, by function
         seed_everything(cfg.seed)
         self.advantages = make_advantages(cfg, self.dist)
@@ -285,8 +285,14 @@ class PPOLoop:
 
     def _load_rewards(self, specs: list, source: str | None) -> list:
         """The reward functions, combined into `self.rewards`; returns them. The reward model the critic was
-        initialised from scores through it, adapter off (one copy of its weights)."""
+        initialised from scores through it, adapter off (one copy of its weights). None at all: an environment's
+        rewards are the run's (`self.rewards` None, every score 0)."""
         cfg, remote, dtype = self.cfg, self.cfg.trust_remote_code, self.dtype
+        if not specs:
+            require(self.environment_factory is not None,
+                    "reward_model or reward_funcs is required (or an environment whose step returns rewards)")
+            self.rewards: CombinedReward | None = None
+            return []
         critic = self.critic
         shared = source if critic is not None and source in specs and source != cfg.value_model else None
         specs = [ModelReward.from_scorer(critic, reward_name(spec), self.score_size) if critic and spec == shared
@@ -457,18 +463,23 @@ class PPOLoop:
         self.monitor.load_state_dict(state.get("monitor"))  # (None: a checkpoint from before the monitor)
 
     # ----------------------------------------------------------------------------------------- 1. rollout
-    def rollout(self, prompts: list[Prompt]) -> Rollout:
+    def rollout(self, prompts: Sequence[Prompt | PromptRow]) -> Rollout:
+        """One reply (multi-turn: one episode) per prompt; a dataset row's other columns ride along in the rollout's
+        `columns` (a bare prompt has none)."""
+        rows = [p if isinstance(p, PromptRow) else PromptRow(p) for p in prompts]
         # token ids from the backend (generation.py); score() recomputes the log-probs the rollout does not carry
         if self.synced_version != self.policy_version:  # the policy changed since the engine last copied it
             self.generator.sync(self.policy)
             self.synced_version = self.policy_version
         if self.cfg.multi_turn:
-            return self.run_episodes(prompts)
-        return self.generator.generate(prompts)
+            return self.run_episodes(rows)
+        rollout = self.generator.generate([row.prompt for row in rows])
+        rollout.columns = [row.columns for row in rows]
+        return rollout
 
-    def run_episodes(self, prompts: list) -> Rollout:
+    def run_episodes(self, rows: list[PromptRow]) -> Rollout:
         """Multi-turn episodes (multiturn/episodes.py), each turn sampled from the policy itself, log-probs recorded;
-        the environment's reset sees each prompt's row (its other columns) when the prompts are `batch_prompts`."""
+        the environment's reset sees each row's other columns."""
         cfg = self.cfg
 
         generator = self.generator
@@ -484,28 +495,31 @@ class PPOLoop:
                                cfg.tool_timeout)
         # the user's code by the names they gave it (config.yaml's), for the line that stops the run when it fails
         names = {"environment": cfg.environment or "", **dict(zip(self.tools, cfg.tools))}
-        rollout, self.episodes = run_episodes(sample, self.tokenizer, prompts, self.columns_of(prompts),
-                                              eos_token_ids(self.policy, self.tokenizer), limits, self.tools,
-                                              self.environment_factory, names)
+        rollout, self.episodes = run_episodes(sample, self.tokenizer, [row.prompt for row in rows],
+                                              [row.columns for row in rows], eos_token_ids(self.policy, self.tokenizer),
+                                              limits, self.tools, self.environment_factory, names)
         return rollout
 
     def raw_scores(self, rollout: Rollout) -> torch.Tensor:
-        """The combined reward of each reply [B] (float32, CPU); each function's values are kept in `batch_rewards`.
-        The reward functions see the other columns of each prompt's row when the rollout is of `batch_prompts`."""
-        columns = self.columns_of(rollout.prompts)
-        self.batch_rewards = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.reply_ids, columns)
+        """The combined reward of each reply [B] (float32, CPU), the reward functions seeing the rollout's columns;
+        each function's values are kept in `batch_rewards`."""
+        if self.rewards is None:  # the environment's rewards alone, added per turn by `score`
+            self.batch_rewards = BatchRewards(torch.zeros(len(rollout.prompts)), {})
+        else:
+            self.batch_rewards = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.completion_ids,
+                                                     rollout.columns, self.trajectory_ids(rollout))
         return self.batch_rewards.total
+
+    def trajectory_ids(self, rollout: Rollout) -> list[list[int]] | None:
+        """A multi-turn run's `trajectory_ids` for the reward functions (every turn and observation after the
+        prompt); None in a single-turn run, whose functions get no such keyword."""
+        return rollout.reply_ids if self.cfg.multi_turn else None
 
     @property
     def reward_beta(self) -> float:
         """The KL coefficient inside the rewards: beta with `kl_in: reward`; 0 with `kl_in: loss`, which keeps the
         rewards KL-free and adds beta * KL as a loss term instead (`policy_loss`)."""
         return self.kl_controller.beta if self.cfg.kl_placement == "reward" else 0.0
-
-    def columns_of(self, prompts: list) -> list[dict]:
-        """The other dataset columns of `prompts` when they are the last `batch_prompts`; else (tests, `check`) none."""
-        remembered, columns = self.batch
-        return columns if prompts == remembered else [{} for _ in prompts]
 
     def reward_means(self) -> dict[str, float]:
         """Each reward's mean over the last batch's replies it scored ("reward/<name>"; nan where it scored none),
@@ -530,16 +544,15 @@ class PPOLoop:
         with self.rng_untouched():  # a judge that draws random numbers must not change the run's
             try:
                 judged = self.judges.function_values(experience.prompts, experience.reply_texts,
-                                                     experience.reply_ids, self.columns_of(experience.prompts))
+                                                     experience.completion_ids, experience.columns,
+                                                     self.trajectory_ids(experience))
             except RewardFunctionError as error:
                 raise RewardFunctionError(f"monitor_judges: {error}") from None
         return {**self.monitor.stats(rewards, lengths), **self.process_means("monitor", judged)}
 
-    def batch_prompts(self, rows: list[int]) -> list:
-        """The prompts of dataset rows `rows`, remembered with their other columns for the reward functions."""
-        prompts = [self.prompts[i] for i in rows]
-        self.batch = (prompts, [self.prompt_rows[i].columns for i in rows])
-        return prompts
+    def batch_prompts(self, rows: list[int]) -> list[PromptRow]:
+        """Dataset rows `rows` as `rollout` takes them: each prompt with its other columns."""
+        return [self.prompt_rows[i] for i in rows]
 
     def measure_reward_norm(self) -> dict[str, float]:
         """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
@@ -560,7 +573,7 @@ class PPOLoop:
         require(bool(torch.isfinite(scores).all()), "the reward model gave non-finite scores to start-policy replies")
         self.monitor.start(scores.tolist(), self.dist.gather_1d(torch.cat(lengths)).tolist())
         std = float(scores.std()) if n > 1 else 1.0
-        only_models = all(isinstance(func, ModelReward) for func in self.rewards.funcs)
+        only_models = self.rewards is not None and all(isinstance(f, ModelReward) for f in self.rewards.funcs)
         require(std > 0 or not only_models,
                 "the reward model gave every start-policy reply the same score: it cannot be normalised")
         if std == 0:  # e.g. an exact-match reward no start-policy reply earns: shift the scores, do not scale them
@@ -601,7 +614,7 @@ class PPOLoop:
         return values.gather(1, last[:, None]).squeeze(1).float().cpu()
 
     # ------------------------------------------------------------------------------ 2-4. score, rewards, advantages
-    def make_experience(self, prompts: list[Prompt]) -> Experience:
+    def make_experience(self, prompts: Sequence[Prompt | PromptRow]) -> Experience:
         """Steps 1-4: sample one reply per prompt, then score it."""
         return self.score(self.rollout(prompts))
 
@@ -780,7 +793,7 @@ class PPOLoop:
         for model in self.models.values():
             model.train(on)
 
-    def next_prompts(self) -> list[Prompt]:
+    def next_prompts(self) -> list[PromptRow]:
         """This process's prompts of the next batch: batch_size // group_size prompts drawn (identically on every
         process), each repeated group_size times in consecutive rows, then this rank's contiguous share of whole
         groups."""

@@ -5,6 +5,7 @@ with its checkpoint intact."""
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -115,3 +116,70 @@ def test_multi_turn_refusals(policy, tmp_path, monkeypatch):
         settings(policy, tmp_path / "x", generation_backend="vllm", tools=["m.py:f"])
     with pytest.raises(UsageError, match="turn_level_gae is GAE"):
         settings(policy, tmp_path / "x", turn_level_gae=True, advantage_estimator="grpo", group_size=2, tools=["m:f"])
+
+
+def test_reward_functions_and_judges_see_the_rows_columns_after_an_observation(policy, tmp_path):
+    """Counter's reset appends "Say {target}." to the prompt: each row's `target` still reaches the reward function
+    (a required argument), the monitor judge and the rollout, matched to its own episode."""
+    seen: list[tuple[list, list]] = []
+
+    def says_target(prompts, completions, target, **kw):
+        seen.append((prompts, target))
+        return [float(str(t) in c) for c, t in zip(completions, target)]
+
+    def judge_target(prompts, completions, target, **kw):
+        return [float(t) for t in target]
+
+    trainer = PPOTrainer(settings(policy, tmp_path / "run", iterations=1), reward_funcs=[says_target],
+                         train_dataset=PROMPTS, environment_factory=Counter, monitor_judges=[judge_target])
+    trainer.train()
+    assert len(seen) == 2  # the normalisation's batch and the iteration's
+    for prompts, targets in seen:
+        assert all(prompt[-1]["content"].endswith(f"Say {t}.") for prompt, t in zip(prompts, targets))
+    experience = trainer.loop.make_experience(trainer.loop.next_prompts())
+    assert [row["target"] for row in experience.columns] == [int(p[-1]["content"][-2]) for p in experience.prompts]
+
+
+def test_an_environment_alone_gives_the_rewards(policy, tmp_path):
+    """No reward function: every score is 0 (its normalisation divides by nothing), the environment's rewards are the
+    training signal and reach the advantages. (eos_rule off: it would give unfinished turns -1, as with any reward.)"""
+    trainer = PPOTrainer(settings(policy, tmp_path / "run", iterations=2, eos_rule=False), train_dataset=PROMPTS,
+                         environment_factory=Counter)
+    trainer.train()
+    assert all(row["score"] == 0 and math.isfinite(row["pg_loss"]) for row in trainer.history)
+    loop = trainer.loop
+    assert (loop.reward_mean, loop.reward_std) == (0.0, 1.0)
+    experience = loop.make_experience(loop.next_prompts())
+    act = experience.action_mask
+    # the per-token rewards are -beta * KL plus each turn's environment reward at its last token, and nothing else
+    env = experience.rewards + loop.reward_beta * experience.kl * act
+    assert float(env.abs().sum()) > 0
+    torch.testing.assert_close(env, experience.env_rewards * act)
+    # GRPO (KL in the loss): the environment's rewards are all an advantage can come from
+    grpo = PPOTrainer(settings(policy, tmp_path / "grpo", iterations=1, advantage_estimator="grpo", group_size=2,
+                               eos_rule=False), train_dataset=PROMPTS, environment_factory=Counter)
+    grpo.train()
+    experience = grpo.loop.make_experience(grpo.loop.next_prompts())
+    assert bool((experience.scores == 0).all()) and float(experience.advantages.abs().sum()) > 0
+
+
+def test_tools_alone_still_need_a_reward(policy, tmp_path):
+    with pytest.raises(UsageError, match="reward_model or reward_funcs is required"):
+        PPOTrainer(settings(policy, tmp_path / "run", tools=["m.py:f"]), train_dataset=PROMPTS)
+
+
+def test_completion_ids_are_the_last_turns_and_the_trajectory_is_named_apart(policy, tokenizer, tmp_path):
+    seen: list[tuple[list, list, list]] = []
+
+    def token_count(completions, completion_ids, trajectory_ids, **kw):
+        seen.append((completions, completion_ids, trajectory_ids))
+        return [float(len(ids)) for ids in completion_ids]
+
+    trainer = PPOTrainer(settings(policy, tmp_path / "run", iterations=1), reward_funcs=[token_count],
+                         train_dataset=PROMPTS, environment_factory=Counter)
+    trainer.train()
+    for completions, completion_ids, trajectory_ids in seen:
+        for text, ids, trajectory in zip(completions, completion_ids, trajectory_ids):
+            assert tokenizer.decode(ids, skip_special_tokens=True) == text[-1]["content"]  # as `completions`
+            assert trajectory[-len(ids):] == ids and len(trajectory) > len(ids)  # every turn, the observations
+            assert "You said" in tokenizer.decode(trajectory)

@@ -173,8 +173,8 @@ def test_masks_fail_when_observations_are_trained_and_score_position_when_turn_r
 
     correct = episodes._layout
 
-    def observations_trained(tokenizer, prompts, found):  # the bug: every token after the prompt is an action
-        rollout, found = correct(tokenizer, prompts, found)
+    def observations_trained(*layout):  # the bug: every token after the prompt is an action
+        rollout, found = correct(*layout)
         for row, episode in enumerate(found):
             start = len(episode.prompt_ids) - 1
             rollout.action_mask[row, start : start + len(episode.tokens)] = 1
@@ -184,8 +184,8 @@ def test_masks_fail_when_observations_are_trained_and_score_position_when_turn_r
     assert statuses(multi_turn)["masks"] == "FAIL"
     monkeypatch.setattr(episodes, "_layout", correct)
 
-    def turn_rewards_lost(tokenizer, prompts, found):  # the bug: only the final score reaches the rewards
-        rollout, found = correct(tokenizer, prompts, found)
+    def turn_rewards_lost(*layout):  # the bug: only the final score reaches the rewards
+        rollout, found = correct(*layout)
         rollout.env_rewards.zero_()
         return rollout, found
 
