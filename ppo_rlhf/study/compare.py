@@ -33,6 +33,7 @@ from ppo_rlhf.study.prompts import read_prompts
 from ppo_rlhf.train import train
 
 ESTIMATORS = field_types(TrainConfig)["advantage_estimator"].choices  # (objectives.py imports torch)
+DEFAULT_ESTIMATORS = ("gae", "rloo", "grpo")  # ev-gated is a mix of gae and rloo: compared when named
 
 
 def compare_configs(base: dict[str, Any], out: str | Path, estimators: list[str]) -> dict[str, Any]:
@@ -86,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", metavar="LEVEL", help="a verifiable task level (ppo-rlhf task list): compare ppo, "
                         "ppo-warmup, rloo and grpo on it, scored exactly on held-out problems "
                         "(ppo_rlhf/tasks/compare.py)")
-    parser.add_argument("--estimators", help="comma-separated, from gae, rloo, grpo (default: all; not with --task)")
+    parser.add_argument("--estimators", help="comma-separated, from gae, rloo, grpo, ev-gated (default: gae, "
+                                           "rloo, grpo; not with --task)")
     parser.add_argument("--eval-prompts", help='held-out prompts, a {"prompt": ...} JSONL file (required without '
                                                '--task)')
     parser.add_argument("--gold", help="gold judge: gold, vader, nontoxic or rm:PATH_OR_ID (default gold; not with "
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     base.update({k: v for k, v in vars(args).items() if k in names})
     out = base.pop("out", "runs/compare")
     overwrite = bool(base.pop("overwrite", False))
-    estimators = [e.strip() for e in (args.estimators or ",".join(ESTIMATORS)).split(",") if e.strip()]
+    estimators = [e.strip() for e in (args.estimators or ",".join(DEFAULT_ESTIMATORS)).split(",") if e.strip()]
     result = compare(base, out, estimators, args.eval_prompts, args.gold or "gold", args.replies_per_prompt or 2,
                      args.eval_seed, overwrite)
     print(result["table"], end="")
