@@ -25,6 +25,10 @@ from ppo_rlhf.utils.device import DtypeName, resolve_device
 TrackerName = Literal["tensorboard", "wandb", "trackio", "all", "none"]
 
 
+CRITIC_ESTIMATORS = ("gae", "ev-gated")
+"""The advantage estimators that load, train and checkpoint a value model."""
+
+
 @dataclass
 class TrainConfig:
     # --- models and data
@@ -435,5 +439,5 @@ class TrainConfig:
     def has_value_model(self) -> bool:
         """Only GAE (and ev-gated, which uses GAE while its critic explains the batch) needs a critic; rloo and grpo
         neither load, train nor checkpoint one."""
-        return self.advantage_estimator in ("gae", "ev-gated")
+        return self.advantage_estimator in CRITIC_ESTIMATORS
 

@@ -96,19 +96,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, help="evaluation replies per prompt (default 2; "
                                                                         "with --task 1)")
     parser.add_argument("--eval-seed", type=SEED, default=1234)
-    parser.add_argument("--variants", help="with --task: comma-separated, from ppo, ppo-warmup, rloo, grpo (default "
-                                           "all)")
+    parser.add_argument("--variants", help="with --task: comma-separated, from ppo, ppo-warmup, ppo-turn, ev-gated, "
+                                           "rloo, grpo (default ppo, ppo-warmup, rloo, grpo; with --horizons ppo, "
+                                           "ppo-turn, ev-gated, rloo, grpo)")
     parser.add_argument("--checkpoints", help="with --task: iterations evaluated, like 10,20,30 (default every 10th "
                                               "and the last)")
     parser.add_argument("--heldout", type=NON_NEGATIVE_INT, help="with --task: held-out problems evaluated (default "
                                                                  "200; 0 = all of them)")
+    parser.add_argument("--horizons", help="with --task: horizons like 2,4,8 (the task's instances NAME-H): every "
+                                           "variant at each, --seeds runs each (ppo_rlhf/tasks/horizons.py)")
+    parser.add_argument("--seeds", type=POSITIVE_INT, help="with --horizons: training runs per variant and horizon, "
+                                                           "seeds seed, seed+1, ... (default 3)")
+    parser.add_argument("--json-out", help="with --horizons: where critic_horizon.json goes (default OUT/"
+                                           "critic_horizon.json)")
+    parser.add_argument("--screen", action="store_true", default=None,
+                        help="with --horizons: first choose each variant's settings on a validation split of the "
+                             "training instances (ppo_rlhf/tasks/screen.py), written to OUT/screen/chosen.json")
     add_config_arguments(parser, TrainConfig)  # --out is the parent folder of the runs
 
 
 def run(args: argparse.Namespace) -> int:
     """`ppo-rlhf compare` (with --task the CLI runs `ppo_rlhf.tasks.compare.run` instead)."""
     task_only = [flag for flag, value in (("--variants", args.variants), ("--checkpoints", args.checkpoints),
-                                          ("--heldout", args.heldout)) if value is not None]
+                                          ("--heldout", args.heldout), ("--horizons", args.horizons),
+                                          ("--seeds", args.seeds), ("--json-out", args.json_out),
+                                          ("--screen", args.screen)) if value is not None]
     require(not task_only, f"{', '.join(task_only)}: only with --task")
     names = set(TrainConfig.__dataclass_fields__)
     base = read_yaml(args.config) if args.config else {}
