@@ -123,8 +123,8 @@ EPISODE_STATS = ("turns", "tool_calls", "tool_errors", "masked_share")
 # estimator and placement of "kl" (mean over replies of the summed per-token estimate at pi_old), e.g. "k1 in reward"
 HISTORY_ORDER = ("iteration", "phase", "score", "rm_raw", "kl", "kl_used", "len", "fin", *EPISODE_STATS, "ent",
                  "clipfrac", "approx_kl", "v_loss", "ev", "ev_gate", "vclipfrac", "mismatch_kl", "ratio_spread",
-                 "pg_loss", "grad_norm_policy", "grad_norm_value", "ptx_loss", "lr", "beta", "skipped_steps", "time_gen",
-                 "time_score", "time_update", "time_total", "gen_tokens_per_s")
+                 "pg_loss", "grad_norm_policy", "grad_norm_value", "ptx_loss", "lr", "beta", "skipped_steps",
+                 "time_gen", "time_score", "time_update", "time_total", "gen_tokens_per_s")
 
 
 def seed_everything(seed: int) -> None:

@@ -70,7 +70,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "rloo": {"advantage_estimator": "rloo", "critic_warmup_iterations": 0, "turn_level_gae": False},
     "grpo": {"advantage_estimator": "grpo", "critic_warmup_iterations": 0, "turn_level_gae": False},
 }
-DEFAULT_VARIANTS = ("ppo", "ppo-warmup", "rloo", "grpo")  # without --horizons (the horizons': horizons.HORIZON_VARIANTS)
+# without --horizons (with them: horizons.HORIZON_VARIANTS)
+DEFAULT_VARIANTS = ("ppo", "ppo-warmup", "rloo", "grpo")
 GROUP_SIZE = 2
 # what the comparison sets for every variant: a flag naming one of these is refused with --task
 SET_HERE = ("advantage_estimator", "critic_warmup_iterations", "turn_level_gae", "group_size", "prompts", "overwrite")

@@ -148,10 +148,14 @@ def compare_horizons(task: str, out: str | Path, base_for: Any, overrides: dict[
     with hold(out, "compare folder"):
         out.mkdir(parents=True, exist_ok=True)
         stages = Stages(out)
-        data_keys = {h: stages.run(f"data h{h}", {"task": instance}, [], out / f"h{h}" / "data" / "heldout.jsonl",
-                                   lambda _, instance=instance, h=h: write_task(instance, out / f"h{h}" / "data",
-                                                                                seed=0, overwrite=True))
-                     for h, instance in comparison.instances.items()}
+        data_keys = {}
+        for h, instance in comparison.instances.items():
+            data = out / f"h{h}" / "data"
+
+            def write(_: bool, instance: str = instance, data: Path = data) -> None:
+                write_task(instance, data, seed=0, overwrite=True)
+
+            data_keys[h] = stages.run(f"data h{h}", {"task": instance}, [], data / "heldout.jsonl", write)
         if screen:
             from ppo_rlhf.tasks.screen import screen_variants
 
