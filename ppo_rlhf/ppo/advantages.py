@@ -17,6 +17,7 @@ from torch import Tensor
 from ppo_rlhf.parallel.distributed import Dist
 from ppo_rlhf.ppo.objectives import (
     broadcast_to_tokens,
+    explained_variance,
     gae,
     grpo_advantages,
     length_adaptive_lam,
@@ -47,6 +48,10 @@ class Advantages(Protocol):
     def __call__(self, rewards: Tensor, values: Tensor, scores: Tensor, kl: Tensor, mask: Tensor,
                  beta: float) -> tuple[Tensor, Tensor, Tensor]: ...
 
+    def stats(self) -> dict[str, float]:
+        """What the last call chose, for the history (empty for the estimators that choose nothing)."""
+        ...
+
 
 class GAEAdvantages:
     """GAE (gamma, lambda) over the per-token rewards, whitened over the global batch's reply tokens. The advantages
@@ -71,6 +76,9 @@ class GAEAdvantages:
             _, returns = self.estimate(rewards, values, mask, gamma=self.gamma, lam=self.critic_lam)
         return masked_whiten_over(self.dist, raw, mask), raw, returns
 
+    def stats(self) -> dict[str, float]:
+        return {}
+
 
 class RLOOAdvantages:
     """One advantage per reply, on every reply token: its sequence reward (score - beta * summed KL) minus the mean
@@ -88,6 +96,9 @@ class RLOOAdvantages:
 
     def per_reply(self, totals: Tensor) -> Tensor:
         return rloo_advantages(totals, self.group_size)
+
+    def stats(self) -> dict[str, float]:
+        return {}
 
 
 class GRPOAdvantages:
@@ -107,10 +118,47 @@ class GRPOAdvantages:
         per_reply = broadcast_to_tokens(grpo_advantages(totals, self.group_size, self.eps), mask)
         return per_reply, per_reply, broadcast_to_tokens(totals, mask)
 
+    def stats(self) -> dict[str, float]:
+        return {}
+
+
+def critic_is_trusted(ev: float) -> bool:
+    """EVPO's gate: the critic's advantages are used while its batch explained variance is above 0, i.e. while its
+    values predict the returns better than their mean does (nan, returns that do not vary: not trusted)."""
+    return ev > 0
+
+
+class EVGatedAdvantages:
+    """EVPO (arXiv 2604.19485): per batch, GAE's advantages when the critic's explained variance on that batch (its
+    old values against the GAE returns over the policy's tokens, the dashboard's `ev`, mean over processes so every
+    process chooses alike) is above 0, else the group baseline of `rloo` (each reply's sequence reward minus the mean
+    of the other replies to its prompt, not whitened, exactly as advantage_estimator rloo). The returns are GAE's
+    either way: the critic trains every iteration, and the gate can open once it has learnt. `stats` reports the
+    choice as ev_gate (1: the critic's advantages, 0: the group baseline)."""
+
+    needs_critic = True
+
+    def __init__(self, critic: GAEAdvantages, group: RLOOAdvantages, dist: Dist):
+        self.critic, self.group, self.dist = critic, group, dist
+        self.gate = float("nan")  # no batch yet
+
+    def __call__(self, rewards, values, scores, kl, mask, beta):
+        advantages, raw, returns = self.critic(rewards, values, scores, kl, mask, beta)
+        ev = self.dist.sum(explained_variance(values, returns, mask)) / self.dist.world_size
+        self.gate = float(critic_is_trusted(ev))
+        if not self.gate:
+            advantages = raw = self.group(rewards, values, scores, kl, mask, beta)[0]
+        return advantages, raw, returns
+
+    def stats(self) -> dict[str, float]:
+        return {"ev_gate": self.gate}
+
 
 def make_advantages(cfg: TrainConfig, dist: Dist) -> Advantages:
-    if cfg.advantage_estimator == "gae":
-        return GAEAdvantages(cfg.gamma, cfg.lam, dist, cfg.critic_lam, cfg.lam_length_alpha, cfg.turn_level_gae)
+    if cfg.has_value_model:  # gae, ev-gated
+        critic = GAEAdvantages(cfg.gamma, cfg.lam, dist, cfg.critic_lam, cfg.lam_length_alpha, cfg.turn_level_gae)
+        gated = cfg.advantage_estimator == "ev-gated"
+        return EVGatedAdvantages(critic, RLOOAdvantages(cfg.group_size), dist) if gated else critic
     if cfg.advantage_estimator == "rloo":
         return RLOOAdvantages(cfg.group_size)
     return GRPOAdvantages(cfg.group_size, cfg.grpo_eps)

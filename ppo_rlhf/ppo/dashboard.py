@@ -23,6 +23,8 @@ DASHBOARD = [
     ("ev", "ev", "{:+.2f}"),
     ("vclipfrac", "vclip", "{:.2f}"),
 ]
+# advantage_estimator ev-gated: which advantages the batch used (1 the critic's GAE, 0 the group baseline), after `ev`
+GATE_LINE = ("ev_gate", "gate", "{:.0f}")
 # a multi-turn run's episodes (docs/multi-turn.md), shown after `ev` when the stats have them
 EPISODE_LINE = [
     ("turns", "turns", "{:.2f}"),
@@ -46,7 +48,10 @@ def dashboard_line(stats: dict[str, Any]) -> str:
         parts.append(f"[{stats['phase']}]")
     # the KL that is not the chapter's (k1 in the reward) says which it is
     kl_label = "kl" if stats.get("kl_used", "k1 in reward") == "k1 in reward" else f"kl[{stats['kl_used']}]"
-    parts += [f"{kl_label if key == 'kl' else label} {_fmt(fmt, stats.get(key))}" for key, label, fmt in DASHBOARD]
+    for key, label, fmt in DASHBOARD:
+        parts.append(f"{kl_label if key == 'kl' else label} {_fmt(fmt, stats.get(key))}")
+        if key == "ev" and GATE_LINE[0] in stats:
+            parts.append(f"{GATE_LINE[1]} {_fmt(GATE_LINE[2], stats[GATE_LINE[0]])}")
     parts += [f"{label} {_fmt(fmt, stats[key])}" for key, label, fmt in EPISODE_LINE if key in stats]
     key, label, fmt = MONITOR_LINE
     if key in stats:  # (stats from before the monitor have none)

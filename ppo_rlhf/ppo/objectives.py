@@ -350,7 +350,7 @@ class AdaptiveKLController:
 
 # ------------------------------------------------------------------ critic-free advantage estimators (Chapter 6)
 
-ESTIMATORS = ("gae", "rloo", "grpo")
+ESTIMATORS = ("gae", "rloo", "grpo", "ev-gated")
 
 
 def sequence_rewards(scores: Tensor, kl: Tensor, mask: Tensor, beta: float) -> Tensor:

@@ -28,6 +28,10 @@ from ppo_rlhf.utils.device import DtypeName, resolve_device
 TrackerName = Literal["tensorboard", "wandb", "trackio", "all", "none"]
 
 
+CRITIC_ESTIMATORS = ("gae", "ev-gated")
+"""The advantage estimators that load, train and checkpoint a value model."""
+
+
 def unknown_keywords(cls: type, unknown: list[str], given: dict[str, Any]) -> str:
     """Why `PPOConfig(**given)` refuses the keywords `unknown`: TRL's names with ours for each, or a misspelt field."""
     from ppo_rlhf.ppo.from_trl import TRL_DEFAULTS, our_names_for
@@ -205,11 +209,13 @@ class TrainConfig:
     loss_aggregation: Literal["token", "sequence"] = "token"
     """"token": mean over all reply tokens of the minibatch (detail 8); "sequence": mean per reply, then over replies.
     """
-    advantage_estimator: Literal["gae", "rloo", "grpo"] = "gae"
+    advantage_estimator: Literal["gae", "rloo", "grpo", "ev-gated"] = "gae"
     """"gae": GAE with a value model (PPO); "rloo": REINFORCE leave-one-out baseline over the group_size replies to a
-    prompt (Chapter 6, no value model); "grpo": group-normalised rewards (no value model)."""
+    prompt (Chapter 6, no value model); "grpo": group-normalised rewards (no value model); "ev-gated": EVPO, per batch
+    GAE's advantages while the critic's explained variance on the batch is above 0, else rloo's (the value model
+    trains every iteration; history's ev_gate says which: 1 GAE, 0 rloo)."""
     group_size: PositiveInt = 1
-    """Replies sampled per prompt (consecutive rows of a batch); rloo and grpo need >= 2."""
+    """Replies sampled per prompt (consecutive rows of a batch); rloo, grpo and ev-gated need >= 2."""
     grpo_eps: PositiveFloat = 1e-6
     """Added to the group std in GRPO's normalisation."""
     critic_warmup_iterations: NonNegativeInt = 0
@@ -371,14 +377,14 @@ class TrainConfig:
         require(self.tis_cap == 0 or (self.old_logprobs == "recompute" and self.generation_backend == "hf"),
                 "tis_cap needs old_logprobs: recompute and generation_backend: hf (the rollout's own log-probs)")
         require(self.has_value_model or (self.critic_warmup_iterations == 0 and self.policy_start_ev is None),
-                "critic_warmup_iterations and policy_start_ev need a value model (advantage_estimator gae)")
+                "critic_warmup_iterations and policy_start_ev need a value model (advantage_estimator gae or ev-gated)")
         require(not self.turn_level_gae or (self.has_value_model and self.lam_length_alpha is None),
-                "turn_level_gae is GAE with one lambda (advantage_estimator gae, lam_length_alpha null)")
+                "turn_level_gae is GAE with one lambda (advantage_estimator gae or ev-gated, lam_length_alpha null)")
         require(not self.multi_turn or self.generation_backend == "hf",
                 "multi-turn episodes (environment, tools) need generation_backend: hf (the vLLM backend samples whole "
                 "replies in its own process: it cannot stop at a tool call and append the observation)")
         require(self.has_value_model or (self.critic_lam is None and self.lam_length_alpha is None),
-                "critic_lam and lam_length_alpha are GAE's lambdas (advantage_estimator gae)")
+                "critic_lam and lam_length_alpha are GAE's lambdas (advantage_estimator gae or ev-gated)")
         require(not (self.kl_placement == "loss" and self.kl_kind == "k1"),
                 "kl_in: loss with kl_estimator: k1 would do nothing: k1's gradient is zero in expectation on the "
                 "policy's own samples; use k2 or k3 in the loss (k1 belongs in the reward)")
@@ -476,6 +482,7 @@ class TrainConfig:
 
     @property
     def has_value_model(self) -> bool:
-        """Only GAE needs a critic; rloo and grpo neither load, train nor checkpoint one."""
-        return self.advantage_estimator == "gae"
+        """Only GAE (and ev-gated, which uses GAE while its critic explains the batch) needs a critic; rloo and grpo
+        neither load, train nor checkpoint one."""
+        return self.advantage_estimator in CRITIC_ESTIMATORS
 

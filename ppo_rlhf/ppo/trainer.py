@@ -123,9 +123,9 @@ EPISODE_STATS = ("turns", "tool_calls", "tool_errors", "masked_share")
 # the order of an iteration's numbers in history.jsonl; "phase" is "critic-warmup" or "policy", "kl_used" names the
 # estimator and placement of "kl" (mean over replies of the summed per-token estimate at pi_old), e.g. "k1 in reward"
 HISTORY_ORDER = ("iteration", "phase", "score", "rm_raw", "kl", "kl_used", "len", "fin", *EPISODE_STATS, "ent",
-                 "clipfrac", "approx_kl", "v_loss", "ev", "vclipfrac", "mismatch_kl", "ratio_spread", "pg_loss",
-                 "grad_norm_policy", "grad_norm_value", "ptx_loss", "lr", "beta", "skipped_steps", "time_gen",
-                 "time_score", "time_update", "time_total", "gen_tokens_per_s")
+                 "clipfrac", "approx_kl", "v_loss", "ev", "ev_gate", "vclipfrac", "mismatch_kl", "ratio_spread",
+                 "pg_loss", "grad_norm_policy", "grad_norm_value", "ptx_loss", "lr", "beta", "skipped_steps",
+                 "time_gen", "time_score", "time_update", "time_total", "gen_tokens_per_s")
 
 
 def seed_everything(seed: int) -> None:
@@ -872,7 +872,7 @@ class PPOLoop:
             means |= self.episode_means(experience)
         # over the policy's tokens only (in a multi-turn run the observations are off the action mask)
         ev = explained_variance(experience.old_values, experience.returns, act) if self.critic else float("nan")
-        return {**means, "ev": ev}
+        return {**means, "ev": ev, **self.advantages.stats()}  # ev-gated: which advantages the batch used
 
     def episode_means(self, experience: Experience) -> dict[str, float]:
         """EPISODE_STATS of the last multi-turn batch, means over every process's episodes."""

@@ -33,6 +33,7 @@ from ppo_rlhf.study.prompts import read_prompts
 from ppo_rlhf.train import train
 
 ESTIMATORS = field_types(TrainConfig)["advantage_estimator"].choices  # (objectives.py imports torch)
+DEFAULT_ESTIMATORS = ("gae", "rloo", "grpo")  # ev-gated is a mix of gae and rloo: compared when named
 
 
 def compare_configs(base: dict[str, Any], out: str | Path, estimators: list[str]) -> dict[str, Any]:
@@ -101,8 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", metavar="LEVEL", help="a verifiable task level (ppo-rlhf task list): compare ppo, "
                         "ppo-warmup, rloo and grpo on it, scored exactly on held-out problems")
     comparison = parser.add_argument_group("the comparison")
-    comparison.add_argument("--estimators", metavar="NAME,NAME", help="comma-separated, from gae, rloo, grpo "
-                                                                      "(default: all; not with --task)")
+    comparison.add_argument("--estimators", metavar="NAME,NAME", help="comma-separated, from gae, rloo, grpo, "
+                                                                      "ev-gated (default: gae, rloo, grpo; not with "
+                                                                      "--task)")
     comparison.add_argument("--eval-prompts", metavar="FILE", help='held-out prompts, a {"prompt": ...} JSONL file '
                                                                    '(required without --task)')
     comparison.add_argument("--gold", metavar="JUDGE", help="gold judge: gold, vader, nontoxic or rm:PATH_OR_ID "
@@ -111,26 +113,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             help="evaluation replies per held-out prompt (default 2; with --task 1)")
     comparison.add_argument("--eval-seed", type=SEED, default=1234, metavar="N",
                             help="seed of the evaluation's sampling (default 1234)")
-    comparison.add_argument("--variants", metavar="NAME,NAME", help="with --task: comma-separated, from ppo, "
-                                                                    "ppo-warmup, rloo, grpo (default all)")
+    comparison.add_argument("--variants", metavar="NAME,NAME",
+                            help="with --task: comma-separated, from ppo, ppo-warmup, ppo-turn, ev-gated, rloo, grpo "
+                                 "(default ppo, ppo-warmup, rloo, grpo; with --horizons ppo, ppo-turn, ev-gated, "
+                                 "rloo, grpo)")
     comparison.add_argument("--checkpoints", metavar="N,N", help="with --task: iterations evaluated, like 10,20,30 "
                                                                  "(default every 10th and the last)")
     comparison.add_argument("--heldout", type=NON_NEGATIVE_INT, metavar="N",
                             help="with --task: held-out problems evaluated (default 200; 0 = all of them)")
+    comparison.add_argument("--horizons", metavar="H,H", help="with --task: horizons like 2,4,8 (the task's "
+                                                              "instances NAME-H): every variant at each, --seeds runs "
+                                                              "each")
+    comparison.add_argument("--seeds", type=POSITIVE_INT, metavar="N",
+                            help="with --horizons: training runs per variant and horizon, seeds seed, seed+1, ... "
+                                 "(default 3)")
+    comparison.add_argument("--json-out", metavar="FILE", help="with --horizons: where critic_horizon.json goes "
+                                                               "(default OUT/critic_horizon.json)")
+    comparison.add_argument("--screen", action="store_true", default=None,
+                            help="with --horizons: first choose each variant's settings on a validation split of the "
+                                 "training instances, written to OUT/screen/chosen.json")
     add_config_arguments(parser, TrainConfig, title="training: {}")  # --out is the parent folder of the runs
 
 
 def run(args: argparse.Namespace) -> int:
     """`ppo-rlhf compare` (with --task the CLI runs `ppo_rlhf.tasks.compare.run` instead)."""
     task_only = [flag for flag, value in (("--variants", args.variants), ("--checkpoints", args.checkpoints),
-                                          ("--heldout", args.heldout)) if value is not None]
+                                          ("--heldout", args.heldout), ("--horizons", args.horizons),
+                                          ("--seeds", args.seeds), ("--json-out", args.json_out),
+                                          ("--screen", args.screen)) if value is not None]
     require(not task_only, f"{', '.join(task_only)}: only with --task")
     names = set(TrainConfig.__dataclass_fields__)
     base = read_yaml(args.config) if args.config else {}
     base.update({k: v for k, v in vars(args).items() if k in names})
     out = base.pop("out", "runs/compare")
     overwrite = bool(base.pop("overwrite", False))
-    estimators = [e.strip() for e in (args.estimators or ",".join(ESTIMATORS)).split(",") if e.strip()]
+    estimators = [e.strip() for e in (args.estimators or ",".join(DEFAULT_ESTIMATORS)).split(",") if e.strip()]
     result = compare(base, out, estimators, args.eval_prompts, args.gold or "gold", args.replies_per_prompt or 2,
                      args.eval_seed, overwrite)
     print(result["table"], end="")

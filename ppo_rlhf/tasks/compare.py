@@ -8,8 +8,13 @@ variant draws the same prompts), and the flags given; only these differ:
 
   ppo          advantage_estimator gae, critic_warmup_iterations 0
   ppo-warmup   advantage_estimator gae, critic_warmup_iterations 3 (their replies are sampled too, and counted)
+  ppo-turn     advantage_estimator gae, turn_level_gae (one GAE step per turn of a multi-turn episode)
+  ev-gated     advantage_estimator ev-gated (EVPO: GAE while the critic explains the batch, else rloo's baseline)
   rloo         advantage_estimator rloo (no value model)
   grpo         advantage_estimator grpo (no value model; its KL in the loss, as by default)
+
+(turn_level_gae false but for ppo-turn). Without --variants: ppo, ppo-warmup, rloo, grpo. With --horizons (and
+--seeds) the comparison is `ppo_rlhf.tasks.horizons`'s: every variant at every horizon, several seeds.
 
 Each variant trains in its own process (`python -m ppo_rlhf train --config OUT/configs/VARIANT.yaml`), so that its
 peak memory is its own: the ru_maxrss of that process (os.wait4), i.e. host resident memory, not a GPU's. Its wall
@@ -58,14 +63,18 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "ppo": {"advantage_estimator": "gae", "critic_warmup_iterations": 0},
-    "ppo-warmup": {"advantage_estimator": "gae", "critic_warmup_iterations": 3},
-    "rloo": {"advantage_estimator": "rloo", "critic_warmup_iterations": 0},
-    "grpo": {"advantage_estimator": "grpo", "critic_warmup_iterations": 0},
+    "ppo": {"advantage_estimator": "gae", "critic_warmup_iterations": 0, "turn_level_gae": False},
+    "ppo-warmup": {"advantage_estimator": "gae", "critic_warmup_iterations": 3, "turn_level_gae": False},
+    "ppo-turn": {"advantage_estimator": "gae", "critic_warmup_iterations": 0, "turn_level_gae": True},
+    "ev-gated": {"advantage_estimator": "ev-gated", "critic_warmup_iterations": 0, "turn_level_gae": False},
+    "rloo": {"advantage_estimator": "rloo", "critic_warmup_iterations": 0, "turn_level_gae": False},
+    "grpo": {"advantage_estimator": "grpo", "critic_warmup_iterations": 0, "turn_level_gae": False},
 }
+# without --horizons (with them: horizons.HORIZON_VARIANTS)
+DEFAULT_VARIANTS = ("ppo", "ppo-warmup", "rloo", "grpo")
 GROUP_SIZE = 2
 # what the comparison sets for every variant: a flag naming one of these is refused with --task
-SET_HERE = ("advantage_estimator", "critic_warmup_iterations", "group_size", "prompts", "overwrite")
+SET_HERE = ("advantage_estimator", "critic_warmup_iterations", "turn_level_gae", "group_size", "prompts", "overwrite")
 # held-out evaluation: `ppo-rlhf task evaluate`'s sample batch
 EVAL_BATCH = 32
 
@@ -141,7 +150,7 @@ def compare_task(task: str, out: str | Path, base: dict[str, Any], overrides: di
     the comparison (`summarize`)."""
     check_task(task)
     out = Path(out).resolve()
-    configs = variant_configs(base, overrides or {}, out, variants or list(VARIANTS))
+    configs = variant_configs(base, overrides or {}, out, variants or list(DEFAULT_VARIANTS))
     first = next(iter(configs.values()))
     checkpoints = checked_checkpoints(checkpoints or default_checkpoints(first.iterations), first)
     with hold(out, "compare folder"):
@@ -320,10 +329,22 @@ def run(args: argparse.Namespace) -> int:
     require(not refused, f"{', '.join(refused)}: no meaning with --task (it sets each variant's estimator, warm-up and "
                          "group size, writes the prompts, scores held-out problems exactly, and re-runs a stage whose "
                          "settings changed)")
-    base = read_yaml(args.config) if args.config else preset(args.task)
-    out = given.pop("out", f"runs/compare-{args.task}")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
     n_heldout = 200 if args.heldout is None else args.heldout or None  # 0: every held-out problem
+    if args.horizons is not None:
+        from ppo_rlhf.tasks.horizons import compare_horizons, parse_horizons
+
+        config = read_yaml(args.config) if args.config else None
+        out = given.pop("out", f"runs/compare-{args.task}-horizons")
+        compare_horizons(args.task, out, lambda instance: config or preset(instance), given,
+                         parse_horizons(args.horizons), args.seeds or 3, variants, args.checkpoints, n_heldout,
+                         args.replies_per_prompt or 1, args.eval_seed, args.json_out, bool(args.screen))
+        return 0
+    horizon_only = [flag for flag, value in (("--seeds", args.seeds), ("--json-out", args.json_out),
+                                             ("--screen", args.screen)) if value is not None]
+    require(not horizon_only, f"{', '.join(horizon_only)}: only with --horizons")
+    base = read_yaml(args.config) if args.config else preset(args.task)
+    out = given.pop("out", f"runs/compare-{args.task}")
     result = compare_task(args.task, out, base, given, args.checkpoints, n_heldout,
                           args.replies_per_prompt or 1, args.eval_seed, variants)
     print(result["table"], end="")

@@ -29,7 +29,7 @@ from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.run import read_run_config, select_checkpoints
 from ppo_rlhf.study.evaluate import START, run_name
 from ppo_rlhf.study.stats import bootstrap_mean, paired_bootstrap
-from ppo_rlhf.tasks.arithmetic import answer_format, exact_match, problems, task_tools
+from ppo_rlhf.tasks.arithmetic import Split, answer_format, exact_match, problems, task_tools
 
 # the episode counts a multi-turn record holds, and their means in a model's summary
 EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors")
@@ -138,10 +138,11 @@ EPISODE_SHARED = {"max_turns": 4, "max_tool_calls": 4, "max_episode_tokens": 512
 
 def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | None = 200,
                        replies_per_prompt: int = 1, checkpoints: str = "all", seed: int = 1234, batch_size: int = 32,
-                       device: str = "auto") -> dict[str, Any]:
+                       device: str = "auto", split: Split = "heldout") -> dict[str, Any]:
     """The start policy and the chosen checkpoints of each run (e.g. PPO, RLOO and GRPO from one start) on
     `n_heldout` held-out problems of `level` (None: all), in the runs' dtype, temperature and reply cap (a multi-turn
-    task: and episode limits), which they must share. Returns {"settings", "summary", "records"}; writes nothing."""
+    task: and episode limits), which they must share. Returns {"settings", "summary", "records"}; writes nothing.
+    `split` "train": the first n_heldout training problems instead (a validation split: `tasks.screen`)."""
     require(len(run_dirs) > 0, "give at least one run directory")
     require(replies_per_prompt >= 1, f"replies_per_prompt must be >= 1, got {replies_per_prompt}")
     require(batch_size >= 1, f"batch_size must be >= 1, got {batch_size}")
@@ -155,7 +156,7 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
         require(len(values) == 1, f"the runs differ in {key} ({', '.join(sorted(values))}); evaluate them apart")
         settings[key] = next(iter(configs.values())).get(key, default)
     selected = {name: select_checkpoints(d, checkpoints, full_models=True) for name, d in runs.items()}
-    rows = problems(level, "heldout", n_heldout)  # all checked before torch and the models load
+    rows = problems(level, split, n_heldout)  # all checked before torch and the models load
 
     from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
     from ppo_rlhf.models.precision import resolve_dtype
@@ -179,7 +180,8 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
         records += task_records(model.to(torch_device), tokenizer, rows, settings, replies_per_prompt, seed,
                                 batch_size, name, iteration, reference, tools)
         del model, reference  # one policy (and its reference) in memory at a time
-    return {"settings": {**settings, "level": level, "n_heldout": len(rows), "replies_per_prompt": replies_per_prompt,
-                         "seed": seed, "runs": {name: str(d.resolve()) for name, d in runs.items()},
+    return {"settings": {**settings, "level": level, "n_heldout": len(rows), "split": split,
+                         "replies_per_prompt": replies_per_prompt, "seed": seed,
+                         "runs": {name: str(d.resolve()) for name, d in runs.items()},
                          "checkpoints": checkpoints},
             "summary": summarize_task(records), "records": records}

@@ -33,3 +33,10 @@ def test_the_dashboard_line_shows_a_multi_turn_runs_episodes():
     line = dashboard_line({**stats, **episodes})
     assert "ev +0.25  vclip nan  turns 2.25  tools 1.00  tool_err 0.12  masked 0.40  (9s" in line
     assert "turns" not in dashboard_line(stats)  # a single-turn run's line is as before
+
+
+def test_the_dashboard_line_shows_the_ev_gate_after_ev():
+    stats = {"iteration": 3, "score": 0.5, "ev": -0.25, "ev_gate": 0.0, "time_total": 9.0, "time_gen": 2.0,
+             "time_score": 1.0, "time_update": 6.0}
+    assert "ev -0.25  gate 0  vclip nan" in dashboard_line(stats)
+    assert "gate" not in dashboard_line({k: v for k, v in stats.items() if k != "ev_gate"})

@@ -1,4 +1,4 @@
-"""Critic-free advantage estimators (RLOO, GRPO), group sampling, PPO-ptx and LR schedules."""
+"""Critic-free advantage estimators (RLOO, GRPO), the EV-gated one, group sampling, PPO-ptx and LR schedules."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.parallel.distributed import Dist
+from ppo_rlhf.ppo.advantages import EVGatedAdvantages, GAEAdvantages, RLOOAdvantages
 from ppo_rlhf.ppo.checkpoint import latest_checkpoint
 from ppo_rlhf.ppo.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, sequence_rewards
 from ppo_rlhf.ppo.schedules import lr_lambda
@@ -59,6 +61,48 @@ def test_groups_must_divide():
         grpo_advantages(torch.zeros(4), 1)
 
 
+def ev_gated(values: list[list[float]]) -> tuple[EVGatedAdvantages, tuple[torch.Tensor, ...]]:
+    """4 replies of 2 tokens in groups of 2, scores 1, 0, 0, 1 at the last token, no KL; gamma = lambda = 1, so a
+    token's GAE return is its reply's score and its raw advantage the score minus its value."""
+    estimator = EVGatedAdvantages(GAEAdvantages(1.0, 1.0, Dist()), RLOOAdvantages(2), Dist())
+    scores, mask = torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.ones(4, 2)
+    rewards = torch.zeros(4, 2)
+    rewards[:, 1] = scores
+    return estimator, estimator(rewards, torch.tensor(values), scores, torch.zeros(4, 2), mask, 0.0)
+
+
+def test_ev_gate_uses_the_critic_while_it_explains_the_batch():
+    estimator, (advantages, raw, returns) = ev_gated([[0.9, 0.9], [0.1, 0.1], [0.2, 0.2], [0.8, 0.8]])
+    # returns 1 1 | 0 0 | 0 0 | 1 1 (mean 1/2, squares summed 2); returns - values +-0.1 (x4), +-0.2 (x4): squares
+    # summed 0.2, mean 0: explained variance 1 - 0.2 / 2 = 0.9 > 0, so GAE's advantages, whitened (unbiased std
+    # sqrt(0.2 / 7))
+    assert estimator.stats() == {"ev_gate": 1.0}
+    expected_raw = torch.tensor([[0.1, 0.1], [-0.1, -0.1], [-0.2, -0.2], [0.2, 0.2]])
+    assert torch.allclose(raw, expected_raw, atol=1e-6)
+    assert torch.allclose(advantages, expected_raw / math.sqrt(0.2 / 7), atol=1e-4)
+    assert torch.equal(returns, torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]))
+
+
+def test_ev_gate_falls_back_to_the_group_baseline_when_the_critic_explains_nothing():
+    estimator, (advantages, raw, returns) = ev_gated([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    # returns - values = +-1 on every token: squares summed 8 against the returns' 2, explained variance -3 <= 0;
+    # the group baseline: each score minus the other reply's of its prompt, (1 - 0, 0 - 1 | 0 - 1, 1 - 0)
+    assert estimator.stats() == {"ev_gate": 0.0}
+    expected = torch.tensor([[1.0, 1.0], [-1.0, -1.0], [-1.0, -1.0], [1.0, 1.0]])
+    assert torch.equal(advantages, expected) and torch.equal(raw, expected)
+    # the critic still trains on GAE's returns
+    assert torch.equal(returns, torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]))
+
+
+def test_ev_gate_stays_shut_when_the_returns_do_not_vary():
+    estimator = EVGatedAdvantages(GAEAdvantages(1.0, 1.0, Dist()), RLOOAdvantages(2), Dist())
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 1.0]])
+    advantages, _, _ = estimator(rewards, torch.full((2, 2), 0.5), torch.ones(2), torch.zeros(2, 2),
+                                 torch.ones(2, 2), 0.0)
+    # every return is 1: the explained variance is nan (no variance to explain), the critic is not trusted
+    assert estimator.stats() == {"ev_gate": 0.0} and torch.equal(advantages, torch.zeros(2, 2))
+
+
 def test_lr_lambda_shapes():
     warm = lr_lambda("linear", warmup_steps=2, total_steps=6)
     assert [warm(s) for s in range(6)] == pytest.approx([0.5, 1.0, 1.0, 0.75, 0.5, 0.25])
@@ -94,6 +138,7 @@ def config(setup, out, **overrides) -> TrainConfig:
 
 @pytest.mark.parametrize("flags, message", [
     (dict(advantage_estimator="rloo"), "group_size >= 2"),
+    (dict(advantage_estimator="ev-gated"), "group_size >= 2"),
     (dict(advantage_estimator="nope"), "advantage_estimator"),
     (dict(group_size=3), "multiple of group_size"),
     (dict(ptx_coef=0.5), "ptx_data"),
@@ -141,6 +186,19 @@ def test_critic_free_run_and_resume(setup, tmp_path, estimator):
     more = build_config(TrainConfig, {**vars(cfg), "iterations": 3})
     train(more, resume=True)
     assert len((run_dir / "history.jsonl").read_text().splitlines()) == 3
+
+
+def test_ev_gated_run_trains_the_critic_every_iteration_and_logs_the_gate(setup, tmp_path):
+    cfg = config(setup, tmp_path / "run", advantage_estimator="ev-gated", group_size=2, iterations=3)
+    run_dir = train(cfg)
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert len(history) == 3
+    for row in history:
+        # the gate is the sign of the batch's explained variance, the dashboard's ev
+        assert row["ev_gate"] == float(row["ev"] > 0), row
+        assert math.isfinite(row["v_loss"]) and math.isfinite(row["grad_norm_value"])  # the critic trained
+    assert list(history[0]).index("ev_gate") == list(history[0]).index("ev") + 1
+    assert (latest_checkpoint(run_dir) / "value").is_dir()
 
 
 def test_ptx_and_schedule_resume(setup, tmp_path):
