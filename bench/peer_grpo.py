@@ -283,7 +283,7 @@ def prepare(args, out: Path) -> tuple[str, Path, str]:
 
     train, _ = write_task(LEVEL, out / "data", overwrite=True)
     if not args.dry_run:
-        return resolve_model_path("smollm2"), train, "auto"  # ours' default dtype: the preset's
+        return resolve_model_path("smollm2"), train, args.eval_dtype
     sys.path.insert(0, str(ROOT / "tests"))
     import tiny
 
@@ -354,7 +354,7 @@ def evaluate(args, out: Path, sides: list[str]) -> dict:
     folder = out / "evaluation"
     command = [str(OURS_PY), "-m", "ppo_rlhf", "task", "evaluate", *(str(out / "eval" / s) for s in sides),
                "--level", LEVEL, "--heldout", str(args.heldout), "--out", str(folder), "--checkpoints", "all",
-               "--batch-size", str(args.eval_batch)]
+               "--batch-size", str(args.eval_batch), "--replies-per-prompt", str(args.eval_replies)]
     print("  " + " ".join(command[1:]), flush=True)
     proc = subprocess.run(command, capture_output=True, text=True, env=side_env(args.omp_wait_policy), cwd=ROOT)
     if proc.returncode != 0:
@@ -540,8 +540,12 @@ def main() -> None:
     parser.add_argument("--checkpoint-every-s", type=float, default=180.0,
                         help="a checkpoint at the first step past every this many seconds, and at the stop")
     parser.add_argument("--max-steps", type=int, default=0, help="stop a side after this many steps (0: the budget)")
-    parser.add_argument("--heldout", type=int, default=200, help="held-out problems every checkpoint answers")
+    parser.add_argument("--heldout", type=int, default=200,
+                        help="held-out problems every checkpoint answers (0: all 289 of add-tiny)")
     parser.add_argument("--eval-batch", type=int, default=32, help="replies generated at once in the evaluation")
+    parser.add_argument("--eval-replies", type=int, default=1, help="replies the evaluation samples per problem")
+    parser.add_argument("--eval-dtype", default="auto", choices=["auto", "float32"],
+                        help="the evaluation's dtype for every side: auto (ours' training precision) or float32")
     parser.add_argument("--trl-precision", default="bf16", choices=["bf16", "fp32", "bf16-weights"],
                         help="TRL's: bf16 (bf16=True, autocast over fp32 weights, its default), fp32, bf16-weights")
     parser.add_argument("--seed", type=int, default=1)
@@ -554,7 +558,7 @@ def main() -> None:
                         help="tiny random models, one step a side, 4 held-out problems (tests/bench/test_peer_grpo.py)")
     args = parser.parse_args()
     if args.dry_run:
-        args.max_steps, args.heldout, args.eval_batch = 1, min(args.heldout, 4), 8
+        args.max_steps, args.heldout, args.eval_batch = 1, min(args.heldout or 4, 4), 8
         args.trl_precision = "fp32" if args.trl_precision == "bf16" else args.trl_precision
 
     if args.side:

@@ -24,25 +24,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
+from ppo_rlhf.models.precision import cpu_matrix_flags
 from ppo_rlhf.study.demo import DemoConfig, Stages, data_stages, given_settings
 from ppo_rlhf.study.stats import unit_interval
 from ppo_rlhf.utils.files import atomic_write_text
 
 METHOD = ("mean of the pools' RM - words; 95% Student-t interval over pools (n - 1 degrees of freedom); each pool's "
           "own interval resamples its held-out prompts")
-
-
-def cpu_flags() -> list[str]:
-    """The CPU flags that decide bf16's kernels (and so the samples): amx_bf16, avx512_bf16, avx512f, avx2."""
-    flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split()
-    return [flag for flag in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if flag in flags]
 
 
 def pool_row(data_seed: int, rm_info: dict) -> dict:
@@ -121,7 +115,7 @@ def main(argv: list[str]) -> int:
             return 2
         pools.append(pool_row(data_seed, json.loads(info_file.read_text())))
     settings = {key: value for key, value in given.items() if key != "out"}
-    result = summary(pools, cpu_flags(), settings)
+    result = summary(pools, cpu_matrix_flags().split(), settings)
     atomic_write_text(out / "study_replication.json", json.dumps(result, indent=1) + "\n")
     print_summary(result)
     print(f"wrote {out / 'study_replication.json'}")
