@@ -186,3 +186,13 @@ def test_a_missing_demo_output_says_what_writes_it(tmp_path, monkeypatch, capsys
     cfg = build_config(TrainConfig, {"reward_model": "./models/rm", "prompts": "p.jsonl"})
     with pytest.raises(UsageError, match=r"model folder ./models/rm not found$"):  # not a demo's folder: no hint
         cfg.check_files()
+
+
+def test_the_merged_copy_never_records_log_pi_old():
+    """Sampling from the merged copy with old_logprobs: generation would make log pi_old the copy's numbers, a
+    mismatch that mismatch_kl (the record against itself) cannot show: refused in one line."""
+    from ppo_rlhf import PPOConfig, UsageError
+
+    with pytest.raises(UsageError, match="old_logprobs: recompute"):
+        PPOConfig(generation_merged_copy=True, old_logprobs="generation")
+    assert PPOConfig(generation_merged_copy=True).old_logprobs == "recompute"

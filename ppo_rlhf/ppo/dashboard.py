@@ -37,8 +37,36 @@ MONITOR_KEYS = ("reward_length_corr", "length_share")
 MONITOR_LINE = ("reward_length_corr", "len_r", "{:+.2f}")
 
 
+# Why a number on the dashboard line is "-" (nothing measured in that iteration), said the first time it happens
+NOT_MEASURED = {
+    "clipfrac": "clipfrac and approx_kl are '-' in a critic warm-up iteration: the policy takes no step to measure",
+    "v_loss": "v_loss and vclip are '-' without a value model (rloo, grpo): there is no critic to train",
+    "ev": "ev is '-' without a value model, or when the batch's returns do not vary (nothing to explain)",
+    "reward_length_corr": "len_r is '-' when the batch's replies all have one length (or all one reward): no "
+                          "correlation to measure",
+}
+NEGATIVE_KL = ("kl is below 0: the chapter's k1 estimate (log pi - log pi_ref on the sampled tokens) is unbiased, "
+               "so a batch's mean can fall below 0 while the true KL is near 0; its sign is then noise")
+
+
+def not_measured(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _fmt(fmt: str, value: Any) -> str:
-    return "nan" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+    return "-" if not_measured(value) else fmt.format(value)
+
+
+def dashboard_notes(stats: dict[str, Any], said: set[str]) -> list[str]:
+    """The first time in a run that a dashboard number is "-" (NOT_MEASURED) or the k1 KL is negative: one line
+    saying why; `said` remembers what was said."""
+    notes = [(key, why) for key, why in NOT_MEASURED.items() if key in stats and not_measured(stats[key])]
+    kl = stats.get("kl")
+    if stats.get("kl_used", "k1 in reward").startswith("k1") and isinstance(kl, float) and kl < 0:
+        notes.append(("negative kl", NEGATIVE_KL))
+    fresh = [(key, why) for key, why in notes if key not in said]
+    said.update(key for key, _ in fresh)
+    return [f"(note: {why})" for _, why in fresh]
 
 
 def dashboard_line(stats: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import read_yaml, to_yaml
 from ppo_rlhf.errors import Interrupted, UsageError, require
-from ppo_rlhf.ppo.dashboard import dashboard_line, history_line, token_table_text
+from ppo_rlhf.ppo.dashboard import dashboard_line, dashboard_notes, history_line, token_table_text
 from ppo_rlhf.ppo.kl_spacing import parse_targets, pick_by_kl, read_kls
 from ppo_rlhf.utils.files import atomic_write_text, keep_iterations_before
 from ppo_rlhf.utils.lock import hold
@@ -249,6 +249,7 @@ def run_iterations(trainer: PPOLoop, run_dir: Path, start: int, history: list[st
 
     cfg, main, models = trainer.cfg, trainer.dist.is_main, tuple(trainer.models)
     trackers = make_trackers(cfg.trackers if main else [], run_dir, dataclasses.asdict(saved_config(cfg)), start)
+    said: set[str] = set()  # the dashboard's notes given so far (dashboard_notes: each once a run)
     # (disable None: no bar off a terminal, where its redraws would fill a log with one line of fragments)
     progress = tqdm(range(start, cfg.iterations), desc="ppo", initial=start, total=cfg.iterations,
                     disable=cfg.quiet or None)
@@ -264,7 +265,7 @@ def run_iterations(trainer: PPOLoop, run_dir: Path, start: int, history: list[st
             if not due and trainer.dist.world_size == 1:  # a copy: the state's tensors are the live ones
                 unsaved = (done, copy.deepcopy(trainer.state_dict()), rng_state(), list(history))
             if main:
-                record_iteration(run_dir, index, stats, history[-1], experience, trainer, trackers, log)
+                record_iteration(run_dir, index, stats, history[-1], experience, trainer, trackers, log, said)
                 progress.set_postfix(score=f"{stats['score']:+.2f}", kl=f"{stats['kl']:.2f}", fin=f"{stats['fin']:.2f}")
             stop = notify(callbacks, "on_iteration_end", owner, stats)
             if due or stop:
@@ -311,15 +312,18 @@ def write_checkpoint(run_dir: Path, done: int, trainer: PPOLoop, state: dict[str
 
 
 def record_iteration(run_dir: Path, index: int, stats: dict[str, Any], line: str, experience: Experience,
-                     trainer: PPOLoop, trackers: Trackers, log: Callable[[str], None]) -> None:
+                     trainer: PPOLoop, trackers: Trackers, log: Callable[[str], None], said: set[str]) -> None:
     """Rank 0's record of one iteration: the token table (first iteration), its history `line`, the trackers, the
-    dashboard line, every sample_every iterations the samples, every log_completions_every the completions."""
+    dashboard line (and, the first time a number on it is "-" or the KL negative, why: `said` remembers), every
+    sample_every iterations the samples, every log_completions_every the completions."""
     if index == 0:
         write_token_table(run_dir, trainer, experience)
     with open(run_dir / "history.jsonl", "a") as handle:
         handle.write(line)
     trackers.log(stats, index)
     log(dashboard_line(stats))
+    for note in dashboard_notes(stats, said):
+        log(note)
     if index % trainer.cfg.sample_every == 0:
         log(write_samples(run_dir, index, experience))
     every = trainer.cfg.log_completions_every

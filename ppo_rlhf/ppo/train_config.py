@@ -393,6 +393,10 @@ class TrainConfig:
         require(not self.generation_merged_copy or self.generation_backend == "hf",
                 "generation_merged_copy is a setting of generation_backend hf (the vLLM backend merges the adapter "
                 "into its engine's weights anyway)")
+        require(not (self.generation_merged_copy and self.old_logprobs == "generation"),
+                "generation_merged_copy with old_logprobs: generation would make log pi_old the merged copy's (its "
+                "rounding differs from the policy's, and mismatch_kl, which compares the record with itself, would "
+                "not show it); use old_logprobs: recompute")
         require(self.generation_drop_finished or self.generation_backend == "hf",
                 "generation_drop_finished: false is a setting of generation_backend hf (vLLM never steps a finished "
                 "reply)")

@@ -31,12 +31,34 @@ def test_the_dashboard_line_shows_a_multi_turn_runs_episodes():
              "time_update": 6.0}
     episodes = {"turns": 2.25, "tool_calls": 1.0, "tool_errors": 0.125, "masked_share": 0.4}
     line = dashboard_line({**stats, **episodes})
-    assert "ev +0.25  vclip nan  turns 2.25  tools 1.00  tool_err 0.12  masked 0.40  (9s" in line
+    assert "ev +0.25  vclip -  turns 2.25  tools 1.00  tool_err 0.12  masked 0.40  (9s" in line
     assert "turns" not in dashboard_line(stats)  # a single-turn run's line is as before
 
 
 def test_the_dashboard_line_shows_the_ev_gate_after_ev():
     stats = {"iteration": 3, "score": 0.5, "ev": -0.25, "ev_gate": 0.0, "time_total": 9.0, "time_gen": 2.0,
              "time_score": 1.0, "time_update": 6.0}
-    assert "ev -0.25  gate 0  vclip nan" in dashboard_line(stats)
+    assert "ev -0.25  gate 0  vclip -" in dashboard_line(stats)
     assert "gate" not in dashboard_line({k: v for k, v in stats.items() if k != "ev_gate"})
+
+
+def test_unmeasured_numbers_are_a_dash_and_why_is_said_once():
+    """A critic warm-up iteration has no policy step: clipfrac and approx_kl are '-' (not 'nan'), with one line
+    saying why, the first time only; a negative k1 KL is explained once too."""
+    from ppo_rlhf.ppo.dashboard import dashboard_notes
+
+    nan = float("nan")
+    warmup = {"iteration": 0, "phase": "critic-warmup", "kl": -0.01, "clipfrac": nan, "approx_kl": nan,
+              "v_loss": 0.5, "ev": 0.1, "time_total": 9.0, "time_gen": 2.0, "time_score": 1.0, "time_update": 6.0}
+    line = dashboard_line(warmup)
+    assert "clipfrac -  approx_kl -" in line and "nan" not in line
+    said: set[str] = set()
+    notes = dashboard_notes(warmup, said)
+    assert len(notes) == 2 and "critic warm-up" in notes[0] and "k1 estimate" in notes[1]
+    assert dashboard_notes({**warmup, "iteration": 1}, said) == []  # said once per run
+    same_length = {**warmup, "reward_length_corr": nan, "kl": 0.2}
+    assert dashboard_notes(same_length, said) == [
+        "(note: len_r is '-' when the batch's replies all have one length (or all one reward): no correlation to "
+        "measure)"]
+    # another KL estimator in the loss is not k1's: no note about its sign
+    assert dashboard_notes({"kl": -0.1, "kl_used": "k3 in loss"}, set()) == []

@@ -97,7 +97,7 @@ def test_dashboard_line_and_tracker_tags_show_the_monitor():
              "reward_length_corr": 0.9449, "length_share": None, "monitor/judge": 0.25, "time_total": 9.0,
              "time_score": 1.0, "time_update": 6.0}
     assert "  len_r +0.94  (9s, gen 2s" in dashboard_line(stats)
-    assert "len_r nan" in dashboard_line({**stats, "reward_length_corr": None})
+    assert "len_r -" in dashboard_line({**stats, "reward_length_corr": None})
     assert "len_r" not in dashboard_line({k: v for k, v in stats.items() if k != "reward_length_corr"})  # older runs
     assert scalar_tags(stats) == {"ppo/score": 0.5, "ppo/reward/exact_match": 0.75, "time/time_gen": 2.0,
                                   "monitor/reward_length_corr": 0.9449, "monitor/judge": 0.25, "time/time_total": 9.0,
