@@ -16,7 +16,10 @@ import importlib
 import sys
 
 from ppo_rlhf import __version__
-from ppo_rlhf.errors import RunError, UsageError
+from ppo_rlhf.errors import Interrupted, RunError, UsageError
+from ppo_rlhf.ppo.hints import from_command_line
+from ppo_rlhf.utils.signals import EXIT_CODE as SIGTERM_EXIT_CODE
+from ppo_rlhf.utils.signals import by_sigterm, sigterm_as_interrupt
 
 # The study's own dependencies (`pip install "ppo-rlhf[study]"`, pyproject.toml): the library and `train` run without
 # them, and a command that needs one says so in one line.
@@ -102,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         module_name = COMMANDS[command][0]
         if command in HANDED_ON and getattr(args, HANDED_ON[command][0], None) is not None:  # (demo: unset is absent)
             module_name = HANDED_ON[command][1]
-        return int(importlib.import_module(module_name).run(args) or 0)
+        with from_command_line(), sigterm_as_interrupt():
+            return int(importlib.import_module(module_name).run(args) or 0)
     except UsageError as error:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
         return 2
@@ -116,5 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as error:  # errors.Interrupted says what to do next
+        if by_sigterm(error):  # a scheduler's preemption, `kill`: the work Ctrl-C keeps was kept
+            print(f"ppo-rlhf {command}: terminated (SIGTERM)" + (f"; {error}" if isinstance(error, Interrupted) else ""),
+                  file=sys.stderr)
+            return SIGTERM_EXIT_CODE
         print(f"ppo-rlhf {command}: interrupted" + (f"; {error}" if str(error) else ""), file=sys.stderr)
         return 130

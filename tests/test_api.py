@@ -464,3 +464,44 @@ def test_a_value_model_folder_is_normalised_by_its_own_start_values(models, tmp_
     shared.train()
     assert shared.loop.value_norm is None
     assert "value_mean" not in json.loads((tmp_path / "shared" / "reward_norm.json").read_text())
+
+
+def test_hints_from_python_name_the_api_and_sigterm_keeps_the_checkpoint(models, tmp_path):
+    """A run built in Python and stopped (here by SIGTERM, as Ctrl-C) says how to continue it in Python, not with a
+    command that could not rebuild its reward functions; a second trainer on the used folder names resume= and
+    overwrite=; SIGTERM's handler is restored after the run."""
+    import os
+    import signal
+
+    from ppo_rlhf.errors import Interrupted
+    from ppo_rlhf.utils.signals import by_sigterm
+
+    class TerminatedInTheSecond:
+        def on_iteration_end(self, trainer, stats):
+            if len(trainer.history) == 2:  # (iteration 1's checkpoint is written after the callbacks)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    config = PPOConfig(**settings(models, tmp_path / "run", iterations=2, checkpoint_every=1))
+    with pytest.raises(Interrupted) as stopped:
+        PPOTrainer(config, reward_funcs=[length], callbacks=[TerminatedInTheSecond()]).train()
+    assert str(stopped.value) == ("the latest checkpoint is iter_000001; continue with: PPOTrainer(config, ..., "
+                                  "resume=True).train() with the same rewards and dataset")
+    assert by_sigterm(stopped.value) and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with pytest.raises(UsageError) as refused:
+        PPOTrainer(config, reward_funcs=[length])
+    assert str(refused.value) == (f"run directory {tmp_path / 'run'} is not empty; use PPOTrainer(config, ..., "
+                                  "resume=True) to continue it or PPOConfig(..., overwrite=True) to replace it")
+    PPOTrainer(config, reward_funcs=[length], resume=True).train()
+    assert len(history(tmp_path / "run")) == 2
+
+
+def test_a_reward_that_fails_at_the_start_leaves_no_run_directory(models, tmp_path):
+    def wrong_length(completions, **columns):
+        return [1.0]
+
+    config = PPOConfig(**settings(models, tmp_path / "run"))
+    with pytest.raises(RewardFunctionError, match="returned 1 values"):
+        PPOTrainer(config, reward_funcs=[wrong_length]).train()
+    assert not (tmp_path / "run").exists()
+    PPOTrainer(config, reward_funcs=[length]).train()  # the same config, once the reward is fixed
+    assert len(history(tmp_path / "run")) == 2

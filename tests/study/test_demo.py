@@ -220,3 +220,24 @@ def test_the_length_options_reach_their_stages_keys_only_when_set():
     balanced = DemoConfig(pair_length_balance="half", rm_length_head=True, **old_sizes)
     assert stage_settings(balanced, "pairs") == before_the_options | {"pair_length_balance": "half"}
     assert stage_settings(balanced, "reward model")["rm_length_head"] is True
+
+
+def test_sigterm_stops_the_demo_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+    """SIGTERM (a scheduler's preemption) in a stage: the stage's record stays unfinished, the demo says how to
+    continue, and the exit code is 143."""
+    import os
+    import signal
+
+    import ppo_rlhf.study.demo as demo_module
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(demo_module, "build_prompts", terminated)
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out)]) == 143
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "ppo-rlhf demo: terminated (SIGTERM); stage prompts stopped; running the same command again continues from "
+        "the finished stages (a PPO run from its latest checkpoint)")
+    assert json.loads((out / "stages.json").read_text())["prompts"]["finished"] is False
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
