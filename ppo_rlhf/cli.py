@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as error:  # errors.Interrupted says what to do next
+        advice = f"; {error}" if isinstance(error, Interrupted) else ""
         if by_sigterm(error):  # a scheduler's preemption, `kill`: the work Ctrl-C keeps was kept
-            print(f"ppo-rlhf {command}: terminated (SIGTERM)" + (f"; {error}" if isinstance(error, Interrupted) else ""),
-                  file=sys.stderr)
+            print(f"ppo-rlhf {command}: terminated (SIGTERM){advice}", file=sys.stderr)
             return SIGTERM_EXIT_CODE
-        print(f"ppo-rlhf {command}: interrupted" + (f"; {error}" if str(error) else ""), file=sys.stderr)
+        print(f"ppo-rlhf {command}: interrupted{advice}", file=sys.stderr)
         return 130
