@@ -505,3 +505,26 @@ def test_a_reward_that_fails_at_the_start_leaves_no_run_directory(models, tmp_pa
     assert not (tmp_path / "run").exists()
     PPOTrainer(config, reward_funcs=[length]).train()  # the same config, once the reward is fixed
     assert len(history(tmp_path / "run")) == 2
+
+
+def test_a_start_where_few_replies_finish_says_what_the_eos_rule_does(models, tmp_path, capsys):
+    """Start replies cut at the cap: the EOS rule gives each -1 and the reward barely reaches PPO; one line says so
+    (even quiet). A reward that gives every start reply the same score: the normalisation says std 0, not a measured
+    1."""
+    PPOTrainer(PPOConfig(**settings(models, tmp_path / "cut", max_new_tokens=1, iterations=1)),
+               reward_funcs=[length]).train()
+    assert capsys.readouterr().err.splitlines() == [  # (one of the 8 replies is EOS at once)
+        "warning: only 12% of 8 start-policy replies finished within max_new_tokens=1: with eos_rule on, every "
+        "unfinished reply scores unfinished_score=-1 instead of its reward, so the reward barely reaches PPO; raise "
+        "max_new_tokens, or set eos_rule false"]
+
+    def zero(completions, **columns):
+        return [0.0] * len(completions)
+
+    PPOTrainer(PPOConfig(**settings(models, tmp_path / "same", iterations=1, eos_rule=False, quiet=False)),
+               reward_funcs=[zero]).train()
+    printed = capsys.readouterr()
+    note = "std 0: all 8 replies scored the same; scores are shifted, not scaled"
+    assert f"start-policy replies: mean +0.000 {note} (finished" in printed.out and "warning" not in printed.err
+    norm = json.loads((tmp_path / "same" / "reward_norm.json").read_text())
+    assert (norm["std"], norm["note"]) == (0.0, note)

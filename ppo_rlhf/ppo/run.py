@@ -234,14 +234,18 @@ def start_or_resume(trainer: PPOLoop, run_dir: Path, resume: bool, log: Callable
         if main:
             atomic_write_text(run_dir / "config.yaml", to_yaml(saved_config(cfg)))
         norm = trainer.measure_reward_norm()  # every process: the statistics are gathered over all of them
+        if norm["std"] == 0:
+            norm["note"] = f"std 0: all {norm['n']} replies scored the same; scores are shifted, not scaled"
         if main:
             atomic_write_text(norm_file, json.dumps(norm, indent=1))
         history, start = [], 0
-        log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} "
-            f"std {norm['std']:.3f} (finished {norm['finished']:.2f})"
+        spread = norm.get("note") or f"std {norm['std']:.3f}"
+        log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} {spread} "
+            f"(finished {norm['finished']:.2f})"
             + (f"; value model's own: mean {norm['value_mean']:+.3f} std {norm['value_std']:.3f}"
                if "value_mean" in norm else ""))
-    trainer.reward_mean, trainer.reward_std = norm["mean"], norm["std"]
+        warn_unfinished(cfg, norm, main)
+    trainer.reward_mean, trainer.reward_std = norm["mean"], norm["std"] or 1.0  # std 0: shifted, not scaled
     if "value_mean" in norm:  # a value model that is not the reward model (PPOLoop.separate_critic)
         trainer.value_norm = (norm["value_mean"], norm["value_std"])
     if main:
@@ -249,6 +253,15 @@ def start_or_resume(trainer: PPOLoop, run_dir: Path, resume: bool, log: Callable
     if resume and main:
         keep_iterations_before(run_dir / "samples.jsonl", start)  # a killed run wrote them after its checkpoint
     return start, history
+
+
+def warn_unfinished(cfg: TrainConfig, norm: dict[str, Any], main: bool) -> None:
+    """One line on stderr, even when quiet, when the EOS rule replaces most of the start replies' rewards."""
+    from ppo_rlhf.ppo.check import unfinished_warning
+
+    warning = unfinished_warning(cfg, norm["finished"], norm["n"])
+    if warning and main:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def run_iterations(trainer: PPOLoop, run_dir: Path, start: int, history: list[str],

@@ -173,3 +173,19 @@ def test_a_tool_without_a_documented_signature_still_gets_a_schema():
         "name": "find", "description": "Find a word.",
         "parameters": {"type": "object", "properties": {"word": {"type": "string"}, "limit": {"type": "string"}},
                        "required": ["word"]}}}]
+
+
+def test_a_tool_call_cut_off_by_the_cap_is_counted_and_said(tokenizer):
+    from ppo_rlhf.multiturn.episodes import cut_call_warning
+
+    call = "<tool>add(2, 3)</tool>"
+    cap = len(tokenizer.encode(call, add_special_tokens=False)) - 2  # the closing tag never comes
+    limits = EpisodeLimits(max_turns=2, max_tool_calls=2, max_new_tokens=cap, max_episode_tokens=400, timeout=2.0)
+    _, episodes = run_episodes(scripted(tokenizer, [[call], ["5"]]), tokenizer, ["Hello", "Hi"], [{}, {}],
+                               [tokenizer.eos_token_id], limits, {"add": add}, None)
+    assert [e.cut_calls for e in episodes] == [1, 0] and episodes[0].tool_calls == 0
+    assert cut_call_warning(episodes, cap) == (
+        f"in 1 of 2 episodes a tool call was cut off by max_new_tokens={cap} (a turn's cap) before it closed, so the "
+        "tool was never called (an episode that ends so is unfinished: with eos_rule on it scores unfinished_score); "
+        "raise max_new_tokens")
+    assert cut_call_warning(episodes[1:], cap) is None
