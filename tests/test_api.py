@@ -331,6 +331,7 @@ def test_a_failing_function_stops_the_run_with_its_checkpoint_intact(models, tmp
     bad.write_text("def boom(completions, **kw):\n    raise RuntimeError('no')\n")
     argv = ["train", "--policy-model", models["policy"], "--prompts", models["prompts"], "--out",
             str(tmp_path / "cli"), "--reward-funcs", f"{bad}:boom", "--quiet", "--reward-norm-samples", "4"]
+    capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "reward function boom raised RuntimeError: no" in err

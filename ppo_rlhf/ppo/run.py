@@ -193,7 +193,7 @@ def discard_start(run_dir: Path, existed: bool) -> None:
 
 def how_to_continue(run_dir: Path, models: tuple[str, ...]) -> str:
     """What an interrupted run says: its latest checkpoint and the command that continues it."""
-    from ppo_rlhf.ppo.checkpoint import latest_checkpoint  # lazy: torch
+    from ppo_rlhf.ppo.checkpoint_files import latest_checkpoint
 
     if not (run_dir / "config.yaml").is_file():
         return f"nothing was written yet: {hints.start_again()}"
@@ -371,7 +371,7 @@ def select_checkpoints(run_dir: Path, which: str, full_models: bool = False) -> 
     like "kl:1,2,4" (per target the first checkpoint whose training KL reached it, and the last: kl_spacing.py). Each
     policy must be a PEFT adapter, or with `full_models` also a plain transformers model folder (the caller loads
     both)."""
-    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, list_checkpoints  # lazy: torch
+    from ppo_rlhf.ppo.checkpoint_files import latest_checkpoint, list_checkpoints
 
     found = list_checkpoints(run_dir)
     require(bool(found), f"{run_dir} has no complete checkpoints (checkpoints/iter_*/state.pt)")

@@ -46,6 +46,7 @@ from ppo_rlhf.errors import Interrupted, UsageError, require
 from ppo_rlhf.ppo.kl_spacing import parse_targets
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.arms import MAIN_ARM, arm_reward, beta_name, length_sign, parse_arms, run_label
+from ppo_rlhf.study.judge_specs import check_judge_spec
 from ppo_rlhf.study.pairs import LENGTH_TOLERANCE, make_pairs, read_pairs
 from ppo_rlhf.study.pairs import summary_line as pairs_line
 from ppo_rlhf.study.prompts import build_prompts, read_prompts, summary, write_jsonl
@@ -192,6 +193,7 @@ class DemoConfig:
         parse_targets(self.kl_targets)
         require(not (self.quick and self.full), "choose one preset: --quick or --full")
         check_model_name(self.model)  # a typo is named before any stage starts, and before torch loads
+        check_judge_spec(self.gold)
 
 
 QUICK = dict(candidates=64, heldout_candidates=30, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
