@@ -20,6 +20,7 @@ from ppo_rlhf.errors import Interrupted, RunError, UsageError
 from ppo_rlhf.ppo.hints import from_command_line
 from ppo_rlhf.utils.signals import EXIT_CODE as SIGTERM_EXIT_CODE
 from ppo_rlhf.utils.signals import by_sigterm, sigterm_as_interrupt
+from ppo_rlhf.utils.threads import use_threads
 
 # The study's own dependencies (`pip install "ppo-rlhf[study]"`, pyproject.toml): the library and `train` run without
 # them, and a command that needs one says so in one line.
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         module_name = COMMANDS[command][0]
         if command in HANDED_ON and getattr(args, HANDED_ON[command][0], None) is not None:  # (demo: unset is absent)
             module_name = HANDED_ON[command][1]
+        use_threads(getattr(args, "threads", None))  # a command that trains or samples: --threads (utils/threads.py)
         with from_command_line(), sigterm_as_interrupt():
             return int(importlib.import_module(module_name).run(args) or 0)
     except UsageError as error:

@@ -34,6 +34,7 @@ from ppo_rlhf.study.judge_specs import check_judge_spec
 from ppo_rlhf.study.prompts import read_prompts
 from ppo_rlhf.study.stats import distinct_n, paired_bootstrap, pearson, standardize
 from ppo_rlhf.utils.device import resolve_device
+from ppo_rlhf.utils.threads import add_threads_argument
 
 START = "start"
 JUDGES = ("proxy", "gold", "length")
@@ -536,6 +537,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run folders (ppo-rlhf train --out)")
     parser.add_argument("--prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
     parser.add_argument("--proxy", default=None, help="the proxy judge (default: rm: + the runs' reward_model)")
+    add_threads_argument(parser)
     parser.add_argument("--gold", default="gold", help="the gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
     parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2)
     parser.add_argument("--seed", type=SEED, default=1234, help="sampling seed, the same for every model")
