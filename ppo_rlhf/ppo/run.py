@@ -234,12 +234,12 @@ def start_or_resume(trainer: PPOLoop, run_dir: Path, resume: bool, log: Callable
         if main:
             atomic_write_text(run_dir / "config.yaml", to_yaml(saved_config(cfg)))
         norm = trainer.measure_reward_norm()  # every process: the statistics are gathered over all of them
-        if norm["std"] == 0:
-            norm["note"] = f"std 0: all {norm['n']} replies scored the same; scores are shifted, not scaled"
+        same = f"std 0: all {norm['n']} replies scored the same; scores are shifted, not scaled"
+        note = {"note": same} if norm["std"] == 0 else {}
         if main:
-            atomic_write_text(norm_file, json.dumps(norm, indent=1))
+            atomic_write_text(norm_file, json.dumps({**norm, **note}, indent=1))
         history, start = [], 0
-        spread = norm.get("note") or f"std {norm['std']:.3f}"
+        spread = note.get("note") or f"std {norm['std']:.3f}"
         log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} {spread} "
             f"(finished {norm['finished']:.2f})"
             + (f"; value model's own: mean {norm['value_mean']:+.3f} std {norm['value_std']:.3f}"
