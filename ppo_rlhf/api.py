@@ -164,6 +164,10 @@ class PPOTrainer:
                  for name, given in (("reward_funcs", specs), ("monitor_judges", judges)) if given is not None}
         if loaded_policy is not None:  # its name need not be a folder any more
             named["policy_model"] = "loaded"
+        if tools is not None:  # objects: their recorded names are no files to check
+            named["tools"] = []
+        if environment_factory is not None:
+            named["environment"] = None
         dataclasses.replace(cfg, **named).check_files()
         return cfg
 

@@ -18,7 +18,11 @@ import sys
 
 from ppo_rlhf import __version__
 from ppo_rlhf.config import did_you_mean
-from ppo_rlhf.errors import RunError, UsageError
+from ppo_rlhf.errors import Interrupted, RunError, UsageError
+from ppo_rlhf.ppo.hints import from_command_line
+from ppo_rlhf.utils.signals import EXIT_CODE as SIGTERM_EXIT_CODE
+from ppo_rlhf.utils.signals import by_sigterm, sigterm_as_interrupt
+from ppo_rlhf.utils.threads import use_threads
 
 # The study's own dependencies (`pip install "ppo-rlhf[study]"`, pyproject.toml): the library and `train` run without
 # them, and a command that needs one says so in one line.
@@ -149,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         module_name = COMMANDS[command][0]
         if command in HANDED_ON and getattr(args, HANDED_ON[command][0], None) is not None:  # (demo: unset is absent)
             module_name = HANDED_ON[command][1]
-        return int(importlib.import_module(module_name).run(args) or 0)
+        use_threads(getattr(args, "threads", None))  # a command that trains or samples: --threads (utils/threads.py)
+        with from_command_line(), sigterm_as_interrupt():
+            return int(importlib.import_module(module_name).run(args) or 0)
     except UsageError as error:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
         return 2
@@ -163,5 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ppo-rlhf {command}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as error:  # errors.Interrupted says what to do next
-        print(f"ppo-rlhf {command}: interrupted" + (f"; {error}" if str(error) else ""), file=sys.stderr)
+        advice = f"; {error}" if isinstance(error, Interrupted) else ""
+        if by_sigterm(error):  # a scheduler's preemption, `kill`: the work Ctrl-C keeps was kept
+            print(f"ppo-rlhf {command}: terminated (SIGTERM){advice}", file=sys.stderr)
+            return SIGTERM_EXIT_CODE
+        print(f"ppo-rlhf {command}: interrupted{advice}", file=sys.stderr)
         return 130

@@ -17,5 +17,9 @@ class RunError(Exception):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, with what to do next (the latest checkpoint, the command that continues): the CLI prints it after
-    "interrupted" and exits with code 130."""
+    """Ctrl-C or SIGTERM, with what to do next (the latest checkpoint, the command that continues): the CLI prints it
+    after "interrupted" and exits with code 130 (after "terminated", 143, when SIGTERM stopped it)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt (utils/signals.py), so that it keeps the same work."""

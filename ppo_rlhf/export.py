@@ -304,7 +304,7 @@ def export_run(run_dir: str | Path, checkpoint: int | None, out: str | Path, mer
     check_out_dir(out)
     [(_, folder)] = select_checkpoints(run_dir, "latest" if checkpoint is None else str(checkpoint))
 
-    from peft import PeftModel  # lazy: run dir and out folder are checked above (select_checkpoints loads torch)
+    from peft import PeftModel  # lazy: the run directory, the checkpoint and the out folder are checked above
 
     from ppo_rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 

@@ -331,6 +331,7 @@ def test_a_failing_function_stops_the_run_with_its_checkpoint_intact(models, tmp
     bad.write_text("def boom(completions, **kw):\n    raise RuntimeError('no')\n")
     argv = ["train", "--policy-model", models["policy"], "--prompts", models["prompts"], "--out",
             str(tmp_path / "cli"), "--reward-funcs", f"{bad}:boom", "--quiet", "--reward-norm-samples", "4"]
+    capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "reward function boom raised RuntimeError: no" in err
@@ -507,3 +508,67 @@ def test_a_value_model_folder_is_normalised_by_its_own_start_values(models, tmp_
     shared.train()
     assert shared.loop.value_norm is None
     assert "value_mean" not in json.loads((tmp_path / "shared" / "reward_norm.json").read_text())
+
+
+def test_hints_from_python_name_the_api_and_sigterm_keeps_the_checkpoint(models, tmp_path):
+    """A run built in Python and stopped (here by SIGTERM, as Ctrl-C) says how to continue it in Python, not with a
+    command that could not rebuild its reward functions; a second trainer on the used folder names resume= and
+    overwrite=; SIGTERM's handler is restored after the run."""
+    import os
+    import signal
+
+    from ppo_rlhf.errors import Interrupted
+    from ppo_rlhf.utils.signals import by_sigterm
+
+    class TerminatedInTheSecond:
+        def on_iteration_end(self, trainer, stats):
+            if len(trainer.history) == 2:  # (iteration 1's checkpoint is written after the callbacks)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    config = PPOConfig(**settings(models, tmp_path / "run", iterations=2, checkpoint_every=1))
+    with pytest.raises(Interrupted) as stopped:
+        PPOTrainer(config, reward_funcs=[length], callbacks=[TerminatedInTheSecond()]).train()
+    assert str(stopped.value) == ("the latest checkpoint is iter_000001; continue with: PPOTrainer(config, ..., "
+                                  "resume=True).train() with the same rewards and dataset")
+    assert by_sigterm(stopped.value) and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with pytest.raises(UsageError) as refused:
+        PPOTrainer(config, reward_funcs=[length])
+    assert str(refused.value) == (f"run directory {tmp_path / 'run'} is not empty; use PPOTrainer(config, ..., "
+                                  "resume=True) to continue it or PPOConfig(..., overwrite=True) to replace it")
+    PPOTrainer(config, reward_funcs=[length], resume=True).train()
+    assert len(history(tmp_path / "run")) == 2
+
+
+def test_a_reward_that_fails_at_the_start_leaves_no_run_directory(models, tmp_path):
+    def wrong_length(completions, **columns):
+        return [1.0]
+
+    config = PPOConfig(**settings(models, tmp_path / "run"))
+    with pytest.raises(RewardFunctionError, match="returned 1 values"):
+        PPOTrainer(config, reward_funcs=[wrong_length]).train()
+    assert not (tmp_path / "run").exists()
+    PPOTrainer(config, reward_funcs=[length]).train()  # the same config, once the reward is fixed
+    assert len(history(tmp_path / "run")) == 2
+
+
+def test_a_start_where_few_replies_finish_says_what_the_eos_rule_does(models, tmp_path, capsys):
+    """Start replies cut at the cap: the EOS rule gives each -1 and the reward barely reaches PPO; one line says so
+    (even quiet). A reward that gives every start reply the same score: the normalisation says std 0, not a measured
+    1."""
+    PPOTrainer(PPOConfig(**settings(models, tmp_path / "cut", max_new_tokens=1, iterations=1)),
+               reward_funcs=[length]).train()
+    assert capsys.readouterr().err.splitlines() == [  # (one of the 8 replies is EOS at once)
+        "warning: only 12% of 8 start-policy replies finished within max_new_tokens=1: with eos_rule on, every "
+        "unfinished reply scores unfinished_score=-1 instead of its reward, so the reward barely reaches PPO; raise "
+        "max_new_tokens, or set eos_rule false"]
+
+    def zero(completions, **columns):
+        return [0.0] * len(completions)
+
+    PPOTrainer(PPOConfig(**settings(models, tmp_path / "same", iterations=1, eos_rule=False, quiet=False)),
+               reward_funcs=[zero]).train()
+    printed = capsys.readouterr()
+    note = "std 0: all 8 replies scored the same; scores are shifted, not scaled"
+    assert f"start-policy replies: mean +0.000 {note} (finished" in printed.out and "warning" not in printed.err
+    norm = json.loads((tmp_path / "same" / "reward_norm.json").read_text())
+    assert (norm["std"], norm["note"]) == (0.0, note)

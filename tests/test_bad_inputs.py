@@ -425,3 +425,36 @@ def test_bad_models_files_and_run_dirs(env, tokenizer):
     expect_usage_error(argv(out=str(precious), overwrite=True, prompts=str(root / "nope.jsonl")), "nope.jsonl")
     expect_usage_error(argv(out=str(precious / "keep.txt")), "is a file")
     assert (precious / "keep.txt").read_text() == "keep me"
+
+
+def test_syntax_errors_unknown_judges_and_missing_checkpoints_are_refused_before_torch(tmp_path):
+    """A reward, tool or environment file with a syntax error, an unknown judge, and a checkpoint the run does not
+    have: one line and exit 2, with nothing printed before it and neither torch nor transformers imported."""
+    prompts, broken = tmp_path / "prompts.jsonl", tmp_path / "broken.py"
+    prompts.write_text('{"prompt": "p"}\n')
+    broken.write_text("def score(completions, **kw):\n    return [1.0 for c in completions\n")
+    run_dir = tmp_path / "run"  # a run directory with one complete checkpoint, iteration 2
+    policy = run_dir / "checkpoints" / "iter_000002" / "policy"
+    policy.mkdir(parents=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors", "../state.pt"):
+        (policy / name).write_text("{}")
+    (run_dir / "config.yaml").write_text("policy_model: smollm2\ntemperature: 1.0\nmax_new_tokens: 8\n"
+                                         "reward_model: rm\n")
+    train = ["train", "--prompts", str(prompts), "--out", str(tmp_path / "new")]
+    cases = [(train + ["--reward-funcs", f"{broken}:score"], f"reward_funcs: reward function {broken}:score: "
+                                                              f"{broken} line 2: '[' was never closed"),
+             (train + ["--reward-model", "rm", "--environment", f"{broken}:make"], f"environment {broken}:make: "),
+             (train + ["--reward-model", "rm", "--tools", f"{broken}:add"], f"tool {broken}:add: "),
+             (["evaluate", str(run_dir), "--prompts", str(prompts), "--proxy", "my_rewards.py:correct", "--out",
+               str(tmp_path / "e")], "unknown judge 'my_rewards.py:correct'; choose from vader"),
+             (["evaluate", str(run_dir), "--prompts", str(prompts), "--gold", "golden", "--out",
+               str(tmp_path / "e")], "unknown judge 'golden'"),
+             (["export", str(run_dir), "--checkpoint", "7", "--out", str(tmp_path / "x")],
+              f"{run_dir} has no checkpoint for iteration 7 (has 2)")]
+    script = ("import sys; from ppo_rlhf.cli import main; code = main(sys.argv[1:]); "
+              "print(code, *(m in sys.modules for m in ('torch', 'transformers', 'peft')))")
+    for argv, message in cases:
+        result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+        assert result.stdout.strip() == "2 False False False", (argv, result.stdout[-300:], result.stderr[-300:])
+        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, (argv, result.stderr)

@@ -74,6 +74,11 @@ def first_tool_call(text: str) -> ToolCall | None:
         return ToolCall("?", end=match.end(), malformed=f"the tool call is not valid JSON ({error})")
 
 
+def opens_tool_call(text: str) -> bool:
+    """Whether a reply without a complete call began one: cut off by its token cap, it never closes."""
+    return "<tool>" in text or "<tool_call>" in text
+
+
 def guarded(what: str, fn: Callable, *args: Any, timeout: float, **kwargs: Any) -> Any:
     """fn(*args, **kwargs) in a daemon thread: its result, or a UsageError naming `what` when it raises or takes
     longer than `timeout` seconds (the thread is left behind: Python cannot stop it; daemon, so it never keeps the

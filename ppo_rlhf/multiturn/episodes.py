@@ -23,7 +23,7 @@ from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models.chat import chat_prompt_ids, prompt_messages, template_has_tools
 from ppo_rlhf.models.padding import right_pad
 from ppo_rlhf.models.rollout import Replies, Rollout
-from ppo_rlhf.multiturn.calls import call_tool, first_tool_call, guarded, tool_schemas
+from ppo_rlhf.multiturn.calls import call_tool, first_tool_call, guarded, opens_tool_call, tool_schemas
 
 
 @dataclass
@@ -51,6 +51,7 @@ class Episode:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    cut_calls: int = 0  # turns that began a tool call and hit their token cap before closing it
 
     def append(self, tokens: list[int], policy: bool, logprobs: list[float] | None = None,
                entropies: list[float] | None = None) -> None:
@@ -172,6 +173,8 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
             episode.append(tokens, True, replies.logprobs[i][: len(tokens)], replies.entropies[i][: len(tokens)])
             episode.turns, episode.answer, episode.answer_ids = turn, text, tokens
             episode.ended_with_eos = bool(tokens) and tokens[-1] in eos
+            if call is None and tools and not episode.ended_with_eos and len(tokens) == cap and opens_tool_call(text):
+                episode.cut_calls += 1
             observation, role = None, "tool"
             if call is not None:
                 if episode.tool_calls >= limits.max_tool_calls:
@@ -196,6 +199,16 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
             else:
                 episode.append(ids, False)
     return _layout(tokenizer, prompts, columns, episodes)
+
+
+def cut_call_warning(episodes: list[Episode], max_new_tokens: int) -> str | None:
+    """One sentence when a turn of `episodes` hit its token cap in the middle of a tool call, else None."""
+    cut = sum(e.cut_calls > 0 for e in episodes)
+    if not cut:
+        return None
+    return (f"in {cut} of {len(episodes)} episodes a tool call was cut off by max_new_tokens={max_new_tokens} (a "
+            "turn's cap) before it closed, so the tool was never called (an episode that ends so is unfinished: with "
+            "eos_rule on it scores unfinished_score); raise max_new_tokens")
 
 
 def _layout(tokenizer, prompts: list, columns: list[dict[str, Any]], episodes: list[Episode]

@@ -187,15 +187,30 @@ def micro_batches(trainer: PPOLoop, experience: Experience) -> Result:
 
 
 def cap(trainer: PPOLoop, experience: Experience) -> Result:
-    """Some replies finish within max_new_tokens; the prompts none of whose replies finished are named."""
+    """Some replies finish within max_new_tokens; the prompts none of whose replies finished are named, and what the
+    EOS rule does to the reward when fewer than half finish (`unfinished_warning`)."""
     finished: dict[Any, list[bool]] = {}
     for prompt, done in zip(experience.prompts, experience.finished.tolist()):
         finished.setdefault(prompt, []).append(bool(done))
     never = [prompt for prompt, done in finished.items() if not any(done)]
     share = float(experience.finished.float().mean())
     named = "; never finished: " + ", ".join(repr(p[:40]) for p in never[:5]) if never else ""
+    warning = unfinished_warning(trainer.cfg, share, len(experience.prompts))
     return verdict("cap", share > 0, f"{share:.0%} of {len(experience.prompts)} replies finished within "
-                                     f"max_new_tokens={trainer.cfg.max_new_tokens}{named}")
+                                     f"max_new_tokens={trainer.cfg.max_new_tokens}{named}"
+                                     + (f" ({warning})" if warning else ""))
+
+
+def unfinished_warning(cfg: TrainConfig, finished_share: float, replies: int) -> str | None:
+    """One sentence when fewer than half of `replies` start-policy replies finished within the cap under the EOS
+    rule: most scores are then `unfinished_score` whatever the reward says (`check`'s cap line, and `train` at the
+    start from the reward normalisation's replies); else None."""
+    if not cfg.eos_rule or finished_share >= 0.5:
+        return None
+    return (f"only {finished_share:.0%} of {replies} start-policy replies finished within "
+            f"max_new_tokens={cfg.max_new_tokens}: with eos_rule on, every unfinished reply scores "
+            f"unfinished_score={cfg.unfinished_score:g} instead of its reward, so the reward barely reaches PPO; "
+            "raise max_new_tokens, or set eos_rule false")
 
 
 INVARIANTS = (first_ratio, reference, masks, score_position, micro_batches, cap)

@@ -26,14 +26,8 @@ from safetensors.torch import load_file
 
 from ppo_rlhf.errors import RunError, UsageError
 from ppo_rlhf.parallel.distributed import Dist, as_shard_of, is_sharded
+from ppo_rlhf.ppo.checkpoint_files import CHECKPOINTS, LATEST, checkpoint_name, latest_checkpoint, list_checkpoints
 from ppo_rlhf.utils.files import atomic_directory, atomic_write_text, disk_full
-
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-
-
-def checkpoint_name(iteration: int) -> str:
-    return f"iter_{iteration:06d}"
 
 
 def rng_state() -> dict[str, Any]:
@@ -106,49 +100,6 @@ def prune_checkpoints(run_dir: Path, keep: int, newest: int, models: tuple[str, 
         os.replace(folder, aside)
         shutil.rmtree(aside)
     return older
-
-
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-MODEL_FILES = ("config.json", "model.safetensors")
-"""A plain transformers model folder (one weights file): a fully fine-tuned policy saved by another trainer, e.g.
-TRL's GRPOTrainer in bench/peer_grpo.py, which `ppo-rlhf task evaluate` reads beside our adapters."""
-
-
-def is_complete(folder: Path, models: tuple[str, ...] | None = None) -> bool:
-    """The files evaluation needs (state.pt + the policy: an adapter or a plain model folder), or, given the names of
-    the trained `models`, every file a resumed run needs (their adapters + history.jsonl). A folder half-deleted by a
-    killed run is not complete."""
-    folder = Path(folder)
-    if not models:
-        policy = folder / "policy"
-        return (folder / "state.pt").is_file() and any(all((policy / name).is_file() for name in files)
-                                                       for files in (ADAPTER_FILES, MODEL_FILES))
-    names = ["state.pt", "history.jsonl"] + [f"{m}/{f}" for m in models for f in ADAPTER_FILES]
-    return all((folder / name).is_file() for name in names)
-
-
-def latest_checkpoint(run_dir: Path, models: tuple[str, ...] | None = None) -> Path | None:
-    """The checkpoint `latest` names; if the pointer is missing or names an incomplete folder (a run killed
-    between renaming its first checkpoint into place and writing the pointer), the newest complete one."""
-    pointer = Path(run_dir) / CHECKPOINTS / LATEST
-    if pointer.is_file():
-        name = pointer.read_text().strip()
-        folder = pointer.parent / name
-        if name.startswith("iter_") and is_complete(folder, models):
-            return folder
-    found = list_checkpoints(run_dir, models)
-    return found[-1][1] if found else None
-
-
-def list_checkpoints(run_dir: Path, models: tuple[str, ...] | None = None) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run, oldest first."""
-    root = Path(run_dir) / CHECKPOINTS
-    found = []
-    for folder in sorted(root.glob("iter_*")) if root.is_dir() else []:
-        suffix = folder.name.split("_", 1)[1]
-        if suffix.isdigit() and is_complete(folder, models):
-            found.append((int(suffix), folder))
-    return found
 
 
 def clean_partial_writes(run_dir: Path) -> list[Path]:

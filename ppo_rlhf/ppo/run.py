@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import shlex
 import shutil
 import sys
 from collections.abc import Callable
@@ -21,11 +20,13 @@ from tqdm.auto import tqdm
 
 from ppo_rlhf.config import read_yaml, to_yaml
 from ppo_rlhf.errors import Interrupted, UsageError, require
+from ppo_rlhf.ppo import hints
 from ppo_rlhf.ppo.dashboard import dashboard_line, dashboard_notes, history_line, token_table_text
 from ppo_rlhf.ppo.kl_spacing import parse_targets, pick_by_kl, read_kls
 from ppo_rlhf.utils.files import atomic_write_text, keep_iterations_before
 from ppo_rlhf.utils.lock import hold
 from ppo_rlhf.utils.paths import require_run_dir
+from ppo_rlhf.utils.signals import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from ppo_rlhf.ppo.experience import Experience
@@ -85,13 +86,11 @@ def write_samples(run_dir: Path, index: int, experience: Experience, count: int 
 
 
 def check_run_dir(cfg: TrainConfig) -> None:
-    """Refuse a non-empty run directory without --overwrite (before anything is loaded or removed)."""
+    """Refuse a non-empty run directory without overwrite (before anything is loaded or removed)."""
     run_dir = Path(cfg.out)
     require(not run_dir.exists() or run_dir.is_dir(), f"run directory {run_dir} is a file")
     if run_dir.exists() and any(run_dir.iterdir()):
-        require(cfg.overwrite,
-                f"run directory {run_dir} is not empty; use --resume {run_dir} to continue it or --overwrite to "
-                "replace it")
+        require(cfg.overwrite, f"run directory {run_dir} is not empty; {hints.continue_or_replace(run_dir)}")
 
 
 def prepare_run_dir(cfg: TrainConfig) -> Path:
@@ -154,34 +153,54 @@ def record_machine(trainer: PPOLoop, run_dir: Path, log: Callable[[str], None]) 
 def run_training(trainer: PPOLoop, resume: bool, callbacks: list | tuple = (), owner: Any = None) -> Path:
     """Run (or continue, `resume`) the loaded `trainer`: run directory, normalisation, iterations, checkpoints; the
     callbacks are called with `owner` (the public trainer). Returns the run directory. The run directory is locked
-    meanwhile (lock.py: the one place a run takes its lock); Ctrl-C raises `Interrupted`, which names the latest
-    checkpoint and the command that continues."""
+    meanwhile (lock.py: the one place a run takes its lock); Ctrl-C or SIGTERM raises `Interrupted`, which names the
+    latest checkpoint and how to continue. A new run that fails before its first iteration finished leaves no run
+    directory behind (`discard_start`): nothing was trained, and the same command, once fixed, starts afresh."""
     cfg = trainer.cfg
-    with hold(cfg.out):
+    with hold(cfg.out), sigterm_as_interrupt():
         main = trainer.dist.is_main  # with several processes only rank 0 writes the run directory and logs
+        fresh, existed = not resume and main, Path(cfg.out).exists()
         run_dir = Path(cfg.out) if resume or not main else prepare_run_dir(cfg)
         trainer.dist.barrier()
         log = (lambda message: None) if cfg.quiet or not main else tqdm.write
-        record_machine(trainer, run_dir, log)
+        history: list[str] = []  # the finished iterations' lines (run_iterations appends to it)
         try:
+            record_machine(trainer, run_dir, log)
             start, history = start_or_resume(trainer, run_dir, resume, log)
             notify(callbacks, "on_train_begin", owner)
             run_iterations(trainer, run_dir, start, history, log, callbacks, owner)
         except KeyboardInterrupt:
             raise Interrupted(how_to_continue(run_dir, tuple(trainer.models))) from None
+        except Exception:
+            if fresh and not history:
+                discard_start(run_dir, existed)
+            raise
         notify(callbacks, "on_train_end", owner)
     return run_dir
 
 
+def discard_start(run_dir: Path, existed: bool) -> None:
+    """Remove what a new run wrote before it failed: its run directory was empty (or replaced by overwrite) when it
+    started, so every file in it is the run's own; the folder itself goes too unless it was there before."""
+    if not existed:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for path in run_dir.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def how_to_continue(run_dir: Path, models: tuple[str, ...]) -> str:
     """What an interrupted run says: its latest checkpoint and the command that continues it."""
-    from ppo_rlhf.ppo.checkpoint import latest_checkpoint  # lazy: torch
+    from ppo_rlhf.ppo.checkpoint_files import latest_checkpoint
 
     if not (run_dir / "config.yaml").is_file():
-        return "nothing was written yet: run the same command again"
+        return f"nothing was written yet: {hints.start_again()}"
     last = latest_checkpoint(run_dir, models)
     where = f"the latest checkpoint is {last.name}" if last else "no checkpoint yet (it starts again from iteration 0)"
-    return f"{where}; continue with: ppo-rlhf train --resume {shlex.quote(str(run_dir))}"
+    return f"{where}; continue with: {hints.continue_run(run_dir)}"
 
 
 def notify(callbacks: list | tuple, event: str, *args: Any) -> bool:
@@ -216,15 +235,19 @@ def start_or_resume(trainer: PPOLoop, run_dir: Path, resume: bool, log: Callable
         if main:
             atomic_write_text(run_dir / "config.yaml", to_yaml(saved_config(cfg)))
         norm = trainer.measure_reward_norm()  # every process: the statistics are gathered over all of them
+        same = f"std 0: all {norm['n']} replies scored the same; scores are shifted, not scaled"
+        note = {"note": same} if norm["std"] == 0 else {}
         if main:
-            atomic_write_text(norm_file, json.dumps(norm, indent=1))
+            atomic_write_text(norm_file, json.dumps({**norm, **note}, indent=1))
         history, start = [], 0
+        spread = note.get("note") or f"std {norm['std']:.3f}"
         critic = {"own": f"; value model's own: mean {norm.get('value_mean', 0):+.3f} "
                          f"std {norm.get('value_std', 1):.3f}",
                   "identity": "; the cold critic's values (a zero head) are read as they are"}
-        log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} "
-            f"std {norm['std']:.3f} (finished {norm['finished']:.2f})" + critic.get(trainer.critic_scale or "", ""))
-    trainer.reward_mean, trainer.reward_std = norm["mean"], norm["std"]
+        log(f"reward normalisation over {norm['n']} start-policy replies: mean {norm['mean']:+.3f} {spread} "
+            f"(finished {norm['finished']:.2f})" + critic.get(trainer.critic_scale or "", ""))
+        warn_unfinished(cfg, norm, main)
+    trainer.reward_mean, trainer.reward_std = norm["mean"], norm["std"] or 1.0  # std 0: shifted, not scaled
     # a critic that is not the reward model (PPOLoop.critic_scale) has its own; a run begun before a cold critic had
     # them (no value_mean in its file) goes on reading its values through the reward's, as it was trained
     trainer.value_norm = (norm["value_mean"], norm["value_std"]) if "value_mean" in norm else None
@@ -233,6 +256,15 @@ def start_or_resume(trainer: PPOLoop, run_dir: Path, resume: bool, log: Callable
     if resume and main:
         keep_iterations_before(run_dir / "samples.jsonl", start)  # a killed run wrote them after its checkpoint
     return start, history
+
+
+def warn_unfinished(cfg: TrainConfig, norm: dict[str, Any], main: bool) -> None:
+    """One line on stderr, even when quiet, when the EOS rule replaces most of the start replies' rewards."""
+    from ppo_rlhf.ppo.check import unfinished_warning
+
+    warning = unfinished_warning(cfg, norm["finished"], norm["n"])
+    if warning and main:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def run_iterations(trainer: PPOLoop, run_dir: Path, start: int, history: list[str],
@@ -348,7 +380,7 @@ def select_checkpoints(run_dir: Path, which: str, full_models: bool = False) -> 
     like "kl:1,2,4" (per target the first checkpoint whose training KL reached it, and the last: kl_spacing.py). Each
     policy must be a PEFT adapter, or with `full_models` also a plain transformers model folder (the caller loads
     both)."""
-    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, list_checkpoints  # lazy: torch
+    from ppo_rlhf.ppo.checkpoint_files import latest_checkpoint, list_checkpoints
 
     found = list_checkpoints(run_dir)
     require(bool(found), f"{run_dir} has no complete checkpoints (checkpoints/iter_*/state.pt)")

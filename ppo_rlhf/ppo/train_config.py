@@ -435,7 +435,13 @@ class TrainConfig:
         and before torch or a model is loaded; the files' contents are checked as they are read."""
         from ppo_rlhf.data import check_prompt_source
         from ppo_rlhf.ppo.trackers import check_report_to
-        from ppo_rlhf.utils.paths import check_model_name, check_reward_spec, demo_output_hint, require_file
+        from ppo_rlhf.utils.paths import (
+            check_function_spec,
+            check_model_name,
+            check_reward_spec,
+            demo_output_hint,
+            require_file,
+        )
 
         for name in ("policy_model", "reward_model", "value_model"):
             if getattr(self, name) is not None:
@@ -450,6 +456,9 @@ class TrainConfig:
                     check_reward_spec(spec)
                 except UsageError as error:
                     raise UsageError(f"{name}: {error}") from None
+        for spec, what in [(self.environment, "environment")] + [(tool, "tool") for tool in self.tools]:
+            if spec is not None:  # (the API's objects are recorded by name: api.py checks them as objects)
+                check_function_spec(spec, what)
         check_report_to(self.trackers)  # a tracker's missing package: one line now, not after the models load
         if self.prompts is not None:
             try:

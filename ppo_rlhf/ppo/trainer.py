@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -46,7 +47,7 @@ from ppo_rlhf.models.logprobs import first_reply_position
 from ppo_rlhf.models.precision import resolve_dtype
 from ppo_rlhf.models.rollout import Rollout, eos_token_ids, sample_replies
 from ppo_rlhf.multiturn.calls import tool_name
-from ppo_rlhf.multiturn.episodes import Episode, EpisodeLimits, run_episodes
+from ppo_rlhf.multiturn.episodes import Episode, EpisodeLimits, cut_call_warning, run_episodes
 from ppo_rlhf.parallel.distributed import current, is_sharded
 from ppo_rlhf.ppo.advantages import make_advantages, masked_whiten_over
 from ppo_rlhf.ppo.checkpoint import load_adapter, trained_weights
@@ -210,6 +211,7 @@ class PPOLoop:
         if environment_factory is None and cfg.environment is not None:
             self.environment_factory = self._imported(cfg.environment, "environment")
         self.episodes: list[Episode] = []  # the last multi-turn batch's, for its numbers
+        self.cut_calls_said = False  # a tool call cut off by the cap is said once a run (cut_call_warning)
         if cfg.threads:  # before the models load; 0 keeps torch's default
             torch.set_num_threads(cfg.threads)
         self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
@@ -498,6 +500,10 @@ class PPOLoop:
         rollout, self.episodes = run_episodes(sample, self.tokenizer, [row.prompt for row in rows],
                                               [row.columns for row in rows], eos_token_ids(self.policy, self.tokenizer),
                                               limits, self.tools, self.environment_factory, names)
+        warning = cut_call_warning(self.episodes, cfg.max_new_tokens)
+        if warning and not self.cut_calls_said and self.dist.is_main:
+            print(f"warning: {warning}", file=sys.stderr)
+            self.cut_calls_said = True
         return rollout
 
     def raw_scores(self, rollout: Rollout) -> torch.Tensor:
@@ -576,8 +582,8 @@ class PPOLoop:
         only_models = self.rewards is not None and all(isinstance(f, ModelReward) for f in self.rewards.funcs)
         require(std > 0 or not only_models,
                 "the reward model gave every start-policy reply the same score: it cannot be normalised")
-        if std == 0:  # e.g. an exact-match reward no start-policy reply earns: shift the scores, do not scale them
-            std = 1.0
+        # std 0 (e.g. an exact-match reward no start-policy reply earns) is kept as measured: the scores are then
+        # shifted, not scaled (run.start_or_resume)
         norm = {"mean": float(scores.mean()), "std": std, "n": n, "finished": float(finished.float().mean())}
         if values:  # the critic's raw scale is not the reward's: put its start values on the same footing
             start_values = self.dist.gather_1d(torch.cat(values))

@@ -29,6 +29,7 @@ from ppo_rlhf.config import (
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.evaluate import evaluate_runs
+from ppo_rlhf.study.judge_specs import check_judge_spec
 from ppo_rlhf.study.prompts import read_prompts
 from ppo_rlhf.train import train
 
@@ -71,6 +72,7 @@ def compare(base: dict[str, Any], out: str | Path, estimators: list[str], eval_p
     configs = compare_configs({**base, "overwrite": overwrite}, out, estimators)
     require(bool(eval_prompts), "--eval-prompts is required (held-out prompts, a JSONL file), unless --task")
     read_prompts(eval_prompts)  # fail before hours of training
+    check_judge_spec(gold)
     runs = [train(cfg) for cfg in configs.values()]
     result = evaluate_runs(runs, eval_prompts, out / "evaluation", gold=gold, replies_per_prompt=replies_per_prompt,
                            seed=seed, checkpoints="latest", device=next(iter(configs.values())).device)

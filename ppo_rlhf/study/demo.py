@@ -46,6 +46,7 @@ from ppo_rlhf.errors import Interrupted, UsageError, require
 from ppo_rlhf.ppo.kl_spacing import parse_targets
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.arms import MAIN_ARM, arm_reward, beta_name, length_sign, parse_arms, run_label
+from ppo_rlhf.study.judge_specs import check_judge_spec
 from ppo_rlhf.study.pairs import LENGTH_TOLERANCE, make_pairs, read_pairs
 from ppo_rlhf.study.pairs import summary_line as pairs_line
 from ppo_rlhf.study.prompts import build_prompts, read_prompts, summary, write_jsonl
@@ -76,7 +77,7 @@ class DemoConfig:
     """A verifiable task (`ppo-rlhf task list`, e.g. add-tiny, or calc-steps: multi-turn with a calculator tool): run
     the task demo instead of this study, PPO on its preset (configs/smollm2_add_tiny.yaml, smollm2_calc_steps.yaml)
     measured on held-out problems (ppo_rlhf/tasks/demo.py). With it only --out, --quick, --model, --seed, --device,
-    --dtype and --iterations apply."""
+    --dtype, --iterations and --threads apply."""
     model: str = "smollm2"
     """Starting policy and reward-model backbone."""
     gold: str = "gold"
@@ -185,6 +186,9 @@ class DemoConfig:
     evaluated model samples replies_per_prompt replies for each, so this sets the evaluation's cost."""
     device: str = "auto"
     """"auto", "cpu" or "cuda"."""
+    threads: NonNegativeInt = 0
+    """CPU threads of torch's operations in every stage (0: torch's default, one per core). 1 is faster where other
+    jobs share the cores: on a loaded 2-core machine torch's default made `make demo-quick` take 25 minutes."""
 
     def validate(self) -> None:
         """What the field types cannot say (they are checked as they are read, by `ppo_rlhf.config.check_value`)."""
@@ -198,6 +202,7 @@ class DemoConfig:
         parse_targets(self.kl_targets)
         require(not (self.quick and self.full), "choose one preset: --quick or --full")
         check_model_name(self.model)  # a typo is named before any stage starts, and before torch loads
+        check_judge_spec(self.gold)
 
 
 QUICK = dict(candidates=64, heldout_candidates=30, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
@@ -467,7 +472,8 @@ def ppo_stages(cfg: DemoConfig, stages: Stages, reward_key: str, reward_dir: Pat
             seed=seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
             minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap,
             reward_norm_samples=cfg.reward_norm_samples, beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr,
-            dtype=cfg.dtype, checkpoint_every=cfg.checkpoint_every, sample_every=max(1, cfg.iterations // 4)))
+            dtype=cfg.dtype, checkpoint_every=cfg.checkpoint_every, sample_every=max(1, cfg.iterations // 4),
+            threads=cfg.threads))
 
         def ppo(continuing: bool, c: TrainConfig = train_cfg, d: Path = run_dir) -> None:
             if continuing and (d / "config.yaml").is_file():

@@ -30,10 +30,11 @@ from tqdm import tqdm
 from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.run import checkpoint_targets, read_run_config, select_checkpoints
+from ppo_rlhf.study.judge_specs import check_judge_spec
 from ppo_rlhf.study.prompts import read_prompts
 from ppo_rlhf.study.stats import distinct_n, paired_bootstrap, pearson, standardize
 from ppo_rlhf.utils.device import resolve_device
-from ppo_rlhf.utils.paths import check_model_name
+from ppo_rlhf.utils.threads import add_threads_argument
 
 START = "start"
 JUDGES = ("proxy", "gold", "length")
@@ -482,10 +483,8 @@ def evaluate_runs(
     settings = _common_settings(configs, proxy)
     prompts = read_prompts(prompts_path)  # every input is checked before the slow imports and model loads
     for judge in (settings["proxy"], gold):
-        prefix = next((known for known in ("rm:", "rm-init-head:") if judge.startswith(known)), None)
-        if prefix is not None:
-            check_model_name(judge.removeprefix(prefix))
-    selected = {run_name(d): select_checkpoints(d, checkpoints) for d in dirs}  # (imports torch)
+        check_judge_spec(judge)
+    selected = {run_name(d): select_checkpoints(d, checkpoints) for d in dirs}
     run_dirs_by_name = {run_name(d): d for d in dirs}
 
     device = str(resolve_device(device))
@@ -538,6 +537,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run folders (ppo-rlhf train --out)")
     parser.add_argument("--prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
     parser.add_argument("--proxy", default=None, help="the proxy judge (default: rm: + the runs' reward_model)")
+    add_threads_argument(parser)
     parser.add_argument("--gold", default="gold", help="the gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
     parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2, metavar="N",
                         help="replies sampled per held-out prompt and model (default 2)")

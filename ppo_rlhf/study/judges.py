@@ -25,9 +25,7 @@ import torch
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models.loading import NoScoreHead, load_reward_model, load_tokenizer
 from ppo_rlhf.models.scores import score_texts
-
-JUDGE_SPECS = "vader, nontoxic, gold, rm:PATH_OR_HUB_ID (or a reward-model folder), rm-init-head:PATH_OR_HUB_ID"
-INIT_HEAD_PREFIX = "rm-init-head:"  # a model without a trained score head, given a random one on purpose
+from ppo_rlhf.study.judge_specs import INIT_HEAD_PREFIX, JUDGE_SPECS
 
 
 class Judge(Protocol):

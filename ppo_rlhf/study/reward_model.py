@@ -45,6 +45,7 @@ from ppo_rlhf.study.word_baseline import CURVE_FRACTIONS, word_margins
 from ppo_rlhf.utils.device import DTYPE_NAMES, resolve_device
 from ppo_rlhf.utils.files import atomic_directory
 from ppo_rlhf.utils.paths import check_model_name
+from ppo_rlhf.utils.threads import add_threads_argument
 
 if TYPE_CHECKING:  # torch, transformers and the models are imported where used: `reward-model train` checks its
     import torch  # files before they load
@@ -422,6 +423,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     train = actions.add_parser("train", help="train a reward model on preference pairs")
     train.add_argument("--pairs", required=True, help="pairs JSONL (ppo-rlhf pairs) or hf:DATASET[:SPLIT]")
+    add_threads_argument(train)
     train.add_argument("--base", default="smollm2", help="backbone and tokenizer (the policy's)")
     train.add_argument("--out", required=True, help="output folder (PEFT adapter + score head + tokenizer)")
     train.add_argument("--epochs", type=POSITIVE_INT, default=2, help="passes over the training pairs (default 2)")

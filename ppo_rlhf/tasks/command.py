@@ -19,6 +19,7 @@ from ppo_rlhf.errors import require
 from ppo_rlhf.tasks import calc_steps
 from ppo_rlhf.tasks.arithmetic import LEVELS, TASKS, Problem, check_task, split_problems, write_task
 from ppo_rlhf.utils.files import atomic_write_text
+from ppo_rlhf.utils.threads import add_threads_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     evaluate.add_argument("--batch-size", type=POSITIVE_INT, default=32, help="replies generated at once")
     evaluate.add_argument("--seed", type=SEED, default=1234, help="sampling seed, the same for every model")
     evaluate.add_argument("--device", default="auto", help='"auto", "cpu", "cuda" or "cuda:N"')
+    add_threads_argument(evaluate)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -58,6 +59,7 @@ from ppo_rlhf.tasks.report import excludes_zero, interval
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.lock import hold
 from ppo_rlhf.utils.paths import check_model_name
+from ppo_rlhf.utils.signals import by_sigterm
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -129,7 +131,9 @@ def train_in_process(cfg: TrainConfig, config_file: Path, continuing: bool) -> d
     child = subprocess.Popen([sys.executable, "-m", "ppo_rlhf", *argv])
     try:
         _, status, usage = os.wait4(child.pid, 0)
-    except KeyboardInterrupt:  # Ctrl-C reached the child too: it writes its checkpoint and ends
+    except KeyboardInterrupt as error:  # Ctrl-C reached the child too: it writes its checkpoint and ends
+        if by_sigterm(error):  # SIGTERM reached this process only: the child keeps its work as it would on Ctrl-C
+            child.send_signal(signal.SIGTERM)
         child.wait()
         raise
     child.returncode = code = os.waitstatus_to_exitcode(status)  # (Popen itself did not see it end)

@@ -61,9 +61,9 @@ HELDOUT = 200  # held-out problems the evaluation scores (QUICK_PROBLEMS["heldou
 EVALUATION: dict[str, Any] = dict(replies_per_prompt=1, seed=1234, batch_size=32, checkpoints="all")
 
 # demo flags that mean something here, and the TrainConfig field each of the others sets
-APPLIES = ("task", "out", "quick", "model", "seed", "device", "dtype", "iterations")
+APPLIES = ("task", "out", "quick", "model", "seed", "device", "dtype", "iterations", "threads")
 TRAIN_FIELD = {"model": "policy_model", "seed": "seed", "device": "device", "dtype": "dtype",
-               "iterations": "iterations"}
+               "iterations": "iterations", "threads": "threads"}
 
 
 def preset_path(task: str = "add-tiny") -> Path:

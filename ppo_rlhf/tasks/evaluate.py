@@ -11,7 +11,7 @@ Every reply is checked exactly (`tasks.exact_match`; `tasks.answer_format` for t
 gets a 95% prompt-level (cluster) bootstrap interval, and its change from the start model a paired one: reply i of
 problem j against the start model's reply i of problem j, whole problems resampled (`stats.bootstrap_mean`).
 
-A checkpoint's policy is our PEFT adapter or a plain transformers model folder (`checkpoint.MODEL_FILES`: a full
+A checkpoint's policy is our PEFT adapter or a plain transformers model folder (`checkpoint_files.MODEL_FILES`: a full
 fine-tune saved by another trainer, e.g. TRL's GRPOTrainer in bench/peer_grpo.py), whose KL is taken against the
 start model loaded beside it.
 

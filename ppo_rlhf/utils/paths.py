@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ppo_rlhf.errors import require
+from ppo_rlhf.errors import UsageError, require
 
 
 def require_file(what: str, name: str) -> Path:
@@ -86,5 +86,22 @@ def check_reward_spec(spec: str) -> None:
     require(parts is not None or not spec.endswith(".py"), f"reward function {spec} needs its function: {spec}:NAME")
     if parts is None:
         check_model_name(spec)
-    elif parts[0].endswith(".py"):
-        require_file("reward function", parts[0])
+    else:
+        check_function_spec(spec, "reward function")
+
+
+def check_function_spec(spec: str, what: str) -> None:
+    """A function named in a config as "file.py:function" or "module:function" (`what`: "reward function", "tool",
+    "environment"): a file must exist and compile, so that a typo or a syntax error is one line before anything
+    loads (the file is not run: its imports and the function are found when the run loads it)."""
+    parts = function_spec(spec)
+    require(parts is not None, f"{what} {spec}: expected 'file.py:function' or 'module:function'")
+    assert parts is not None  # (for mypy: require raised otherwise)
+    if parts[0].endswith(".py"):
+        path = require_file(what, parts[0])
+        try:
+            compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as error:  # ValueError: null bytes in the file
+            where = f" line {error.lineno}" if isinstance(error, SyntaxError) and error.lineno else ""
+            message = error.msg if isinstance(error, SyntaxError) else str(error)
+            raise UsageError(f"{what} {spec}: {parts[0]}{where}: {message}") from None

@@ -203,3 +203,19 @@ def test_the_context_check_of_a_multi_turn_run_names_max_episode_tokens(tokenize
     with pytest.raises(UsageError, match=r"^p\.jsonl:1: the prompt \(\d+ tokens\) \+ max_episode_tokens=512 exceed"):
         check_prompt_lengths([PromptRow("Hello", where="p.jsonl:1")], tokenizer, [model], 512,
                              cap_name="max_episode_tokens")
+
+
+def test_a_tool_call_cut_off_by_the_cap_is_counted_and_said(tokenizer):
+    from ppo_rlhf.multiturn.episodes import cut_call_warning
+
+    call = "<tool>add(2, 3)</tool>"
+    cap = len(tokenizer.encode(call, add_special_tokens=False)) - 2  # the closing tag never comes
+    limits = EpisodeLimits(max_turns=2, max_tool_calls=2, max_new_tokens=cap, max_episode_tokens=400, timeout=2.0)
+    _, episodes = run_episodes(scripted(tokenizer, [[call], ["5"]]), tokenizer, ["Hello", "Hi"], [{}, {}],
+                               [tokenizer.eos_token_id], limits, {"add": add}, None)
+    assert [e.cut_calls for e in episodes] == [1, 0] and episodes[0].tool_calls == 0
+    assert cut_call_warning(episodes, cap) == (
+        f"in 1 of 2 episodes a tool call was cut off by max_new_tokens={cap} (a turn's cap) before it closed, so the "
+        "tool was never called (an episode that ends so is unfinished: with eos_rule on it scores unfinished_score); "
+        "raise max_new_tokens")
+    assert cut_call_warning(episodes[1:], cap) is None

@@ -118,6 +118,8 @@ def test_cap_fails_when_no_reply_can_finish(setup, capsys):
     assert main(["check", "--config", str(config)]) == 1
     out = capsys.readouterr().out
     assert "FAIL  cap" in out and "never finished: 'Tell me a story'" in out and "failed: cap" in out
+    assert "(only 0% of 8 start-policy replies finished within max_new_tokens=1: with eos_rule on, every unfinished " \
+           "reply scores unfinished_score=-1 instead of its reward" in out  # the sentence `train` says at its start
 
 
 def test_bad_input_is_exit_2(setup, tmp_path, capsys):

@@ -91,3 +91,33 @@ def test_kill_9_and_resume_gives_the_uninterrupted_history(env, tmp_path):
     assert history(killed) == history(uninterrupted)
     assert (killed / "samples.jsonl").read_text() == (uninterrupted / "samples.jsonl").read_text()
     assert not [p for p in checkpoints.iterdir() if ".tmp-" in p.name], "leftovers of a killed checkpoint write"
+
+
+def test_sigterm_from_outside_checkpoints_and_exits_143(env, tmp_path):
+    """SIGTERM sent to a `python -m ppo_rlhf train` process (a scheduler's preemption) after its second iteration:
+    the run writes the checkpoint of its last finished iteration (none was due: checkpoint_every 100), says how to
+    continue, exits with 143, and `--resume` finishes it."""
+    run = tmp_path / "run"
+    values = small(env, run, iterations=40, checkpoint_every=100)
+    child_env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                 "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "ppo_rlhf", "train", *flags(values)], cwd=REPO, env=child_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    history = run / "history.jsonl"
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        if history.exists() and len(history.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it could be terminated"
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 143, err[-2000:]
+    done = len(history.read_text().splitlines())
+    assert err.splitlines()[-1] == (f"ppo-rlhf train: terminated (SIGTERM); the latest checkpoint is iter_{done:06d}; "
+                                    f"continue with: ppo-rlhf train --resume {run}")
+    assert check_latest(run) == f"iter_{done:06d}"
+    resumed = subprocess.run([sys.executable, "-m", "ppo_rlhf", "train", "--resume", str(run), "--iterations",
+                              str(done + 1)], cwd=REPO, env=child_env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert len(read_history(run)) == done + 1

@@ -150,3 +150,21 @@ def test_compare_refuses_flags_with_no_meaning(tmp_path, monkeypatch, capsys, fl
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "cmp").exists()
+
+
+def test_sigterm_stops_compare_as_ctrl_c_does(tmp_path, tokenizer, monkeypatch, capsys):
+    import os
+    import signal
+
+    import ppo_rlhf.study.compare as compare_module
+
+    def terminated(cfg, resume=False):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(compare_module, "train", terminated)
+    policy = tiny.save_tiny(tiny.tiny_causal_lm(tokenizer), tokenizer, tmp_path / "policy")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Hello"}) + "\n")
+    assert main(["compare", "--policy-model", str(policy), "--reward-model", str(policy), "--prompts", str(prompts),
+                 "--eval-prompts", str(prompts), "--out", str(tmp_path / "cmp")]) == 143
+    assert capsys.readouterr().err.splitlines()[-1] == "ppo-rlhf compare: terminated (SIGTERM)"

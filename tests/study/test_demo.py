@@ -255,3 +255,24 @@ def test_the_data_seed_draws_the_pool_and_the_seed_does_not(tmp_path, monkeypatc
     assert stage_settings(DemoConfig(seed=3), "prompts") == stage_settings(DemoConfig(seed=1, data_seed=3), "prompts")
     assert "data_seed" not in stage_settings(DemoConfig(data_seed=3), "pairs")
     assert stage_settings(DemoConfig(seed=1, data_seed=3), "reward model")["seed"] == 1
+
+
+def test_sigterm_stops_the_demo_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
+    """SIGTERM (a scheduler's preemption) in a stage: the stage's record stays unfinished, the demo says how to
+    continue, and the exit code is 143."""
+    import os
+    import signal
+
+    import ppo_rlhf.study.demo as demo_module
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(demo_module, "build_prompts", terminated)
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out)]) == 143
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "ppo-rlhf demo: terminated (SIGTERM); stage prompts stopped; running the same command again continues from "
+        "the finished stages (a PPO run from its latest checkpoint)")
+    assert json.loads((out / "stages.json").read_text())["prompts"]["finished"] is False
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
