@@ -22,6 +22,7 @@ names it like any user's function ('FOLDER/reward.py:ensemble_reward'); the eval
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def standardised(raw: np.ndarray, norms: list[dict[str, float]]) -> np.ndarray:
     return (np.asarray(raw, dtype=np.float64) - means) / stds
 
 
-def write_ensemble(folder: Path, members: list[str | Path], norms: list[dict[str, float]], rule: str, lam: float,
+def write_ensemble(folder: Path, members: Sequence[str | Path], norms: list[dict[str, float]], rule: str, lam: float,
                    load: dict[str, Any]) -> Path:
     """The ensemble folder: ensemble.json and reward.py. `load`: {"dtype", "device", "batch_size"} of its members."""
     check_rule(rule, lam)
@@ -98,7 +99,7 @@ def load_members(folders: list[str], load: dict[str, Any], device: str | None = 
     return resolve_reward_funcs(folders, dtype=dtype, device=target, batch_size=int(load.get("batch_size", 16)))
 
 
-def member_norms(folders: list[str | Path], prompts: list[str], replies: list[str], load: dict[str, Any]
+def member_norms(folders: Sequence[str | Path], prompts: list[str], replies: list[str], load: dict[str, Any]
                  ) -> list[dict[str, float]]:
     """Each member's {"mean", "std"} over the start policy's `replies` to `prompts` (population std)."""
     require(len(replies) >= 2, f"the members' norms need two start-policy replies or more, got {len(replies)}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -103,7 +104,8 @@ def _resampled_means(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
     return counts @ per_prompt.T / prompts
 
 
-def _quantiles(samples: np.ndarray, level: float, prompts: int, method: str = "linear") -> tuple[float, float]:
+def _quantiles(samples: np.ndarray, level: float, prompts: int,
+               method: Literal["linear", "inverted_cdf"] = "linear") -> tuple[float, float]:
     """The percentile interval at `bootstrap_mean`'s expanded level for this many prompts."""
     tail = (1.0 - expanded_level(level, prompts)) / 2.0
     lo, hi = np.quantile(samples, [tail, 1.0 - tail], method=method)
