@@ -194,3 +194,48 @@ def test_predict_then_look_on_tiny_models(tmp_path, wheel, tokenizer, capsys):
         record = next(r for r in evaluation["records"] if r["run"] == f"gao_{name}_s2")
         assert record["proxy_raw"] == pytest.approx(make_judge(judge).score([record["prompt"]], [record["reply"]])[0],
                                                      abs=1e-4)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--arms", "gold"], "--arms does not apply to --overoptimisation"),
+    (["--betas", "0.05"], "--overoptimisation runs beta 0 alone"),
+    (["--ensemble", "500:0.1"], "--ensemble 500:0.1 must be one of --proxies"),
+    (["--kl-targets", "1,30"], "--kl-targets needs two targets up to half of --max-kl (20 nats)"),
+    (["--quick"], "choose one preset: --quick, --full or --overoptimisation"),
+])
+def test_settings_the_study_cannot_use_are_refused_before_any_stage(tmp_path, capsys, extra, message):
+    out = tmp_path / "demo"
+    assert main(["demo", "--overoptimisation", "--predict-only", "--out", str(out), *extra]) == 2
+    assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_predict_only_belongs_to_the_study(tmp_path, capsys):
+    assert main(["demo", "--predict-only", "--out", str(tmp_path / "demo")]) == 2
+    assert "--predict-only and --prediction belong to --overoptimisation" in capsys.readouterr().err
+
+
+def test_the_preset_shares_the_demo_s_stages_before_ppo():
+    """Run in a copy of a finished demo's folder, the study reuses its prompts, pairs and proxy."""
+    from ppo_rlhf.study.demo import OVEROPTIMISATION, DemoConfig, stage_settings
+
+    for stage in ("prompts", "pairs", "reward model"):
+        assert stage_settings(DemoConfig(**OVEROPTIMISATION), stage) == stage_settings(DemoConfig(), stage)
+
+
+def test_the_prediction_commit_is_the_one_that_holds_the_file_as_it_is(tmp_path):
+    import subprocess
+
+    from ppo_rlhf.study.overoptimisation import prediction_commit
+
+    path = tmp_path / "gao_prediction.json"
+    path.write_text("{}\n")
+    assert prediction_commit(path) is None  # not a repository
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    assert prediction_commit(path) is None  # not committed
+    subprocess.run([*git, "add", path.name], check=True)
+    subprocess.run([*git, "commit", "-qm", "prediction"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert prediction_commit(path) == head
+    path.write_text('{"changed": true}\n')
+    assert prediction_commit(path) is None  # changed since
