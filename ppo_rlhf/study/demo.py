@@ -189,6 +189,35 @@ class DemoConfig:
     threads: NonNegativeInt = 0
     """CPU threads of torch's operations in every stage (0: torch's default, one per core). 1 is faster where other
     jobs share the cores: on a loaded 2-core machine torch's default made `make demo-quick` take 25 minutes."""
+    overoptimisation: bool = False
+    # (the preset's settings are OVEROPTIMISATION below; docs/study.md, "The over-optimisation turn")
+    """The over-optimisation study instead of the arms (study/overoptimisation.py): proxies of decreasing strength
+    from the demo's pool (--proxies) and an ensemble of one of them (--ensemble), each optimised with beta 0 past
+    --max-kl nats, --seeds seeds each, their gold fitted by Gao et al.'s R(d) = d(alpha - beta log d). Run it twice:
+    with --predict-only first (writes the prediction: commit it), then without (the rest, and gao_turn.json)."""
+    predict_only: bool = False
+    """With --overoptimisation: run the first seed of each proxy and the ensemble, evaluate their checkpoints up to
+    half of --max-kl, fit, write the predicted peaks to --prediction, and stop."""
+    prediction: str | None = None
+    """With --overoptimisation: the prediction file (default OUT/gao_prediction.json); gao_turn.json is written
+    beside it. Give a path in the repository (bench/results/gao_prediction.json) to commit it before the rest."""
+    proxies: str = "all:0,all:0.25,1000:0.25,250:0.25"
+    """With --overoptimisation: the proxies, comma-separated PAIRS:LABEL_NOISE (PAIRS: a count of the demo's training
+    pairs, drawn with --data-seed's seed, or all; LABEL_NOISE: the share of their labels flipped). all:0 is the
+    demo's own proxy."""
+    ensemble: str = "250:0.25"
+    """With --overoptimisation: the proxy (one of --proxies) whose ensemble is optimised too: --ensemble-members
+    reward models on its pairs, its own seed and the next ones ("none": no ensemble)."""
+    ensemble_members: Annotated[int, Bounds(low=2)] = 4
+    """Reward models in the ensemble (Coste et al. 2024 used 4-5)."""
+    ensemble_rule: Literal["min", "mean-std", "mean-var"] = "min"
+    """How the members' standardised scores combine (study/ensemble.py): the worst case, or the mean less
+    --ensemble-lambda times their standard deviation or variance."""
+    ensemble_lambda: Annotated[float, NON_NEGATIVE] = 1.0
+    """The uncertainty penalty of the mean-std and mean-var rules."""
+    max_kl: PositiveFloat = 40.0
+    """With --overoptimisation: the KL range (nats) of the study: the fall is measured at the last checkpoint within
+    it, a peak predicted beyond it is "no turn predicted within" it, and the prediction fits the first half of it."""
 
     def validate(self) -> None:
         """What the field types cannot say (they are checked as they are read, by `ppo_rlhf.config.check_value`)."""
@@ -200,7 +229,15 @@ class DemoConfig:
         require(len(set(map(beta_name, betas))) == len(betas), f"betas must differ from each other, got {self.betas!r}")
         parse_arms(self.arms)
         parse_targets(self.kl_targets)
-        require(not (self.quick and self.full), "choose one preset: --quick or --full")
+        require(self.quick + self.full + self.overoptimisation <= 1,
+                "choose one preset: --quick, --full or --overoptimisation")
+        if self.overoptimisation:
+            from ppo_rlhf.study.overoptimisation import check_settings
+
+            check_settings(self)
+        else:
+            require(not self.predict_only and self.prediction is None,
+                    "--predict-only and --prediction belong to --overoptimisation")
         check_model_name(self.model)  # a typo is named before any stage starts, and before torch loads
         check_judge_spec(self.gold)
 
@@ -214,6 +251,14 @@ QUICK = dict(candidates=64, heldout_candidates=30, reply_cap=48, pair_replies=4,
 # runs only the two new seeds and the evaluation (docs/study.md, "Presets and their cost").
 FULL = dict(full=True, arms="proxy,gold,length", seeds=3, eval_prompts=200, replies_per_prompt=1,
             kl_targets="0.5,1,2,4,8")
+
+
+# The over-optimisation study's runs (study/overoptimisation.py): beta 0 long enough to pass 40 nats (the demo's 16
+# iterations reached 12-14), a checkpoint every 2 iterations for KL targets 1-2 nats apart early and 4-5 late (at
+# least 8 a run), 3 seeds, 200 held-out prompts with one reply each. Every setting of the stages before PPO is the
+# demo's: in a copy of a finished demo's folder its prompts, pairs and proxy are reused.
+OVEROPTIMISATION = dict(overoptimisation=True, seeds=3, iterations=48, checkpoint_every=2, eval_prompts=200,
+                        replies_per_prompt=1, kl_targets="1,2,3,4,6,8,10,12,15,18,22,26,30,35,40")
 
 
 def split(items: list[str], share: float) -> tuple[list[str], list[str]]:
@@ -365,6 +410,10 @@ def run_stages(cfg: DemoConfig) -> Path:
     out = Path(cfg.out).resolve()  # every path the stages save is absolute: runs read from any directory
     stages = Stages(out, to_yaml(cfg))
     data = data_stages(cfg, stages, out)
+    if cfg.overoptimisation:
+        from ppo_rlhf.study.overoptimisation import overoptimisation_stages
+
+        return overoptimisation_stages(cfg, stages, data, out)
     prompts_dir, pairs, heldout_pairs, reward_dir = data.prompts_dir, data.pairs, data.heldout_pairs, data.reward_dir
     reward_key, ppo_prompts = data.reward_key, data.ppo_prompts
     # the length arm's sign: longer replies rewarded when the gold judge chose the longer reply of more training pairs
@@ -467,25 +516,41 @@ def ppo_stages(cfg: DemoConfig, stages: Stages, reward_key: str, reward_dir: Pat
         run_dirs.append(run_dir)
         arms[run_dir.name] = {"arm": arm, "beta": beta, "seed": seed}
         # (the arm's reward depends on the pairs, the proxy and the gold judge: all in reward_key's chain)
-        train_cfg = build_config(TrainConfig, arm_reward(arm, str(reward_dir), cfg.gold, sign), dict(
-            policy_model=cfg.model, prompts=str(ppo_prompts), out=str(run_dir),
-            seed=seed, device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
-            minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap,
-            reward_norm_samples=cfg.reward_norm_samples, beta=beta, policy_lr=cfg.policy_lr, value_lr=cfg.value_lr,
-            dtype=cfg.dtype, checkpoint_every=cfg.checkpoint_every, sample_every=max(1, cfg.iterations // 4),
-            threads=cfg.threads))
-
-        def ppo(continuing: bool, c: TrainConfig = train_cfg, d: Path = run_dir) -> None:
-            if continuing and (d / "config.yaml").is_file():
-                train(c, resume=True)  # killed with the same key: continue from its latest checkpoint
-            else:
-                shutil.rmtree(d, ignore_errors=True)  # a run with other settings, or one killed while loading
-                train(c)
-
-        final_checkpoint = run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
-        settings = stage_settings(cfg, "ppo") | {"beta": beta, "run_seed": seed, "arm": arm}
-        run_keys.append(stages.run(f"ppo {run_dir.name}", settings, [reward_key], final_checkpoint, ppo))
+        reward = arm_reward(arm, str(reward_dir), cfg.gold, sign)
+        settings = {"beta": beta, "run_seed": seed, "arm": arm}
+        run_keys.append(ppo_stage(cfg, stages, run_dir, reward, settings, [reward_key], ppo_prompts))
     return run_dirs, run_keys, arms
+
+
+def ppo_stage(cfg: DemoConfig, stages: Stages, run_dir: Path, reward: dict[str, Any], settings: dict[str, Any],
+              inputs: list[str], ppo_prompts: Path) -> str:
+    """One PPO run (`reward`: the TrainConfig fields of its reward; `settings`: its beta, "run_seed" and what else
+    tells it from the demo's other runs), a stage of its own; returns its key."""
+    train_cfg = build_config(TrainConfig, reward, dict(
+        policy_model=cfg.model, prompts=str(ppo_prompts), out=str(run_dir),
+        seed=settings["run_seed"], device=cfg.device, iterations=cfg.iterations, batch_size=cfg.batch_size,
+        minibatch_size=cfg.minibatch_size, max_new_tokens=cfg.reply_cap,
+        reward_norm_samples=cfg.reward_norm_samples, beta=settings["beta"], policy_lr=cfg.policy_lr,
+        value_lr=cfg.value_lr, dtype=cfg.dtype, checkpoint_every=cfg.checkpoint_every,
+        sample_every=max(1, cfg.iterations // 4), threads=cfg.threads))
+
+    def ppo(continuing: bool) -> None:
+        if continuing and (run_dir / "config.yaml").is_file():
+            train(train_cfg, resume=True)  # killed with the same key: continue from its latest checkpoint
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)  # a run with other settings, or one killed while loading
+            train(train_cfg)
+
+    final_checkpoint = run_dir / "checkpoints" / f"iter_{cfg.iterations:06d}"
+    return stages.run(f"ppo {run_dir.name}", stage_settings(cfg, "ppo") | settings, inputs, final_checkpoint, ppo)
+
+
+def write_eval_prompts(cfg: DemoConfig, prompts_dir: Path) -> Path:
+    """OUT/prompts/eval.jsonl: the first `eval_prompts` kept held-out prompts, the ones every evaluation answers."""
+    eval_prompts = prompts_dir / "eval.jsonl"
+    kept = read_prompts(prompts_dir / "heldout.jsonl")
+    write_jsonl(eval_prompts, [{"prompt": p} for p in kept[: cfg.eval_prompts]])
+    return eval_prompts
 
 
 def evaluation_stage(cfg: DemoConfig, stages: Stages, prompts_dir: Path, reward_dir: Path, reward_key: str,
@@ -494,9 +559,7 @@ def evaluation_stage(cfg: DemoConfig, stages: Stages, prompts_dir: Path, reward_
     from ppo_rlhf.study.evaluate import evaluate_runs
 
     def evaluate(_: bool) -> None:
-        eval_prompts = prompts_dir / "eval.jsonl"
-        kept = read_prompts(prompts_dir / "heldout.jsonl")
-        write_jsonl(eval_prompts, [{"prompt": p} for p in kept[: cfg.eval_prompts]])
+        eval_prompts = write_eval_prompts(cfg, prompts_dir)
         # a model whose stage key is unchanged keeps its stored records (the start model's outputs change only with
         # the proxy's: reward_key, which chains the model and prompts too); only new or changed checkpoints are run
         model_keys = {None: reward_key} | {d.name: key for d, key in zip(run_dirs, run_keys)}
@@ -541,7 +604,10 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """`ppo-rlhf demo` (with --task the CLI runs `ppo_rlhf.tasks.demo.run` instead)."""
     given = given_settings(args)
-    preset = QUICK if given.get("quick") else FULL if given.get("full") else {}
+    preset = QUICK if given.get("quick") else FULL if given.get("full") else \
+        OVEROPTIMISATION if given.get("overoptimisation") else {}
+    require(not (given.get("overoptimisation") and "arms" in given),
+            "--arms does not apply to --overoptimisation: its runs optimise the proxies of --proxies and --ensemble")
     cfg = build_config(DemoConfig, preset, given)
     demo(cfg)
     return 0

@@ -121,7 +121,8 @@ class RewardModelJudge:
 def make_judge(spec: str, batch_size: int = 16, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Judge:
     """A judge from its name: "vader", "nontoxic", "gold", "rm:PATH_OR_ID", or a reward-model folder (whose frozen
     weights are stored in `dtype`: the evaluation scores with the proxy in the dtype PPO trained against);
-    "rm-init-head:PATH_OR_ID" accepts a model without a trained score head (random scores)."""
+    "rm-init-head:PATH_OR_ID" accepts a model without a trained score head (random scores); "ensemble:FOLDER" a
+    proxy ensemble (study/ensemble.py: its members in the dtype its folder names, as PPO scored with them)."""
     if spec == "vader":
         return VaderJudge()
     if spec == "nontoxic":
@@ -135,6 +136,12 @@ def make_judge(spec: str, batch_size: int = 16, device: str = "cpu", dtype: torc
         name = spec.removeprefix(INIT_HEAD_PREFIX)
         require(bool(name), f"judge {INIT_HEAD_PREFIX} needs a model folder or hub id, e.g. {INIT_HEAD_PREFIX}smollm2")
         return RewardModelJudge(name, batch_size=batch_size, device=device, dtype=dtype, init_score_head=True)
+    if spec.startswith("ensemble:"):
+        from ppo_rlhf.study.ensemble import ENSEMBLE_FILE, EnsembleJudge
+
+        folder = spec.removeprefix("ensemble:")
+        require((Path(folder) / ENSEMBLE_FILE).is_file(), f"judge {spec}: no {ENSEMBLE_FILE} in {folder!r}")
+        return EnsembleJudge(folder, device)
     if Path(spec).expanduser().is_dir():
         return RewardModelJudge(spec, batch_size=batch_size, device=device, dtype=dtype)
     raise UsageError(f"unknown judge {spec!r}; choose from {JUDGE_SPECS}")

@@ -190,6 +190,29 @@ def length_balanced(prompts: list[str], gaps: list[int], balance: str, tolerance
     return sorted(keep)
 
 
+def flip_labels(pairs: list[dict], fraction: float, seed: int) -> list[dict]:
+    """The pairs with round(fraction * len(pairs)) of them, chosen by `seed`, flipped: chosen and rejected (and their
+    scores) swapped, "flipped": true marking each. Label noise as Coste et al. (2024) add it (25% of the labels): a
+    proxy trained on them learns a noisier preference, the kind that over-optimisation exploits sooner. An exact
+    count, not a coin per pair, so that the stated rate is the rate."""
+    require(0 <= fraction <= 1, f"label noise must be a fraction in [0, 1], got {fraction}")
+    flipped = set(random.Random(seed).sample(range(len(pairs)), round(fraction * len(pairs))))
+    swapped = {"chosen": "rejected", "rejected": "chosen", "score_chosen": "score_rejected",
+               "score_rejected": "score_chosen"}
+    return [({swapped.get(key, key): value for key, value in pair.items()} | {"flipped": True}) if k in flipped
+            else pair for k, pair in enumerate(pairs)]
+
+
+def pair_subset(pairs: list[dict], count: int | None, seed: int) -> list[dict]:
+    """`count` of the pairs drawn by `seed` without replacement, in their order (None: all of them): a proxy trained
+    on fewer comparisons of the same pool (Gao et al. 2022 varied the comparisons so). Pairs are drawn one by one,
+    not by prompt: a small subset spans many prompts, a few pairs each."""
+    if count is None:
+        return list(pairs)
+    require(1 <= count <= len(pairs), f"a subset of {count} pairs from a pool of {len(pairs)}")
+    return [pairs[k] for k in sorted(random.Random(seed).sample(range(len(pairs)), count))]
+
+
 def make_pairs(
     prompts: list[str] | str | Path,
     out_path: str | Path,

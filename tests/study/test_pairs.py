@@ -5,7 +5,16 @@ import pytest
 from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.study.judges import GoldJudge
-from ppo_rlhf.study.pairs import Replies, length_balanced, make_pairs, pair_replies, read_pairs, summary_line
+from ppo_rlhf.study.pairs import (
+    Replies,
+    flip_labels,
+    length_balanced,
+    make_pairs,
+    pair_replies,
+    pair_subset,
+    read_pairs,
+    summary_line,
+)
 
 import tiny
 
@@ -149,3 +158,40 @@ def test_malformed_pairs(tmp_path, row, message):
     with pytest.raises(UsageError, match=message):
         read_pairs(path)
     assert main(["reward-model", "train", "--pairs", str(path), "--out", str(tmp_path / "rm")]) == 2
+
+
+def noisy_pool(n: int) -> list[dict]:
+    return [{"prompt": f"p{k % 7}", "chosen": f"good {k}", "rejected": f"bad {k}", "score_chosen": 1.0 + k,
+             "score_rejected": -1.0 - k} for k in range(n)]
+
+
+def test_label_noise_flips_the_stated_share_with_a_fixed_seed():
+    pool = noisy_pool(200)
+    noisy = flip_labels(pool, 0.25, seed=3)
+    flipped = [k for k, pair in enumerate(noisy) if pair.get("flipped")]
+    assert len(flipped) == 50  # exactly a quarter, not a coin per pair
+    for k, pair in enumerate(noisy):
+        original = pool[k]
+        if k in flipped:  # the worse reply is now "chosen", its score with it
+            assert (pair["chosen"], pair["rejected"]) == (original["rejected"], original["chosen"])
+            assert (pair["score_chosen"], pair["score_rejected"]) == (original["score_rejected"],
+                                                                      original["score_chosen"])
+        else:
+            assert pair == original
+    assert flip_labels(pool, 0.25, seed=3) == noisy  # the same seed flips the same pairs
+    assert [p.get("flipped") for p in flip_labels(pool, 0.25, seed=4)] != [p.get("flipped") for p in noisy]
+    assert flip_labels(pool, 0.0, seed=3) == pool and "flipped" not in pool[0]  # the input is left alone
+    assert sum(p.get("flipped", False) for p in flip_labels(noisy_pool(10), 0.25, seed=0)) == 2  # round(2.5)
+    with pytest.raises(UsageError, match=r"label noise must be a fraction in \[0, 1\], got 1.5"):
+        flip_labels(pool, 1.5, seed=0)
+
+
+def test_a_pair_subset_is_seeded_and_keeps_the_pool_order():
+    pool = noisy_pool(100)
+    subset = pair_subset(pool, 30, seed=1)
+    assert len(subset) == 30 and len({p["chosen"] for p in subset}) == 30
+    assert [pool.index(p) for p in subset] == sorted(pool.index(p) for p in subset)
+    assert pair_subset(pool, 30, seed=1) == subset and pair_subset(pool, 30, seed=2) != subset
+    assert pair_subset(pool, None, seed=1) == pool
+    with pytest.raises(UsageError, match="a subset of 101 pairs from a pool of 100"):
+        pair_subset(pool, 101, seed=1)
