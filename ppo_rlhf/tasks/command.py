@@ -104,7 +104,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
                   else f"format {s['formatted']:.0%}")  # an environment task: its moves, not an answer line
         print(f"{s['model']:24s} {'success' if 'valid_moves' in s else 'exact match'} {acc['mean']:6.1%} "
               f"[{acc['lo']:.1%}, {acc['hi']:.1%}]  change {change['mean']:+.1%} [{change['lo']:+.1%}, "
-              f"{change['hi']:+.1%}]  KL {s['kl']:.2f}  {shares}  finished {s['finished']:.0%}  {s['tokens']:.1f} tokens")
+              f"{change['hi']:+.1%}]  KL {s['kl']:.2f}  {shares}  finished {s['finished']:.0%}  "
+              f"{s['tokens']:.1f} tokens")
     print(f"wrote {out / 'task_eval.json'}")
     return 0
 

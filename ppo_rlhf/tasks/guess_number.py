@@ -28,7 +28,7 @@ import random
 import re
 from typing import Any
 
-from ppo_rlhf.errors import require
+from ppo_rlhf.errors import UsageError, require
 
 NAME = "guess"
 HORIZONS = (2, 4, 8, 16)
@@ -94,8 +94,8 @@ class GuessNumber:
 
     def reset(self, prompt: Any = None, low: int | None = None, high: int | None = None, tries: int | None = None,
               **row: Any) -> None:
-        require(low is not None and high is not None and tries is not None,
-                "a guess row needs low, high and tries columns (`ppo-rlhf task write guess-T`)")
+        if low is None or high is None or tries is None:
+            raise UsageError("a guess row needs low, high and tries columns (`ppo-rlhf task write guess-T`)")
         self.low, self.high, self.tries = int(low), int(high), check_horizon(int(tries))
         require(self.low <= self.high, f"a guess row's low ({low}) is above its high ({high})")
         self.secret = random.randint(self.low, self.high)  # per episode, from the run's checkpointed RNG

@@ -25,7 +25,7 @@ import random
 import re
 from typing import Any
 
-from ppo_rlhf.errors import require
+from ppo_rlhf.errors import UsageError, require
 
 NAME = "key-door"
 HORIZONS = (2, 4, 8, 16)
@@ -108,11 +108,12 @@ class KeyDoor:
 
     def reset(self, prompt: Any = None, keys: list[str] | None = None, right: str | None = None,
               horizon: int | None = None, **row: Any) -> None:
-        require(keys is not None and right is not None and horizon is not None,
-                "a key-door row needs keys, right and horizon columns (`ppo-rlhf task write key-door-H`)")
+        if keys is None or right is None or horizon is None:
+            raise UsageError("a key-door row needs keys, right and horizon columns (`ppo-rlhf task write key-door-H`)")
         self.keys, self.right, self.horizon = list(keys), str(right), check_horizon(int(horizon))
         self.ways = corridor(self.keys, self.right, self.horizon)
-        self.turn, self.key, self.success, self.moves, self.valid_moves = 0, None, False, 0, 0
+        self.key: str | None = None  # the key taken in turn 1
+        self.turn, self.success, self.moves, self.valid_moves = 0, False, 0, 0
         return None  # the prompt already asks the first question
 
     def step(self, text: str) -> tuple[str, float | None, bool]:

@@ -211,8 +211,9 @@ def test_a_resumed_guess_run_draws_the_same_secrets(tiny_model_dirs, tmp_path):
                            iterations=iterations, batch_size=4, minibatch_size=2, epochs=1, max_new_tokens=4,
                            max_turns=4, max_episode_tokens=60, reward_norm_samples=4, lora_rank=4,
                            checkpoint_every=10, report_to=[], quiet=True, dtype="float32", device="cpu")
-        PPOTrainer(config, reward_funcs=[horizon.environment_reward_only], train_dataset=problems("guess-4", "train", 4),
-                   environment_factory=RecordedGuess, resume=resume).train()
+        PPOTrainer(config, reward_funcs=[horizon.environment_reward_only],
+                   train_dataset=problems("guess-4", "train", 4), environment_factory=RecordedGuess,
+                   resume=resume).train()
         return RecordedGuess.secrets
 
     whole = run("a", 3)
@@ -220,3 +221,13 @@ def test_a_resumed_guess_run_draws_the_same_secrets(tiny_model_dirs, tmp_path):
     resumed = run("b", 3, resume=True)
     assert len(whole) == 4 + 3 * 4 and resumed == whole[-4:]  # the norm batch, 3 iterations; the third replayed
     assert len(set(whole)) > 1
+
+
+@pytest.mark.parametrize("name, environment", [("key-door-16", "ppo_rlhf.tasks.key_door:environment"),
+                                               ("guess-2", "ppo_rlhf.tasks.guess_number:environment")])
+def test_the_demo_trains_an_environment_task_on_its_family_preset(tmp_path, name, environment):
+    from ppo_rlhf.tasks.demo import train_config
+
+    cfg = train_config(tmp_path, quick=False, overrides={}, task=name)
+    assert cfg.environment == environment and cfg.reward_funcs == ["ppo_rlhf.tasks.horizon:environment_reward_only"]
+    assert cfg.max_turns >= horizon.parse(name)[0].MAX_HORIZON and cfg.prompts == str(tmp_path / "data" / "train.jsonl")
