@@ -84,12 +84,15 @@ def main() -> None:
             results.append(summary)
             records += [{"task": name, **{k: r[k] for k in ("prompt_index", "correct", "moves", "valid_moves",
                                                              "turns", "transcript")}} for r in found]
+            write(Path(args.out), {"settings": vars(args), "threads": torch.get_num_threads(), "summary": results,
+                                   "records": records})  # after each horizon: a stopped run keeps what it measured
         del model
-    out = Path(args.out)
+    print(f"wrote {args.out}")
+
+
+def write(out: Path, result: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"settings": vars(args), "threads": torch.get_num_threads(), "summary": results,
-                               "records": records}, indent=1) + "\n")
-    print(f"wrote {out}")
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

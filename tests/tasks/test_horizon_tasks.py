@@ -231,3 +231,21 @@ def test_the_demo_trains_an_environment_task_on_its_family_preset(tmp_path, name
     cfg = train_config(tmp_path, quick=False, overrides={}, task=name)
     assert cfg.environment == environment and cfg.reward_funcs == ["ppo_rlhf.tasks.horizon:environment_reward_only"]
     assert cfg.max_turns >= horizon.parse(name)[0].MAX_HORIZON and cfg.prompts == str(tmp_path / "data" / "train.jsonl")
+
+
+@pytest.mark.smoke
+def test_smollm2_plays_both_games_from_the_prompt():
+    """The start policy makes valid moves and wins some games (bench/horizon_start.py measures it per horizon)."""
+    import torch
+
+    from ppo_rlhf.models.loading import load_causal_lm, load_tokenizer
+    from ppo_rlhf.tasks.evaluate import episode_records
+
+    tokenizer, model = load_tokenizer("smollm2"), load_causal_lm("smollm2", torch.float32)
+    settings = {"temperature": 0.7, "max_new_tokens": 16, "top_p": 1.0, "max_turns": 16, "max_tool_calls": 4,
+                "max_episode_tokens": 640, "tool_timeout": 10.0}
+    for name in ("key-door-4", "guess-4"):
+        found = episode_records(model, tokenizer, problems(name, "train", 16), settings, 1, 1234, 16, [],
+                                environment=task_environment(name))
+        assert sum(r["valid_moves"] for r in found) >= 0.7 * sum(r["moves"] for r in found), name
+        assert any(r["correct"] for r in found), name
