@@ -74,8 +74,7 @@ def _config(arch: str, vocab_size: int, tokenizer: PreTrainedTokenizerFast, **ex
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
-        **extra,
-    )
+    ) | extra  # an override of any of them, e.g. a longer max_position_embeddings
     if arch == "llama":
         return LlamaConfig(**common)
     if arch == "qwen2":

@@ -3,7 +3,8 @@ command: ppo_rlhf/tasks/command.py).
 
 The multi-turn task `calc-steps` (ppo_rlhf.tasks.calc_steps: a * b + c with a calculator tool) goes through the same
 commands and functions (`problems`, `write_task`, `check_task`, `task_tools`); its held-out evaluation runs episodes
-with the tool.
+with the tool. So do the environment tasks with a horizon knob, `key-door-H` and `guess-T` (ppo_rlhf.tasks.horizon,
+`task_environment`), whose held-out evaluation runs episodes in their environment.
 
 Each level is a finite family of problems ("37 + 5"). Which split a problem belongs to is a function of the problem
 alone (a hash of its canonical form: "5 + 37" is the same problem), so no seed, count or level setting can put a
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ppo_rlhf.errors import require
-from ppo_rlhf.tasks import calc_steps
+from ppo_rlhf.tasks import calc_steps, horizon
 from ppo_rlhf.utils.files import atomic_write_text
 
 Split = Literal["train", "heldout"]
@@ -97,8 +98,9 @@ class Problem:
         return {"prompt": PROMPT.format(question=self.question), "answer": str(self.answer)}
 
 
-TASKS = (*LEVELS, calc_steps.NAME)
-"""Every task of the `task`, `demo --task` and `compare --task` commands: the levels (one reply each), calc-steps."""
+TASKS = (*LEVELS, calc_steps.NAME, *horizon.listed_names())
+"""The tasks of the `task`, `demo --task` and `compare --task` commands: the levels (one reply each), calc-steps, and
+the environment tasks at their standard horizons (any horizon in a family's range is a task too: `horizon.parse`)."""
 
 
 def level(name: str) -> Level:
@@ -107,14 +109,22 @@ def level(name: str) -> Level:
 
 
 def check_task(name: str) -> str:
-    """`name` when it is one of TASKS, else a UsageError listing them."""
-    require(name in TASKS, f"unknown task level {name!r}; choose from {', '.join(TASKS)}")
+    """`name` when it is one of TASKS or an environment task at any horizon of its family, else a UsageError listing
+    them."""
+    require(name in TASKS or horizon.parse(name) is not None,
+            f"unknown task level {name!r}; choose from {', '.join((*LEVELS, calc_steps.NAME))}, "
+            f"{horizon.families_hint()}")
     return name
 
 
 def task_tools(name: str) -> list[Callable]:
     """The tools a task's episodes may call; none for a level, whose problems are answered in one reply."""
     return list(calc_steps.TOOLS) if check_task(name) == calc_steps.NAME else []
+
+
+def task_environment(name: str) -> Callable | None:
+    """The environment factory of an environment task (`key-door-8`), else None."""
+    return horizon.environment_factory(name) if horizon.parse(check_task(name)) is not None else None
 
 
 def split_problems(name: str, split: Split) -> list[Problem]:
@@ -126,9 +136,12 @@ def split_problems(name: str, split: Split) -> list[Problem]:
 
 def problems(name: str, split: Split, n: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
     """n rows ({"prompt", "answer"}) of the task's split, without repeats, in an order fixed by `seed`; n None: all
-    (calc-steps: its `POOL`, each prompt a chat)."""
+    (calc-steps: its `POOL`, each prompt a chat; an environment task: its rows hold the environment's columns, no
+    answer)."""
     if check_task(name) == calc_steps.NAME:
         return calc_steps.problems(split, n, seed)
+    if horizon.parse(name) is not None:
+        return horizon.problems(name, split, n, seed)
     pool = split_problems(name, split)
     require(n is None or 0 < n <= len(pool), f"{name} has {len(pool)} {split} problems; asked for {n}")
     random.Random(f"{name}/{split}/{seed}").shuffle(pool)

@@ -1,7 +1,9 @@
-"""`ppo-rlhf task`: the verifiable tasks (ppo_rlhf/tasks/arithmetic.py, calc_steps.py) from the command line.
+"""`ppo-rlhf task`: the verifiable tasks (ppo_rlhf/tasks/arithmetic.py, calc_steps.py, and the environment tasks with
+a horizon knob, horizon.py) from the command line.
 
     ppo-rlhf task list                                  # the tasks, a sample problem of each, how many there are
     ppo-rlhf task write add-small --out data/add-small  # DIR/train.jsonl and DIR/heldout.jsonl: {"prompt", "answer"}
+    ppo-rlhf task write key-door-8 --out data/kd8       # the 8-turn key-door probe's rows (the environment's columns)
     ppo-rlhf task evaluate RUN_DIR... --level add-small --out DIR  # held-out accuracy: start, each checkpoint
 
 Torch-free to import: `list` and `write` check and write files without loading a model; `evaluate` loads torch after
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED
 from ppo_rlhf.errors import require
-from ppo_rlhf.tasks import calc_steps
+from ppo_rlhf.tasks import calc_steps, guess_number, horizon, key_door
 from ppo_rlhf.tasks.arithmetic import LEVELS, TASKS, Problem, check_task, split_problems, write_task
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.threads import add_threads_argument
@@ -26,12 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     actions.add_parser("list", help="the tasks, a sample problem of each, and how many problems each split has")
     write = actions.add_parser("write", help="write a task's train.jsonl and heldout.jsonl")
-    write.add_argument("level", help=f"the task: {', '.join(TASKS)}")
+    write.add_argument("level", help=f"the task: {', '.join(TASKS)} (or any horizon: {horizon.families_hint()})")
     write.add_argument("--out", required=True, help="folder for train.jsonl and heldout.jsonl")
     write.add_argument("--train", type=NON_NEGATIVE_INT, default=0,
-                       help=f"training problems (0 = all of them; calc-steps: {calc_steps.POOL['train']})")
+                       help=f"training problems (0 = all of them; calc-steps: {calc_steps.POOL['train']}, guess-T: "
+                       f"{guess_number.POOL['train']})")
     write.add_argument("--heldout", type=NON_NEGATIVE_INT, default=0, help="held-out problems (0 = all of them; "
-                       f"calc-steps: {calc_steps.POOL['heldout']})")
+                       f"calc-steps: {calc_steps.POOL['heldout']}, guess-T: {guess_number.POOL['heldout']})")
     write.add_argument("--seed", type=SEED, default=0, help="seed of the order the problems are drawn in")
     write.add_argument("--overwrite", action="store_true", help="replace existing train.jsonl / heldout.jsonl")
     evaluate = actions.add_parser("evaluate", help="a run's start policy and checkpoints on held-out problems: "
@@ -62,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{calc_steps.NAME:10s} a * b + c (a, b two-digit, c three-digit) in turns with a calc tool, e.g. "
               f"{calc_steps.question(37, 48, 215)} = {37 * 48 + 215} (millions of problems; write draws "
               f"{pool['train']} train, {pool['heldout']} held-out unless given counts)")
+        for line in horizon_task_lines():
+            print(line)
         return 0
     if args.action == "evaluate":
         return evaluate_command(args)
@@ -69,6 +74,21 @@ def run(args: argparse.Namespace) -> int:
                                 args.overwrite)
     print(f"wrote {train} and {heldout}")
     return 0
+
+
+def horizon_task_lines() -> list[str]:
+    """The task list's lines of the environment tasks: each family, its horizons and its instances."""
+    splits = {split: sum(key_door.split_of(keys, right) == split for keys, right in key_door.INSTANCES)
+              for split in ("train", "heldout")}
+    sizes = {key_door.NAME: f"{splits['train']:,} train, {splits['heldout']:,} held-out instances at every H",
+             guess_number.NAME: f"one game per H, its secret drawn per episode; write writes "
+                                f"{guess_number.POOL['train']} train, {guess_number.POOL['heldout']} held-out rows"}
+    lines = []
+    for name, family in horizon.FAMILIES.items():
+        names = ", ".join(horizon.task_name(name, h) for h in family.HORIZONS)
+        lines.append(f"{name + '-H':10s} {horizon.DESCRIPTIONS[name]}; horizon H turns: {names} (any H from "
+                     f"{family.MIN_HORIZON} to {family.MAX_HORIZON}); {sizes[name]}")
+    return lines
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
@@ -82,9 +102,12 @@ def evaluate_command(args: argparse.Namespace) -> int:
     atomic_write_text(out / "task_eval.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     for s in result["summary"]:
         acc, change = s["accuracy"], s["accuracy_change"]
-        print(f"{s['model']:24s} exact match {acc['mean']:6.1%} [{acc['lo']:.1%}, {acc['hi']:.1%}]  change "
-              f"{change['mean']:+.1%} [{change['lo']:+.1%}, {change['hi']:+.1%}]  KL {s['kl']:.2f}  "
-              f"format {s['formatted']:.0%}  finished {s['finished']:.0%}  {s['tokens']:.1f} tokens")
+        shares = (f"valid moves {s['valid_moves']:.0%}  turns {s['turns']:.2f}" if "valid_moves" in s
+                  else f"format {s['formatted']:.0%}")  # an environment task: its moves, not an answer line
+        print(f"{s['model']:24s} {'success' if 'valid_moves' in s else 'exact match'} {acc['mean']:6.1%} "
+              f"[{acc['lo']:.1%}, {acc['hi']:.1%}]  change {change['mean']:+.1%} [{change['lo']:+.1%}, "
+              f"{change['hi']:+.1%}]  KL {s['kl']:.2f}  {shares}  finished {s['finished']:.0%}  "
+              f"{s['tokens']:.1f} tokens")
     print(f"wrote {out / 'task_eval.json'}")
     return 0
 

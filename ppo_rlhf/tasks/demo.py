@@ -42,7 +42,7 @@ from ppo_rlhf.config import build_config, read_yaml
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.study.demo import Stages, given_settings
-from ppo_rlhf.tasks import calc_steps
+from ppo_rlhf.tasks import calc_steps, guess_number, horizon, key_door
 from ppo_rlhf.tasks.arithmetic import check_task, write_task
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.lock import hold
@@ -50,6 +50,9 @@ from ppo_rlhf.utils.paths import check_model_name
 
 PRESET = Path(__file__).resolve().parents[2] / "configs" / "smollm2_add_tiny.yaml"
 PRESETS = {calc_steps.NAME: PRESET.with_name("smollm2_calc_steps.yaml")}  # a task's own preset; the levels': PRESET
+# an environment task's family preset, the same at every horizon (its caps fit the longest)
+FAMILY_PRESETS = {key_door.NAME: PRESET.with_name("smollm2_key_door.yaml"),
+                  guess_number.NAME: PRESET.with_name("smollm2_guess.yaml")}
 
 # The smoke run: a few problems, two iterations of a small batch at a short cap (one of them the critic's warm-up,
 # one moves the policy), a checkpoint after each; minutes on SmolLM2 and a CPU.
@@ -67,8 +70,10 @@ TRAIN_FIELD = {"model": "policy_model", "seed": "seed", "device": "device", "dty
 
 
 def preset_path(task: str = "add-tiny") -> Path:
-    """The task's preset file: its own (PRESETS), else configs/smollm2_add_tiny.yaml."""
-    return PRESETS.get(task, PRESET)
+    """The task's preset file: its own (PRESETS), its family's (FAMILY_PRESETS: key-door-8), else
+    configs/smollm2_add_tiny.yaml."""
+    found = horizon.parse(task)
+    return FAMILY_PRESETS[found[0].NAME] if found is not None else PRESETS.get(task, PRESET)
 
 
 def preset(task: str = "add-tiny") -> dict[str, Any]:

@@ -5,7 +5,12 @@ samples (as `ppo-rlhf evaluate` does, whose sampling this reuses: KL to the star
 A multi-turn task (calc-steps, `arithmetic.task_tools`) is answered in episodes with its tools, run as training
 runs them (`multiturn.episodes.run_episodes`, the run's max_turns, max_tool_calls, max_episode_tokens and reply cap
 per turn): the checker reads the last turn's text, a record also holds the episode's turns, tool calls and tool
-errors and its whole transcript, and its KL and tokens are over the policy's tokens only.
+errors and its whole transcript, and its KL and tokens are over the policy's tokens only. An environment task
+(key-door-H, guess-T: `arithmetic.task_environment`) is played in episodes in its environment, each seeing its row's
+columns: a record's "correct" is whether the environment says the episode succeeded, "formatted" whether every move
+was valid, and it holds the episode's moves and valid moves (a model's "valid_moves" is the share of its moves that
+were valid). Python's RNG is seeded with the sampling seed before each model's episodes, so an environment that draws
+from it (guess-T's secrets) gives every model the same episodes.
 
 Every reply is checked exactly (`tasks.exact_match`; `tasks.answer_format` for the format share). A model's accuracy
 gets a 95% prompt-level (cluster) bootstrap interval, and its change from the start model a paired one: reply i of
@@ -29,7 +34,7 @@ from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.run import read_run_config, select_checkpoints
 from ppo_rlhf.study.evaluate import START, run_name
 from ppo_rlhf.study.stats import bootstrap_mean, paired_bootstrap
-from ppo_rlhf.tasks.arithmetic import Split, answer_format, exact_match, problems, task_tools
+from ppo_rlhf.tasks.arithmetic import Split, answer_format, exact_match, problems, task_environment, task_tools
 
 # the episode counts a multi-turn record holds, and their means in a model's summary
 EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors")
@@ -37,16 +42,20 @@ EPISODE_COUNTS = ("turns", "tool_calls", "tool_errors")
 
 def task_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], replies_per_prompt: int, seed: int,
                  batch_size: int, run: str | None = None, iteration: int | None = None,
-                 reference=None, tools: list | None = None) -> list[dict]:
+                 reference=None, tools: list | None = None, environment=None) -> list[dict]:
     """`evaluate`'s per-reply records (prompt/reply indices, reply, tokens, finished, kl) of one model on the task's
     rows ({"prompt", "answer"}), each with "correct" and "formatted" (1.0 or 0.0). `settings`: temperature,
-    max_new_tokens, top_p of the run (with `tools`, its episode limits too); `reference`: the start model, for a fully
-    fine-tuned `model` (its KL); `tools`: answer in multi-turn episodes that may call them (`episode_records`)."""
+    max_new_tokens, top_p of the run (with `tools` or `environment`, its episode limits too); `reference`: the start
+    model, for a fully fine-tuned `model` (its KL); `tools`: answer in multi-turn episodes that may call them
+    (`episode_records`); `environment`: an environment factory, play episodes in it (rows carry its columns; the
+    environment checks them)."""
     from ppo_rlhf.study.evaluate import _sample_records  # lazy: imports torch
 
-    if tools:
-        records = episode_records(model, tokenizer, rows, settings, replies_per_prompt, seed, batch_size, tools,
-                                  run, iteration, reference)
+    if tools or environment is not None:
+        records = episode_records(model, tokenizer, rows, settings, replies_per_prompt, seed, batch_size, tools or [],
+                                  run, iteration, reference, environment)
+        if environment is not None:
+            return records  # the environment said which episodes succeeded
     else:
         records = _sample_records(model, tokenizer, [row["prompt"] for row in rows], replies_per_prompt, settings,
                                   seed, batch_size, run, iteration, reference)
@@ -61,11 +70,15 @@ def task_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], r
 
 def episode_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], replies_per_prompt: int, seed: int,
                     batch_size: int, tools: list, run: str | None = None, iteration: int | None = None,
-                    reference=None) -> list[dict]:
-    """One multi-turn episode per (problem, reply) with `tools`, sampled as `_sample_records` samples single replies
-    (torch's seed reset first, `batch_size` rows at once): a record's "reply" is the last turn's text (what the checker
-    reads), "transcript" everything after the prompt, "tokens" and "kl" (`study.evaluate.KL_ESTIMATE`) over the
-    policy's tokens only, "finished" whether the last turn ended with EOS, and the episode's EPISODE_COUNTS."""
+                    reference=None, environment=None) -> list[dict]:
+    """One multi-turn episode per (problem, reply) with `tools` (or in `environment`'s episodes, each reset with its
+    row's columns), sampled as `_sample_records` samples single replies (torch's and Python's seeds reset first,
+    `batch_size` rows at once): a record's "reply" is the last turn's text (what the checker reads), "transcript"
+    everything after the prompt, "tokens" and "kl" (`study.evaluate.KL_ESTIMATE`) over the policy's tokens only,
+    "finished" whether the last turn ended with EOS, and the episode's EPISODE_COUNTS; in an environment also
+    "correct" (its `success`), "formatted" (no invalid move), "moves" and "valid_moves"."""
+    import random
+
     import torch
 
     from ppo_rlhf.models.rollout import eos_token_ids, sample_replies
@@ -75,6 +88,7 @@ def episode_records(model, tokenizer, rows: list[dict], settings: dict[str, Any]
 
     prompts = [row["prompt"] for row in rows for _ in range(replies_per_prompt)]  # reply i of problem j at j * R + i
     torch.manual_seed(seed)  # same seed for every model: differences come from the weights, not the dice
+    random.seed(seed)  # and the same environments' draws (e.g. guess-T's secrets: each reset draws in turn)
 
     def sample(trajectories: list[list[int]], cap: int):
         return sample_replies(model, tokenizer, trajectories, cap, settings["temperature"], batch_size,
@@ -82,16 +96,23 @@ def episode_records(model, tokenizer, rows: list[dict], settings: dict[str, Any]
 
     limits = EpisodeLimits(settings["max_turns"], settings["max_tool_calls"], settings["max_new_tokens"],
                            settings["max_episode_tokens"], settings["tool_timeout"])
-    rollout, episodes = run_episodes(sample, tokenizer, prompts, [{} for _ in prompts], eos_token_ids(model, tokenizer),
-                                     limits, {tool_name(t): t for t in tools}, None)
+    columns = [{k: v for k, v in row.items() if k != "prompt"} if environment is not None else {}
+               for row in rows for _ in range(replies_per_prompt)]
+    rollout, episodes = run_episodes(sample, tokenizer, prompts, columns, eos_token_ids(model, tokenizer), limits,
+                                     {tool_name(t): t for t in tools}, environment)
     label = model_label(run, iteration)
     kl = ([0.0] * len(prompts) if run is None  # the start model is its own reference
           else reference_kl(model, rollout, settings["temperature"], batch_size, reference, label))
-    return [{"model": label, "run": run, "iteration": iteration,
-             "prompt_index": k // replies_per_prompt, "reply_index": k % replies_per_prompt, "prompt": prompts[k],
-             "reply": e.answer, "transcript": tokenizer.decode(e.tokens), "tokens": sum(e.policy),
-             "finished": e.ended_with_eos, "kl": float(kl[k]), **{name: getattr(e, name) for name in EPISODE_COUNTS}}
-            for k, e in enumerate(episodes)]
+    records = [{"model": label, "run": run, "iteration": iteration,
+                "prompt_index": k // replies_per_prompt, "reply_index": k % replies_per_prompt, "prompt": prompts[k],
+                "reply": e.answer, "transcript": tokenizer.decode(e.tokens), "tokens": sum(e.policy),
+                "finished": e.ended_with_eos, "kl": float(kl[k]), **{name: getattr(e, name) for name in EPISODE_COUNTS}}
+               for k, e in enumerate(episodes)]
+    if environment is not None:
+        for record, e in zip(records, episodes):
+            record.update(correct=float(e.env.success), formatted=float(e.env.valid_moves == e.env.moves),
+                          moves=e.env.moves, valid_moves=e.env.valid_moves)
+    return records
 
 
 def _interval(values: np.ndarray, prompts: list[int], n_boot: int, seed: int, paired: bool = False) -> dict:
@@ -103,7 +124,8 @@ def summarize_task(records: list[dict], n_boot: int = 10000, seed: int = 0) -> l
     """One summary per model, the start model first: accuracy and its change from the start (95% prompt-level
     intervals), format share, finished share, mean reply tokens, mean KL to the start model (nats per reply); for
     multi-turn records also the mean turns, tool calls and tool errors per episode and "tool_use", the share of
-    episodes with a tool call."""
+    episodes with a tool call; for an environment task's records "valid_moves", the share of all moves that were
+    valid."""
     start = {(r["prompt_index"], r["reply_index"]): r for r in records if r["model"] == START}
     require(bool(start), "no start-model records to compare against")
     summaries = []
@@ -127,6 +149,8 @@ def summarize_task(records: list[dict], n_boot: int = 10000, seed: int = 0) -> l
         if "turns" in rows[0]:
             summaries[-1] |= {name: float(np.mean([r[name] for r in rows])) for name in EPISODE_COUNTS}
             summaries[-1]["tool_use"] = float(np.mean([r["tool_calls"] > 0 for r in rows]))
+        if "valid_moves" in rows[0]:  # an environment task: the share of every move that was valid
+            summaries[-1]["valid_moves"] = sum(r["valid_moves"] for r in rows) / max(sum(r["moves"] for r in rows), 1)
     return summaries
 
 
@@ -149,9 +173,9 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
     runs = {run_name(Path(d)): Path(d) for d in run_dirs}
     require(len(runs) == len(run_dirs), "two runs have the same folder name; give them different names")
     configs = {name: read_run_config(d) for name, d in runs.items()}
-    tools = task_tools(level)
+    tools, environment = task_tools(level), task_environment(level)
     settings: dict[str, Any] = {}
-    for key, default in (SHARED | (EPISODE_SHARED if tools else {})).items():
+    for key, default in (SHARED | (EPISODE_SHARED if tools or environment else {})).items():
         values = {repr(config.get(key, default)) for config in configs.values()}
         require(len(values) == 1, f"the runs differ in {key} ({', '.join(sorted(values))}); evaluate them apart")
         settings[key] = next(iter(configs.values())).get(key, default)
@@ -178,7 +202,7 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
             model = load_causal_lm(str(folder / "policy"), dtype)
             reference = load_causal_lm(base, dtype).to(torch_device)
         records += task_records(model.to(torch_device), tokenizer, rows, settings, replies_per_prompt, seed,
-                                batch_size, name, iteration, reference, tools)
+                                batch_size, name, iteration, reference, tools, environment)
         del model, reference  # one policy (and its reference) in memory at a time
     return {"settings": {**settings, "level": level, "n_heldout": len(rows), "split": split,
                          "replies_per_prompt": replies_per_prompt, "seed": seed,

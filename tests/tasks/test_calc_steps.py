@@ -32,7 +32,8 @@ def test_train_and_heldout_never_share_a_problem():
 def test_the_task_command_knows_calc_steps(tmp_path, capsys):
     assert main(["task", "list"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert listed[-1].startswith("calc-steps ") and "37 * 48 + 215 = 1991" in listed[-1]
+    (line,) = [line for line in listed if line.startswith("calc-steps ")]
+    assert "37 * 48 + 215 = 1991" in line
     assert main(["task", "write", "calc-steps", "--out", str(tmp_path)]) == 0
     train, heldout = (load_prompt_rows(str(tmp_path / f"{split}.jsonl")) for split in ("train", "heldout"))
     assert (len(train), len(heldout)) == (POOL["train"], POOL["heldout"])
