@@ -195,7 +195,40 @@ def test_unsupported_launches_are_refused_in_one_line(monkeypatch, env, message)
         distributed.current()
 
 
-def test_global_whitening_formula():
+def test_global_whitening_over_two_processes_is_whitening_of_the_whole_batch():
+    """Two processes, each holding one row of the batch, whiten with the statistics of both (their sums all-reduced):
+    the same numbers as one process whitening the whole batch. Simulated with two threads whose `sum` is an
+    all-reduce over a shared board; one process alone takes masked_whiten's own path."""
+    import threading
+
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
-    assert torch.allclose(masked_whiten_over(Dist(), x, mask), masked_whiten(x, mask))
+    barrier, board = threading.Barrier(2), {}
+
+    class TwoProcesses:
+        world_size = 2
+
+        def __init__(self, rank: int):
+            self.rank, self.calls = rank, 0
+
+        def sum(self, value: float) -> float:
+            call, self.calls = self.calls, self.calls + 1
+            board.setdefault(call, [0.0, 0.0])[self.rank] = value
+            barrier.wait()
+            return sum(board[call])
+
+    shards: dict[int, torch.Tensor] = {}
+
+    def process(rank: int) -> None:
+        shards[rank] = masked_whiten_over(TwoProcesses(rank), x[rank:rank + 1], mask[rank:rank + 1])
+
+    threads = [threading.Thread(target=process, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    whole = masked_whiten(x, mask)
+    assert torch.allclose(torch.cat([shards[0], shards[1]]) * mask, whole * mask, atol=1e-6)
+    # each shard alone would whiten by its own statistics, which differ: the all-reduce is what makes them agree
+    assert not torch.allclose(masked_whiten(x[:1], mask[:1]) * mask[:1], whole[:1] * mask[:1], atol=1e-3)
+    assert torch.equal(masked_whiten_over(Dist(), x, mask), masked_whiten(x, mask))
