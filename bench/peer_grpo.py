@@ -388,22 +388,24 @@ def first_at_level(rows: list[dict], level: float, window: int = WINDOW) -> dict
     return None
 
 
+def plateau_cells(records: list[dict], labels: list[str]) -> dict[tuple[int, int], float]:
+    """Per held-out reply (problem, reply index), the mean correctness over the checkpoints `labels`."""
+    wanted = set(labels)
+    cells: dict[tuple[int, int], float] = {}
+    for r in records:
+        if r["model"] in wanted:
+            key = (r["prompt_index"], r["reply_index"])
+            cells[key] = cells.get(key, 0.0) + float(r["correct"]) / len(wanted)
+    return cells
+
+
 def plateau_difference(records: list[dict], ours: list[dict], theirs: list[dict], budget_s: float
                        ) -> dict[str, float]:
     """Our plateau minus theirs with its 95% interval, problems resampled: per held-out reply, each side's mean
     correctness over its plateau checkpoints, paired (study.stats.paired_bootstrap)."""
     from ppo_rlhf.study.stats import paired_bootstrap
 
-    def mean_correct(rows: list[dict]) -> dict[tuple[int, int], float]:
-        labels = {row["label"] for row in plateau_rows(rows, budget_s)}
-        sums: dict[tuple[int, int], float] = {}
-        for r in records:
-            if r["model"] in labels:
-                key = (r["prompt_index"], r["reply_index"])
-                sums[key] = sums.get(key, 0.0) + float(r["correct"]) / len(labels)
-        return sums
-
-    a, b = mean_correct(ours), mean_correct(theirs)
+    a, b = (plateau_cells(records, [row["label"] for row in plateau_rows(rows, budget_s)]) for rows in (ours, theirs))
     keys = sorted(b)
     mean, lo, hi = paired_bootstrap([a[k] - b[k] for k in keys], [k[0] for k in keys])
     return {"mean": mean, "lo": lo, "hi": hi}

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer_grpo import WINDOW, first_at_level, plateau, plateau_rows  # noqa: E402
+from peer_grpo import WINDOW, first_at_level, plateau, plateau_cells, plateau_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = ROOT / "bench" / "plans" / "peer_grpo_rematch.md"
@@ -57,17 +57,6 @@ def averaged_curve(per_seed: list[list[dict]]) -> list[dict]:
              "tokens": int(round(float(np.mean([rows[k]["tokens"] for rows in per_seed])))),
              "accuracy": {"mean": float(np.mean([rows[k]["accuracy"]["mean"] for rows in per_seed]))},
              "labels": [rows[k]["label"] for rows in per_seed]} for k in range(count)]
-
-
-def plateau_cells(records: list[dict], labels: list[str]) -> dict[tuple[int, int], float]:
-    """Per held-out reply (problem, reply index), the mean correctness over the checkpoints `labels`."""
-    wanted = set(labels)
-    cells: dict[tuple[int, int], float] = {}
-    for r in records:
-        if r["model"] in wanted:
-            key = (r["prompt_index"], r["reply_index"])
-            cells[key] = cells.get(key, 0.0) + float(r["correct"]) / len(wanted)
-    return cells
 
 
 def rematch_statistics(ours: list[tuple[list[dict], list[dict]]], theirs: list[tuple[list[dict], list[dict]]],
