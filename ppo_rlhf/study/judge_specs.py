@@ -58,9 +58,12 @@ def check_run_rewards(run_dir: str | Path, rewards: dict[str, Any]) -> None:
         parts = function_spec(spec) if ":" in spec else None
         if spec.startswith("<function") or (parts is not None and parts[0] == "__main__"):
             name = parts[1] if parts else spec.removeprefix("<function ").rstrip(">")
+            count = len(rewards["reward_funcs"])
+            summed = f"; the run summed {count} rewards ({', '.join(rewards['reward_funcs'])}, weights " \
+                f"{rewards['reward_weights'] or 'all 1'}): give one function that sums them" if count > 1 else ""
             raise UsageError(f"{run_dir}: the run's reward function {spec} was defined in the script that trained it "
                              f"and cannot be imported again; give --proxy file.py:function (a file that defines "
-                             f"{name})")
+                             f"{name}){summed}")
         try:
             if parts is not None:
                 check_reward_function(spec)
