@@ -446,11 +446,49 @@ def test_syntax_errors_unknown_judges_and_missing_checkpoints_are_refused_before
              (train + ["--reward-model", "rm", "--environment", f"{broken}:make"], f"environment {broken}:make: "),
              (train + ["--reward-model", "rm", "--tools", f"{broken}:add"], f"tool {broken}:add: "),
              (["evaluate", str(run_dir), "--prompts", str(prompts), "--proxy", "my_rewards.py:correct", "--out",
-               str(tmp_path / "e")], "unknown judge 'my_rewards.py:correct'; choose from vader"),
+               str(tmp_path / "e")], "reward function file my_rewards.py not found"),
              (["evaluate", str(run_dir), "--prompts", str(prompts), "--gold", "golden", "--out",
                str(tmp_path / "e")], "unknown judge 'golden'"),
              (["export", str(run_dir), "--checkpoint", "7", "--out", str(tmp_path / "x")],
               f"{run_dir} has no checkpoint for iteration 7 (has 2)")]
+    script = ("import sys; from ppo_rlhf.cli import main; code = main(sys.argv[1:]); "
+              "print(code, *(m in sys.modules for m in ('torch', 'transformers', 'peft')))")
+    for argv, message in cases:
+        result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+        assert result.stdout.strip() == "2 False False False", (argv, result.stdout[-300:], result.stderr[-300:])
+        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, (argv, result.stderr)
+
+
+def test_evaluate_refuses_bad_reward_specs_before_torch(tmp_path):
+    """Issue 58 item 6: evaluate's --proxy and --gold take reward functions as train does; a missing file, a spec
+    that is not file.py:function, a syntax error, a module that is not installed, and a run's reward function that
+    was defined in the script that trained it (recorded as __main__:name): one line and exit 2, before torch loads."""
+    prompts, broken = tmp_path / "prompts.jsonl", tmp_path / "broken.py"
+    prompts.write_text('{"prompt": "p", "answer": "a"}\n')
+    broken.write_text("def correct(completions, **kw):\n    return [1.0 for c in completions\n")
+    runs = {}
+    for name, rewards in (("run", "reward_model: rm\n"), ("script_run", "reward_funcs: ['__main__:correct']\n"),
+                          ("env_run", "")):
+        runs[name] = tmp_path / name
+        runs[name].mkdir()
+        (runs[name] / "config.yaml").write_text("policy_model: smollm2\ntemperature: 1.0\nmax_new_tokens: 8\n"
+                                                + rewards)
+
+    def evaluate(run: str, *flags: str) -> list[str]:
+        return ["evaluate", str(runs[run]), "--prompts", str(prompts), "--out", str(tmp_path / "e"), *flags]
+
+    cases = [(evaluate("run", "--proxy", str(tmp_path / "missing.py:correct")),
+              f"reward function file {tmp_path / 'missing.py'} not found"),
+             (evaluate("run", "--proxy", str(broken)), f"reward function {broken} needs its function: {broken}:NAME"),
+             (evaluate("run", "--gold", f"{broken}:correct"),
+              f"reward function {broken}:correct: {broken} line 2: '[' was never closed"),
+             (evaluate("run", "--proxy", "no_such_module.rewards:correct"),
+              "reward function no_such_module.rewards:correct: no module named 'no_such_module'"),
+             (evaluate("run", "--proxy", "golden"), "unknown judge 'golden'; choose from vader"),
+             (evaluate("script_run"), "the run's reward function __main__:correct was defined in the script that "
+                                      "trained it and cannot be imported again; give --proxy file.py:function"),
+             (evaluate("env_run"), "the run config names no reward_model or reward_funcs")]
     script = ("import sys; from ppo_rlhf.cli import main; code = main(sys.argv[1:]); "
               "print(code, *(m in sys.modules for m in ('torch', 'transformers', 'peft')))")
     for argv, message in cases:

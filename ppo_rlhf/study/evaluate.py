@@ -30,7 +30,7 @@ from tqdm import tqdm
 from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.run import checkpoint_targets, read_run_config, select_checkpoints
-from ppo_rlhf.study.judge_specs import check_judge_spec
+from ppo_rlhf.study.judge_specs import check_judge_spec, check_run_rewards
 from ppo_rlhf.study.prompts import read_prompts
 from ppo_rlhf.study.stats import distinct_n, paired_bootstrap, pearson, standardize
 from ppo_rlhf.utils.device import resolve_device
@@ -239,8 +239,9 @@ def _sample_records(
     run: str | None,
     iteration: int | None,
     reference=None,
-) -> list[dict]:
-    """Sample replies_per_prompt replies per prompt, with per-reply tokens, finished, KL and entropy sum.
+) -> tuple[list[dict], list[list[int]]]:
+    """Sample replies_per_prompt replies per prompt: the records, with per-reply tokens, finished, KL and entropy
+    sum, and each reply's token ids (what reward functions get as `completion_ids`; not kept in the records).
 
     The KL is `KL_ESTIMATE`: per token k3 = r - 1 - log r, r = pi_ref / pi, on the policy's own samples an unbiased
     estimate of KL(pi || pi_ref) that is never negative (k1, log pi - log pi_ref, is unbiased too but any single
@@ -270,7 +271,7 @@ def _sample_records(
     entropy_sum = entropy_sum.tolist()
     tokens = rollout.reply_lengths.tolist()
     finished = rollout.finished.tolist()
-    return [
+    records = [
         {
             "model": label,
             "run": run,
@@ -286,6 +287,7 @@ def _sample_records(
         }
         for k in range(len(repeated))
     ]
+    return records, rollout.completion_ids
 
 
 def reference_kl(model, rollout, temperature: float, batch_size: int, reference=None, label: str = "") -> list[float]:
@@ -325,20 +327,39 @@ SHARED_SETTINGS = {
 }
 
 
-def _common_settings(configs: dict[str, dict[str, Any]], proxy: str | None) -> dict[str, Any]:
+def run_rewards(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's own rewards as its config.yaml records them, in the order reward_weights follows: reward_model (if
+    set), then each of reward_funcs."""
+    specs = [*([config["reward_model"]] if config.get("reward_model") else []), *(config.get("reward_funcs") or [])]
+    return {"reward_funcs": specs, "reward_weights": config.get("reward_weights")}
+
+
+def own_proxy(configs: dict[str, dict[str, Any]], run_dirs: dict[str, Path]) -> str | dict[str, Any]:
+    """The proxy by default: the runs' own rewards, combined as in training. A reward model alone (weight 1) is the
+    judge "rm:MODEL"; anything else the {"reward_funcs", "reward_weights"} of `judges.RewardFunctionsJudge`."""
+    by_run = {name: run_rewards(config) for name, config in configs.items()}
+    require(len({json.dumps(rewards) for rewards in by_run.values()}) == 1,
+            "runs were trained with different rewards; choose one proxy with --proxy (file.py:function, rm:FOLDER, "
+            "...)")
+    name, rewards = next(iter(by_run.items()))
+    require(bool(rewards["reward_funcs"]), f"{run_dirs[name]}: the run config names no reward_model or reward_funcs "
+            "(an environment's rewards cannot be recomputed); give --proxy file.py:function or rm:FOLDER")
+    check_run_rewards(run_dirs[name], rewards)
+    only_model = rewards["reward_funcs"] == [configs[name].get("reward_model")]
+    if only_model and rewards["reward_weights"] in (None, [1.0]):
+        return f"rm:{rewards['reward_funcs'][0]}"
+    return rewards
+
+
+def _common_settings(configs: dict[str, dict[str, Any]], proxy: str | None,
+                     run_dirs: dict[str, Path]) -> dict[str, Any]:
     """Sampling settings and the proxy shared by all runs: they must have the same start model to compare."""
     settings = {}
     for key, default in SHARED_SETTINGS.items():
         values = {json.dumps(config.get(key, default)) for config in configs.values()}
         require(len(values) == 1, f"runs differ in {key} ({', '.join(sorted(values))}); evaluate them separately")
         settings[key] = next(iter(configs.values())).get(key, default)
-    if proxy is None:
-        reward_models = {config.get("reward_model") or "" for config in configs.values()}
-        require(len(reward_models) == 1, "runs use different reward models; choose one with --proxy rm:FOLDER")
-        reward_model = reward_models.pop()
-        require(reward_model != "", "the run config names no reward_model; give --proxy rm:FOLDER")
-        proxy = f"rm:{reward_model}"
-    settings["proxy"] = proxy
+    settings["proxy"] = own_proxy(configs, run_dirs) if proxy is None else proxy
     return settings
 
 
@@ -400,7 +421,7 @@ def score_models(pending: list[tuple[str | None, int | None, Path | None]], sett
     from ppo_rlhf.models.precision import resolve_dtype
     from ppo_rlhf.ppo.trainer import check_prompt_lengths
     from ppo_rlhf.study.arms import word_count
-    from ppo_rlhf.study.judges import make_judge
+    from ppo_rlhf.study.judges import RewardFunctionsJudge, make_judge
 
     new_records: dict[str, list[dict]] = {}
     dtype = resolve_dtype(settings["dtype"], torch.device(device))  # the runs' own setting: "auto" resolves here
@@ -419,18 +440,22 @@ def score_models(pending: list[tuple[str | None, int | None, Path | None]], sett
         return load_policy_adapter(base, folder / "policy", dtype).to(device)
 
     model = load(pending[0][2])
+    rows = load_prompt_rows(str(prompts_path))
     # as train does: a prompt beyond a model's context would be cut, and its replies would mean nothing
-    judge_models = [getattr(judge, "model", None) for judge in judges.values()]
-    check_prompt_lengths(load_prompt_rows(str(prompts_path)), tokenizer, [model, *judge_models],
-                         settings["max_new_tokens"])
+    judge_models = [judge_model for judge in judges.values() for judge_model in getattr(judge, "models", [])]
+    check_prompt_lengths(rows, tokenizer, [model, *judge_models], settings["max_new_tokens"])
     for k, (run, iteration, folder) in enumerate(tqdm(pending, desc="models", unit="model")):
         model = model if k == 0 else load(folder)
-        new = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration, **sample)
+        new, completion_ids = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration,
+                                              **sample)
         del model  # one policy in memory at a time
         _release_memory()
         texts_prompts, texts = [r["prompt"] for r in new], [r["reply"] for r in new]
+        columns = [rows[r["prompt_index"]].columns for r in new]  # each reply's prompt's other columns, as in training
         for judge_name, judge in judges.items():
-            for record, score in zip(new, judge.score(texts_prompts, texts)):
+            scores = judge.score(texts_prompts, texts, completion_ids, columns) \
+                if isinstance(judge, RewardFunctionsJudge) else judge.score(texts_prompts, texts)
+            for record, score in zip(new, scores):
                 record[f"{judge_name}_raw"] = score
         for record in new:
             record["length_raw"] = float(length_sign * word_count(record["reply"]))
@@ -480,10 +505,11 @@ def evaluate_runs(
     require(length_sign in (1, -1), f"length_sign must be 1 or -1, got {length_sign}")
     dirs = [Path(d) for d in run_dirs]
     configs = read_run_configs(dirs)
-    settings = _common_settings(configs, proxy)
     prompts = read_prompts(prompts_path)  # every input is checked before the slow imports and model loads
-    for judge in (settings["proxy"], gold):
-        check_judge_spec(judge)
+    for judge in (proxy, gold):
+        if judge is not None:
+            check_judge_spec(judge, rewards=True)
+    settings = _common_settings(configs, proxy, {run_name(d): d for d in dirs})
     selected = {run_name(d): select_checkpoints(d, checkpoints) for d in dirs}
     run_dirs_by_name = {run_name(d): d for d in dirs}
 
@@ -535,10 +561,16 @@ def evaluate_runs(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="training run folders (ppo-rlhf train --out)")
-    parser.add_argument("--prompts", required=True, help='held-out prompts, a {"prompt": ...} JSONL file')
-    parser.add_argument("--proxy", default=None, help="the proxy judge (default: rm: + the runs' reward_model)")
+    parser.add_argument("--prompts", "--eval-prompts", dest="prompts", required=True, metavar="FILE",
+                        help='held-out prompts, a {"prompt": ...} JSONL file; its other columns (e.g. "answer") are '
+                        "passed to reward functions, as in training")
+    parser.add_argument("--proxy", default=None, help="the proxy judge: a reward as train's --reward-funcs takes it "
+                        "(file.py:function, module:function, a reward-model folder or rm:PATH_OR_ID) or a --gold "
+                        "judge (default: the runs' own rewards as their config.yaml records them, reward_model and "
+                        "reward_funcs weighted by reward_weights, as in training)")
     add_threads_argument(parser)
-    parser.add_argument("--gold", default="gold", help="the gold judge: gold, vader, nontoxic or rm:PATH_OR_ID")
+    parser.add_argument("--gold", default="gold", help="the gold judge: gold, vader, nontoxic, rm:PATH_OR_ID, or a "
+                        "reward function (file.py:function, module:function)")
     parser.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=2, metavar="N",
                         help="replies sampled per held-out prompt and model (default 2)")
     parser.add_argument("--seed", type=SEED, default=1234, help="sampling seed, the same for every model")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -26,6 +26,7 @@ from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models.loading import NoScoreHead, load_reward_model, load_tokenizer
 from ppo_rlhf.models.scores import score_texts
 from ppo_rlhf.study.judge_specs import INIT_HEAD_PREFIX, JUDGE_SPECS
+from ppo_rlhf.utils.paths import function_spec
 
 
 class Judge(Protocol):
@@ -110,6 +111,11 @@ class RewardModelJudge:
             raise NoScoreHead(f"judge {self.name}: {error} (the judge {INIT_HEAD_PREFIX}{model_name_or_folder} starts "
                               "from a random head on purpose)") from None
 
+    @property
+    def models(self) -> list[torch.nn.Module]:
+        """The models it scores with (whose context a prompt must fit)."""
+        return [self.model]
+
     def score(self, prompts: list[str], replies: list[str]) -> list[float]:
         require(len(prompts) == len(replies), f"{len(prompts)} prompts but {len(replies)} replies")
         if not replies:
@@ -118,11 +124,45 @@ class RewardModelJudge:
         return check_finite(self.name, replies, scores.tolist())
 
 
-def make_judge(spec: str, batch_size: int = 16, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Judge:
+class RewardFunctionsJudge:
+    """Rewards as `train` takes them (rewards.py: "file.py:function", "module:function", reward-model folders or hub
+    ids), weighted and summed as in training (`CombinedReward`). Its functions are called as the trainer calls them:
+    with each reply's token ids (`completion_ids`) and its prompt's other dataset columns, which `score` takes."""
+
+    def __init__(self, specs: list[str], weights: list[float] | None = None, batch_size: int = 16,
+                 device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        from ppo_rlhf.rewards import CombinedReward, ModelReward, resolve_reward_funcs
+
+        funcs = resolve_reward_funcs(specs, dtype=dtype, device=device, batch_size=batch_size)
+        self.rewards = CombinedReward(funcs, weights)
+        self.name = " + ".join(func.name if weight == 1.0 else f"{weight:g} * {func.name}"
+                               for func, weight in zip(funcs, self.rewards.weights))
+        self.models = [func.model for func in funcs if isinstance(func, ModelReward)]
+
+    def score(self, prompts: list[str], replies: list[str], completion_ids: list[list[int]] | None = None,
+              columns: list[dict[str, Any]] | None = None) -> list[float]:
+        """One score per reply: the weighted sum of the rewards; `completion_ids` (the policy's tokens of each reply)
+        and `columns` (its prompt's other dataset columns) are passed to the functions as in training."""
+        require(completion_ids is not None and len(completion_ids) == len(replies),
+                f"judge {self.name} needs each reply's token ids (completion_ids)")
+        assert completion_ids is not None  # (for mypy: require raised otherwise)
+        if not replies:
+            return []
+        rows = columns if columns is not None else [{} for _ in replies]
+        totals = self.rewards.scores(list(prompts), list(replies), completion_ids, rows).total
+        return check_finite(self.name, replies, totals.tolist())
+
+
+def make_judge(spec: str | dict[str, Any], batch_size: int = 16, device: str = "cpu",
+               dtype: torch.dtype = torch.float32) -> Judge:
     """A judge from its name: "vader", "nontoxic", "gold", "rm:PATH_OR_ID", or a reward-model folder (whose frozen
     weights are stored in `dtype`: the evaluation scores with the proxy in the dtype PPO trained against);
     "rm-init-head:PATH_OR_ID" accepts a model without a trained score head (random scores); "ensemble:FOLDER" a
-    proxy ensemble (study/ensemble.py: its members in the dtype its folder names, as PPO scored with them)."""
+    proxy ensemble (study/ensemble.py: its members in the dtype its folder names, as PPO scored with them). A reward
+    function, "file.py:function" or "module:function", or a run's rewards as its config.yaml records them,
+    {"reward_funcs": [...], "reward_weights": [...] or None}, make a `RewardFunctionsJudge`."""
+    if isinstance(spec, dict):
+        return RewardFunctionsJudge(spec["reward_funcs"], spec["reward_weights"], batch_size, device, dtype)
     if spec == "vader":
         return VaderJudge()
     if spec == "nontoxic":
@@ -144,4 +184,6 @@ def make_judge(spec: str, batch_size: int = 16, device: str = "cpu", dtype: torc
         return EnsembleJudge(folder, device)
     if Path(spec).expanduser().is_dir():
         return RewardModelJudge(spec, batch_size=batch_size, device=device, dtype=dtype)
+    if ":" in spec and function_spec(spec) is not None:
+        return RewardFunctionsJudge([spec], None, batch_size, device, dtype)
     raise UsageError(f"unknown judge {spec!r}; choose from {JUDGE_SPECS}")

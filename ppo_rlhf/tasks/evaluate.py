@@ -57,8 +57,8 @@ def task_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], r
         if environment is not None:
             return records  # the environment said which episodes succeeded
     else:
-        records = _sample_records(model, tokenizer, [row["prompt"] for row in rows], replies_per_prompt, settings,
-                                  seed, batch_size, run, iteration, reference)
+        records, _ = _sample_records(model, tokenizer, [row["prompt"] for row in rows], replies_per_prompt, settings,
+                                     seed, batch_size, run, iteration, reference)
     replies = [record["reply"] for record in records]
     answers = [rows[record["prompt_index"]]["answer"] for record in records]
     prompts = [record["prompt"] for record in records]

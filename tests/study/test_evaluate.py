@@ -295,3 +295,71 @@ def test_prompts_beyond_the_models_context_are_refused_naming_the_line(run_dir, 
     assert code == 2 and len(err.splitlines()) == 1
     assert f"{prompts}:2: the prompt (" in err and "exceed the models' context of 512 tokens" in err
     assert not (tmp_path / "e").exists()
+
+
+# ---------------------------------------------------------------- a run trained with reward functions
+
+# a reward reading the dataset column "answer", whose value the tests recompute from an evaluation's records
+OWN_REWARDS = '''
+def correct(prompts, completions, completion_ids, answer, **kwargs):
+    return [10.0 * len(a) + len(c) + 0.5 * len(ids) for c, a, ids in zip(completions, answer, completion_ids)]
+
+
+def brief(completions, **kwargs):
+    return [-float(len(c)) for c in completions]
+'''
+ANSWERS = {"Hello!": "hi", "Tell me a story.": "once upon a time", "What is energy?": "work"}
+
+
+def own_reward(reply: str, answer: str, tokens: int) -> float:
+    return 10.0 * len(answer) + len(reply) + 0.5 * tokens
+
+
+@pytest.fixture(scope="module")
+def own_reward_run(tmp_path_factory, tiny_model_dirs):
+    """A run trained by `ppo-rlhf train --reward-funcs my_rewards.py:correct --reward-weights 2` (no reward model) on
+    prompts with an "answer" column, and held-out prompts with theirs."""
+    root = tmp_path_factory.mktemp("own_reward")
+    (root / "my_rewards.py").write_text(OWN_REWARDS)
+    for name in ("train.jsonl", "heldout.jsonl"):
+        (root / name).write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in ANSWERS.items()))
+    run = root / "own_reward"
+    code = main(["train", "--policy-model", str(tiny_model_dirs["policy"]), "--prompts", str(root / "train.jsonl"),
+                 "--reward-funcs", f"{root / 'my_rewards.py'}:correct", "--reward-weights", "2.0", "--out", str(run),
+                 "--iterations", "1", "--batch-size", "4", "--minibatch-size", "2", "--epochs", "1",
+                 "--max-new-tokens", "6", "--reward-norm-samples", "4", "--lora-rank", "4", "--checkpoint-every", "1",
+                 "--temperature", "0.7", "--no-tensorboard", "--quiet", "--dtype", "float32"])
+    assert code == 0
+    return root, run
+
+
+def test_a_run_trained_with_a_reward_function_is_evaluated_with_its_own_rewards(own_reward_run):
+    """Issue 58 item 6: by default the proxy is the run's rewards as config.yaml records them (weights included),
+    each function given the held-out prompts' other columns and the replies' token ids, as in training."""
+    root, run = own_reward_run
+    out = root / "eval_own"
+    code = main(["evaluate", str(run), "--eval-prompts", str(root / "heldout.jsonl"), "--gold", "vader", "--out",
+                 str(out), "--batch-size", "4"])
+    assert code == 0
+    result = json.loads((out / "evaluation.json").read_text())
+    assert result["settings"]["proxy"] == {"reward_funcs": [f"{(root / 'my_rewards.py').resolve()}:correct"],
+                                           "reward_weights": [2.0]}
+    records = result["records"]
+    assert [r["model"] for r in records[::6]] == [START, "own_reward step 1"]
+    assert [r["proxy_raw"] for r in records] == [2.0 * own_reward(r["reply"], ANSWERS[r["prompt"]], r["tokens"])
+                                                 for r in records]
+    assert len({r["proxy_raw"] for r in records}) > 1
+
+
+def test_reward_functions_as_proxy_and_gold(own_reward_run):
+    """`--proxy` and `--gold` take the specs `train --reward-funcs` takes (here file.py:function), weight 1."""
+    root, run = own_reward_run
+    out = root / "eval_given"
+    code = main(["evaluate", str(run), "--prompts", str(root / "heldout.jsonl"), "--proxy",
+                 f"{root / 'my_rewards.py'}:brief", "--gold", f"{root / 'my_rewards.py'}:correct", "--out", str(out),
+                 "--batch-size", "4", "--checkpoints", "latest"])
+    assert code == 0
+    records = json.loads((out / "evaluation.json").read_text())["records"]
+    assert [r["proxy_raw"] for r in records] == [-float(len(r["reply"])) for r in records]
+    assert [r["gold_raw"] for r in records] == [own_reward(r["reply"], ANSWERS[r["prompt"]], r["tokens"])
+                                                for r in records]
