@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import read_yaml, to_yaml
-from ppo_rlhf.errors import Interrupted, UsageError, require
+from ppo_rlhf.errors import Interrupted, UsageError, UserCodeFailed, require
 from ppo_rlhf.ppo import hints
 from ppo_rlhf.ppo.dashboard import dashboard_line, dashboard_notes, history_line, token_table_text
 from ppo_rlhf.ppo.kl_spacing import parse_targets, pick_by_kl, read_kls
@@ -171,9 +171,12 @@ def run_training(trainer: PPOLoop, resume: bool, callbacks: list | tuple = (), o
             run_iterations(trainer, run_dir, start, history, log, callbacks, owner)
         except KeyboardInterrupt:
             raise Interrupted(how_to_continue(run_dir, tuple(trainer.models))) from None
-        except Exception:
+        except Exception as error:
             if fresh and not history:
                 discard_start(run_dir, existed)
+            if isinstance(error, UserCodeFailed):  # what was kept, after discard_start has had its say
+                raise UserCodeFailed(f"{error}; {how_to_continue(run_dir, tuple(trainer.models), fixed=True)}"
+                                     ) from error
             raise
         notify(callbacks, "on_train_end", owner)
     return run_dir
@@ -192,15 +195,17 @@ def discard_start(run_dir: Path, existed: bool) -> None:
             path.unlink(missing_ok=True)
 
 
-def how_to_continue(run_dir: Path, models: tuple[str, ...]) -> str:
-    """What an interrupted run says: its latest checkpoint and the command that continues it."""
+def how_to_continue(run_dir: Path, models: tuple[str, ...], fixed: bool = False) -> str:
+    """What an interrupted run says: its latest checkpoint and the command that continues it (`fixed`: once the
+    user's code that stopped it is fixed)."""
     from ppo_rlhf.ppo.checkpoint_files import latest_checkpoint
 
+    then = "once it is fixed, " if fixed else ""
     if not (run_dir / "config.yaml").is_file():
-        return f"nothing was written yet: {hints.start_again()}"
+        return f"nothing was written yet: {then}{hints.start_again()}"
     last = latest_checkpoint(run_dir, models)
     where = f"the latest checkpoint is {last.name}" if last else "no checkpoint yet (it starts again from iteration 0)"
-    return f"{where}; continue with: {hints.continue_run(run_dir)}"
+    return f"{where}; {then}continue with: {hints.continue_run(run_dir)}"
 
 
 def notify(callbacks: list | tuple, event: str, *args: Any) -> bool:
