@@ -79,10 +79,17 @@ def write_samples(run_dir: Path, index: int, experience: Experience, count: int 
              for i in range(min(count, len(experience.prompts)))]
     with open(run_dir / "samples.jsonl", "a") as handle:
         handle.write("\n".join(lines) + "\n")
-    from ppo_rlhf.models.chat import prompt_text
+    return sample_line(experience.prompts[0], float(experience.scores[0]), experience.reply_texts[0])
 
-    return (f"sample [{float(experience.scores[0]):+.2f}] {prompt_text(experience.prompts[0])[:60]!r} -> "
-            f"{experience.reply_texts[0][:120]!r}")
+
+def sample_line(prompt: Any, score: float, reply: str) -> str:
+    """The console's line for one sample: its score, the question the reply answers (the last user message) and the
+    reply, both cut short."""
+    from ppo_rlhf.models.chat import question_text
+
+    question, earlier = question_text(prompt)
+    after = f" (after {earlier} earlier turn{'s' if earlier != 1 else ''})" if earlier else ""
+    return f"sample [{score:+.2f}] {question[:60]!r}{after} -> {reply[:120]!r}"
 
 
 def check_run_dir(cfg: TrainConfig) -> None:
