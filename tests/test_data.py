@@ -246,7 +246,8 @@ def test_the_sample_line_shows_the_question_the_reply_answers():
 
     few_shot = [{"role": "user", "content": "Continue: Jo never could"}, {"role": "assistant", "content": "sew."},
                 {"role": "user", "content": "Continue: The rain"}]
-    assert sample_line(few_shot, -1.0, "fell.") == "sample [-1.00] 'Continue: The rain' (after 2 earlier turns) -> 'fell.'"
+    assert sample_line(few_shot, -1.0, "fell.") == ("sample [-1.00] 'Continue: The rain' (after 2 earlier turns) -> "
+                                                    "'fell.'")
     # a system message is no turn; a plain string prompt is its own question
     assert sample_line(MESSAGES, 0.5, "Four.") == "sample [+0.50] 'What is 2 + 2?' -> 'Four.'"
     assert sample_line("Say hi.", 0.0, "hi") == "sample [+0.00] 'Say hi.' -> 'hi'"
