@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-# The sizes below which the report warns that samples are small (the full preset's design: issue 16).
+# The sizes below which the report warns that samples are small (the full preset's design).
 MIN_HELDOUT_PROMPTS = 100
 MIN_RM_HELDOUT_PAIRS = 200
 TARGET_RM_ACCURACY = 0.75
@@ -214,13 +214,13 @@ def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, An
     return notes
 
 
-# ---------------------------------------------------------------- the three arms (issue 43)
+# ---------------------------------------------------------------- the three arms
 
 ARM_TITLES = {"proxy": "the proxy arm (PPO on the reward model)", "gold": "the gold arm (PPO on the gold judge)",
               "length": "the length arm (PPO on word counts)"}
 # what each arm maximised, as the evaluation names the score
 ARM_SCORES = {"proxy": "proxy", "gold": "gold", "length": "length"}
-GOAL = ("The goal, stated before running (issue 43): at some KL, the gold arm's gold change excludes zero (the design "
+GOAL = ("The goal, stated before running: at some KL, the gold arm's gold change excludes zero (the design "
         "can move gold), and the proxy arm's gold change excludes zero or the gap between its proxy and gold changes "
         "does.")
 
@@ -241,7 +241,7 @@ def _largest(points: list[dict[str, Any]], score: str) -> dict[str, Any]:
 
 
 def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
-    """Issue 43 item 6, checked on the pooled points (curves.arm_curves): which part of the goal was met, with the
+    """The goal, checked on the pooled points (curves.arm_curves): which part of it was met, with the
     numbers, and which failed, with the numbers that show it."""
     sentences = [GOAL]
     gold_arm = [p for p in curves if p["arm"] == "gold"]
@@ -288,7 +288,7 @@ def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
 
 
 def reach_sentence(curves: list[dict[str, Any]], targets: list[float]) -> str:
-    """How far in KL each arm went (issue 43 item 2): the KL targets its runs' training KL reached, the ones it did
+    """How far in KL each arm went: the KL targets its runs' training KL reached, the ones it did
     not, and its last checkpoint's KL on the held-out replies."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for p in curves:
@@ -307,7 +307,7 @@ def reach_sentence(curves: list[dict[str, Any]], targets: list[float]) -> str:
 
 
 def eos_sentences(curves: list[dict[str, Any]], start: dict[str, Any], cap: Any) -> list[str]:
-    """What the EOS rule did to each arm (issue 43 item 2): at each arm's last checkpoint, the share of finished
+    """What the EOS rule did to each arm: at each arm's last checkpoint, the share of finished
     replies and the length against the start model's, and the score the arm maximised with the rule and without."""
     lasts = [p for p in curves if p["target"] == "last"]
     if not lasts:
