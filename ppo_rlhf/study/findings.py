@@ -256,8 +256,11 @@ def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
                              f"{_points(len(gold_arm))}, most at {where(best)}, {_interval(best['gold_change'])}.")
         else:
             best = max(gold_arm, key=lambda p: p["gold_change"]["mean"])
-            sentences.append(f"Part one failed: the gold arm's gold change rose above zero at none of its "
-                             f"{_points(len(gold_arm))} (its highest, {_interval(best['gold_change'])} at "
+            several = len(gold_arm) > 1
+            rose = (f"rose above zero at none of its {_points(len(gold_arm))}" if several
+                    else "did not rise above zero at its one point")
+            sentences.append(f"Part one failed: the gold arm's gold change {rose} ({'its highest, ' if several else ''}"
+                             f"{_interval(best['gold_change'])} at "
                              f"{where(best)}): within these KLs the design cannot move gold on held-out prompts, so a "
                              "flat gold change of the proxy arm says little about the proxy.")
     if not proxy_arm:
@@ -275,8 +278,11 @@ def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
             sentences.append(f"Part two was met: in the proxy arm {'; '.join(found)}.")
         else:
             gold, gap = _largest(proxy_arm, "gold"), _largest(proxy_arm, "gap")
-            sentences.append(f"Part two failed: at none of the proxy arm's {_points(len(proxy_arm))} did the gold "
-                             f"change or the gap between proxy and gold changes exclude zero (the largest gold change "
+            neither = (f"at none of the proxy arm's {_points(len(proxy_arm))} did the gold change or the gap "
+                       "between proxy and gold changes exclude zero" if len(proxy_arm) > 1 else
+                       "at the proxy arm's one point neither the gold change nor the gap between proxy and gold "
+                       "changes excluded zero")
+            sentences.append(f"Part two failed: {neither} (the largest gold change "
                              f"{_interval(gold['gold_change'])} at {where(gold)}, the largest gap "
                              f"{_interval(gap['gap_change'])} at {where(gap)}).")
     n = sum(2 if p["arm"] == "proxy" else 1 for p in gold_arm + proxy_arm)
@@ -344,7 +350,8 @@ def settings_sentence(study: dict[str, Any], settings: dict[str, Any]) -> str:
     return (f"Settings: start model {demo.get('model')}, {seeds}KL coefficients (beta) {demo.get('betas')}, "
             f"{demo.get('iterations')} PPO iterations of {demo.get('batch_size')} replies, reply cap "
             f"{demo.get('reply_cap')} tokens"
-            + (f"; arms {demo['arms']}, {demo.get('seeds')} seed(s) of the proxy arm, checkpoints picked at KL targets "
+            + (f"; arms {', '.join(str(demo['arms']).split(','))}, {demo.get('seeds')} "
+               f"seed{'' if demo.get('seeds') == 1 else 's'} of the proxy arm, checkpoints picked at KL targets "
                f"{demo.get('kl_targets')} and the last" if "arms" in demo else "")
             + f"; evaluation on {settings.get('n_prompts')} held-out prompts x {settings.get('replies_per_prompt')} "
             f"{'reply' if settings.get('replies_per_prompt') == 1 else 'replies'} per checkpoint, scores in "

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -305,18 +305,32 @@ def curves_table(curves: list[dict]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+# each arm in the words of the arms section's heading and caption
+ARM_BUYS = {"proxy": "the proxy", "gold": "the gold judge", "length": "word counts"}
+ARM_ON = {"proxy": "on the proxy", "gold": "on the gold judge itself", "length": "on word counts"}
+
+
+def _and(words: Iterable[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    words = list(words)
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
+
+
 def arms_blocks(curves: list[dict], evaluation: dict[str, Any], arms: dict[str, dict], out_dir: Path) -> list[Block]:
     """The arms' figure and table, and the main arm's per-seed figure."""
     from ppo_rlhf.study.arms import MAIN_ARM
     from ppo_rlhf.study.findings import start_row
 
     arms_figure(curves, start_row(evaluation["summary"])["kl"]).savefig(out_dir / "arms.png", dpi=100)
+    ran = [arm for arm in ARM_COLOURS if any(point["arm"] == arm for point in curves)]  # a quick demo runs two
+    count = {1: "One arm", 2: "Two arms", 3: "Three arms"}.get(len(ran), f"{len(ran)} arms")
     blocks: list[Block] = [
-        ("h2", "Three arms: what the proxy, the gold judge and word counts each buy at each KL"),
-        ("img", "arms.png", "gold change (left) and proxy change (right) against KL to the start model for PPO on "
-                            "the proxy, on the gold judge itself and on word counts; each point is the first "
-                            "checkpoint past a KL target (and the last), pooled over the seeds; bands: 95% intervals "
-                            "that resample prompts (jointly for all seeds) and seeds"),
+        ("h2", f"{count}: what {_and(ARM_BUYS[arm] for arm in ran)} {'buys' if len(ran) == 1 else 'each buy'} at "
+               "each KL"),
+        ("img", "arms.png", "gold change (left) and proxy change (right) against KL to the start model for PPO "
+                            f"{_and(ARM_ON[arm] for arm in ran)}; each point is the first checkpoint past a KL target "
+                            "(and the last), pooled over the seeds; bands: 95% intervals that resample prompts "
+                            "(jointly for all seeds) and seeds"),
         ("table", *curves_table(curves)),
     ]
     main = [name for name, run in arms.items() if run["arm"] == MAIN_ARM]

@@ -230,6 +230,11 @@ def test_the_seed_figure_needs_two_seeds(tmp_path):
     one = {"nokl": two["nokl"]}
     assert [b[1] for b in arms_blocks(curves, evaluation, one, out) if b[0] == "img"] == ["arms.png"]
     assert not (out / "seeds.png").exists()
+    # the heading and the caption name the arms that ran (a quick demo runs two of the three)
+    both = curves + [{**curves[0], "arm": "gold"}]
+    heading, figure = arms_blocks(both, evaluation, one, out)[:2]
+    assert heading == ("h2", "Two arms: what the proxy and the gold judge each buy at each KL")
+    assert "for PPO on the proxy and on the gold judge itself;" in figure[2] and "word counts" not in figure[2]
 
 
 def test_no_issue_numbers_in_what_the_study_says():
