@@ -251,6 +251,10 @@ def test_the_sample_line_shows_the_question_the_reply_answers():
     # a system message is no turn; a plain string prompt is its own question
     assert sample_line(MESSAGES, 0.5, "Four.") == "sample [+0.50] 'What is 2 + 2?' -> 'Four.'"
     assert sample_line("Say hi.", 0.0, "hi") == "sample [+0.00] 'Say hi.' -> 'hi'"
+    # a long question is shown by its end, where the text the reply continues is
+    long = 'Continue this text in one or two sentences: "Jo never could stitch an even hem; ... her rococo needlework."'
+    assert sample_line(long, 0.0, "x") == ("sample [+0.00] '...ver could stitch an even hem; ... her rococo "
+                                           "needlework.\"' -> 'x'")
 
 
 def test_generate_rollout_with_message_prompts(tokenizer):

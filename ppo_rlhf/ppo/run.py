@@ -84,12 +84,14 @@ def write_samples(run_dir: Path, index: int, experience: Experience, count: int 
 
 def sample_line(prompt: Any, score: float, reply: str) -> str:
     """The console's line for one sample: its score, the question the reply answers (the last user message) and the
-    reply, both cut short."""
+    reply, both cut short: the question to its last 60 characters, where what the reply answers or continues is (the
+    demo's "Continue this text ...: <text>" showed only its instruction), the reply to its first 120."""
     from ppo_rlhf.models.chat import question_text
 
     question, earlier = question_text(prompt)
     after = f" (after {earlier} earlier turn{'s' if earlier != 1 else ''})" if earlier else ""
-    return f"sample [{score:+.2f}] {question[:60]!r}{after} -> {reply[:120]!r}"
+    shown = question if len(question) <= 60 else "..." + question[-57:]
+    return f"sample [{score:+.2f}] {shown!r}{after} -> {reply[:120]!r}"
 
 
 def check_run_dir(cfg: TrainConfig) -> None:
