@@ -11,6 +11,11 @@ def require(condition: bool, message: str) -> None:
         raise UsageError(message)
 
 
+class UserCodeFailed(UsageError):
+    """A tool or environment of the user's raised, hung or returned the wrong thing during a run: the run stops, and
+    its line says what it kept and how to continue once the code is fixed."""
+
+
 class RunError(Exception):
     """A run that cannot go on for a reason that is neither bad input nor a bug (a full disk): the CLI prints its
     message on one line and exits with code 1."""

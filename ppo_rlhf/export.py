@@ -268,7 +268,9 @@ def save_policy(model: PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: s
     from peft import PeftModel  # lazy: the CLI checks its arguments before torch loads
 
     from ppo_rlhf.utils.files import atomic_directory
+    from ppo_rlhf.utils.quiet import quiet_libraries
 
+    quiet_libraries()  # a policy built outside ppo_rlhf's loading has not silenced save_pretrained's noise yet
     require(isinstance(model, PeftModel), f"save_policy needs the policy with its LoRA adapter (a PeftModel), got "
             f"{type(model).__name__}")
     out = check_out_dir(out_dir)

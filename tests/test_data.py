@@ -241,6 +241,22 @@ def test_prompt_text():
     assert prompt_text(MESSAGES) == "system: Answer in one word. | user: What is 2 + 2?"
 
 
+def test_the_sample_line_shows_the_question_the_reply_answers():
+    from ppo_rlhf.ppo.run import sample_line
+
+    few_shot = [{"role": "user", "content": "Continue: Jo never could"}, {"role": "assistant", "content": "sew."},
+                {"role": "user", "content": "Continue: The rain"}]
+    assert sample_line(few_shot, -1.0, "fell.") == ("sample [-1.00] 'Continue: The rain' (after 2 earlier turns) -> "
+                                                    "'fell.'")
+    # a system message is no turn; a plain string prompt is its own question
+    assert sample_line(MESSAGES, 0.5, "Four.") == "sample [+0.50] 'What is 2 + 2?' -> 'Four.'"
+    assert sample_line("Say hi.", 0.0, "hi") == "sample [+0.00] 'Say hi.' -> 'hi'"
+    # a long question is shown by its end, where the text the reply continues is
+    long = 'Continue this text in one or two sentences: "Jo never could stitch an even hem; ... her rococo needlework."'
+    assert sample_line(long, 0.0, "x") == ("sample [+0.00] '...ver could stitch an even hem; ... her rococo "
+                                           "needlework.\"' -> 'x'")
+
+
 def test_generate_rollout_with_message_prompts(tokenizer):
     from ppo_rlhf.models.rollout import generate_rollout
 

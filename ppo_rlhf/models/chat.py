@@ -28,6 +28,16 @@ def prompt_text(prompt: Prompt) -> str:
     return " | ".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
+def question_text(prompt: Prompt) -> tuple[str, int]:
+    """(the last user message's content, how many user and assistant messages come before it): what a reply answers,
+    for a log line; a few-shot chat opens with demonstrations, and its first message is one of them."""
+    messages = prompt_messages(prompt)
+    last = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if last is None:
+        return prompt_text(prompt), 0
+    return messages[last]["content"], sum(m["role"] in ("user", "assistant") for m in messages[:last])
+
+
 def template_has_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
     """Whether the chat template reads a `tools` variable: it has a tool format of its own (Hermes, Qwen2.5, Llama
     3.1), describing the tools in the prompt and asking for `<tool_call>` JSON. SmolLM2's template has none."""

@@ -9,7 +9,7 @@ tools' JSON schemas (`tool_schemas`), which the template describes to the policy
 call a tool (calc-steps' does, in the plain format). A turn ends at its first complete call: the tokens sampled after
 it are dropped.
 
-User code may raise, hang or return the wrong type: each of these stops the run with one `UsageError` line naming
+User code may raise, hang or return the wrong type: each of these stops the run with one `UserCodeFailed` line naming
 the tool or environment and the turn. A call the policy got wrong (an unknown tool, arguments the function does not
 take) is the policy's mistake, not the tool's: its observation says so and it counts as a tool error.
 """
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ppo_rlhf.errors import UsageError
+from ppo_rlhf.errors import UserCodeFailed
 
 PLAIN_CALL = re.compile(r"<tool>\s*([A-Za-z_]\w*)\s*\((.*?)\)\s*</tool>", re.S)
 JSON_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
@@ -80,7 +80,7 @@ def opens_tool_call(text: str) -> bool:
 
 
 def guarded(what: str, fn: Callable, *args: Any, timeout: float, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs) in a daemon thread: its result, or a UsageError naming `what` when it raises or takes
+    """fn(*args, **kwargs) in a daemon thread: its result, or a UserCodeFailed naming `what` when it raises or takes
     longer than `timeout` seconds (the thread is left behind: Python cannot stop it; daemon, so it never keeps the
     process alive)."""
     answer: queue.Queue = queue.Queue(maxsize=1)
@@ -95,10 +95,10 @@ def guarded(what: str, fn: Callable, *args: Any, timeout: float, **kwargs: Any) 
     try:
         ok, value = answer.get(timeout=timeout)
     except queue.Empty:
-        raise UsageError(f"{what} did not return within tool_timeout={timeout:g} s") from None
+        raise UserCodeFailed(f"{what} did not return within tool_timeout={timeout:g} s") from None
     if not ok:
         text = str(value).strip().splitlines()
-        raise UsageError(f"{what} raised {type(value).__name__}" + (f": {text[0]}" if text else "")) from value
+        raise UserCodeFailed(f"{what} raised {type(value).__name__}" + (f": {text[0]}" if text else "")) from value
     return value
 
 
@@ -119,7 +119,7 @@ def call_tool(call: ToolCall, tools: dict[str, Callable], turn: int, timeout: fl
     what = f"tool {call.name} ({named}turn {turn})"
     result = guarded(what, tool, *call.args, timeout=timeout, **call.kwargs)
     if isinstance(result, bool) or not isinstance(result, str | int | float):
-        raise UsageError(f"{what} returned a {type(result).__name__}, not text or a number")
+        raise UserCodeFailed(f"{what} returned a {type(result).__name__}, not text or a number")
     return str(result), False
 
 

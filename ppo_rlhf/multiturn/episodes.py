@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.errors import UsageError, UserCodeFailed, require
 from ppo_rlhf.models.chat import chat_prompt_ids, prompt_messages, template_has_tools
 from ppo_rlhf.models.padding import right_pad
 from ppo_rlhf.models.rollout import Replies, Rollout
@@ -105,8 +105,8 @@ Sample = Callable[[list[list[int]], int], Replies]  # (trajectories so far, toke
 def _reset(env: Any, prompt: Any, columns: dict[str, Any], timeout: float, of: str) -> Any:
     what = f"environment reset (turn 0){of}"
     observation = guarded(what, env.reset, timeout=timeout, prompt=prompt, **columns)
-    require(observation is None or isinstance(observation, str),
-            f"{what} returned a {type(observation).__name__}, not text or None")
+    if not (observation is None or isinstance(observation, str)):
+        raise UserCodeFailed(f"{what} returned a {type(observation).__name__}, not text or None")
     if not observation:
         return prompt
     messages = prompt_messages(prompt)
@@ -119,8 +119,9 @@ def _step(env: Any, text: str, turn: int, timeout: float, of: str) -> tuple[str,
     out = guarded(what, env.step, text, timeout=timeout)
     ok = (isinstance(out, tuple) and len(out) == 3 and isinstance(out[0], str) and isinstance(out[2], bool)
           and (out[1] is None or (isinstance(out[1], int | float) and not isinstance(out[1], bool))))
-    require(ok, f"{what} returned {type(out).__name__} {str(out)[:60]!r}, not (observation text, reward or None, "
-                "done)")
+    if not ok:
+        raise UserCodeFailed(f"{what} returned {type(out).__name__} {str(out)[:60]!r}, not (observation text, reward "
+                             "or None, done)")
     return out
 
 

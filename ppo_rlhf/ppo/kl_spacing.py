@@ -1,4 +1,4 @@
-"""Checkpoints spaced by KL, not by step (issue 43 item 2): which of a run's checkpoints the evaluation scores.
+"""Checkpoints spaced by KL, not by step: which of a run's checkpoints the evaluation scores.
 
 Runs move away from the start model at different speeds (an arm whose reward is easy to raise moves faster, and
 beta 0 faster than beta 0.05), so the same steps would compare different distances. For each KL target the

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from ppo_rlhf.config import read_yaml, to_yaml
-from ppo_rlhf.errors import Interrupted, UsageError, require
+from ppo_rlhf.errors import Interrupted, UsageError, UserCodeFailed, require
 from ppo_rlhf.ppo import hints
 from ppo_rlhf.ppo.dashboard import dashboard_line, dashboard_notes, history_line, token_table_text
 from ppo_rlhf.ppo.kl_spacing import parse_targets, pick_by_kl, read_kls
@@ -79,10 +79,19 @@ def write_samples(run_dir: Path, index: int, experience: Experience, count: int 
              for i in range(min(count, len(experience.prompts)))]
     with open(run_dir / "samples.jsonl", "a") as handle:
         handle.write("\n".join(lines) + "\n")
-    from ppo_rlhf.models.chat import prompt_text
+    return sample_line(experience.prompts[0], float(experience.scores[0]), experience.reply_texts[0])
 
-    return (f"sample [{float(experience.scores[0]):+.2f}] {prompt_text(experience.prompts[0])[:60]!r} -> "
-            f"{experience.reply_texts[0][:120]!r}")
+
+def sample_line(prompt: Any, score: float, reply: str) -> str:
+    """The console's line for one sample: its score, the question the reply answers (the last user message) and the
+    reply, both cut short: the question to its last 60 characters, where what the reply answers or continues is (the
+    demo's "Continue this text ...: <text>" showed only its instruction), the reply to its first 120."""
+    from ppo_rlhf.models.chat import question_text
+
+    question, earlier = question_text(prompt)
+    after = f" (after {earlier} earlier turn{'s' if earlier != 1 else ''})" if earlier else ""
+    shown = question if len(question) <= 60 else "..." + question[-57:]
+    return f"sample [{score:+.2f}] {shown!r}{after} -> {reply[:120]!r}"
 
 
 def check_run_dir(cfg: TrainConfig) -> None:
@@ -171,9 +180,12 @@ def run_training(trainer: PPOLoop, resume: bool, callbacks: list | tuple = (), o
             run_iterations(trainer, run_dir, start, history, log, callbacks, owner)
         except KeyboardInterrupt:
             raise Interrupted(how_to_continue(run_dir, tuple(trainer.models))) from None
-        except Exception:
+        except Exception as error:
             if fresh and not history:
                 discard_start(run_dir, existed)
+            if isinstance(error, UserCodeFailed):  # what was kept, after discard_start has had its say
+                raise UserCodeFailed(f"{error}; {how_to_continue(run_dir, tuple(trainer.models), fixed=True)}"
+                                     ) from error
             raise
         notify(callbacks, "on_train_end", owner)
     return run_dir
@@ -192,15 +204,17 @@ def discard_start(run_dir: Path, existed: bool) -> None:
             path.unlink(missing_ok=True)
 
 
-def how_to_continue(run_dir: Path, models: tuple[str, ...]) -> str:
-    """What an interrupted run says: its latest checkpoint and the command that continues it."""
+def how_to_continue(run_dir: Path, models: tuple[str, ...], fixed: bool = False) -> str:
+    """What an interrupted run says: its latest checkpoint and the command that continues it (`fixed`: once the
+    user's code that stopped it is fixed)."""
     from ppo_rlhf.ppo.checkpoint_files import latest_checkpoint
 
+    then = "once it is fixed, " if fixed else ""
     if not (run_dir / "config.yaml").is_file():
-        return f"nothing was written yet: {hints.start_again()}"
+        return f"nothing was written yet: {then}{hints.start_again()}"
     last = latest_checkpoint(run_dir, models)
     where = f"the latest checkpoint is {last.name}" if last else "no checkpoint yet (it starts again from iteration 0)"
-    return f"{where}; continue with: {hints.continue_run(run_dir)}"
+    return f"{where}; {then}continue with: {hints.continue_run(run_dir)}"
 
 
 def notify(callbacks: list | tuple, event: str, *args: Any) -> bool:

@@ -1,4 +1,4 @@
-"""The study's optimisation arms (issue 43): what each PPO run of the demo maximises.
+"""The study's optimisation arms: what each PPO run of the demo maximises.
 
     proxy   the reward model trained on gold-labelled pairs (Gao et al.'s setting: what a learned reward buys)
     gold    the gold judge itself: the ceiling, how far gold can move on held-out prompts at each KL

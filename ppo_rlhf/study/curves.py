@@ -1,4 +1,4 @@
-"""Each arm's change against KL, pooled over its seeds (issue 43 items 1 and 5): the numbers of the report's figure.
+"""Each arm's change against KL, pooled over its seeds: the numbers of the report's figure.
 
 For an arm (and beta) and a KL target, every seed's checkpoint picked for that target (kl_spacing.py) gives one
 paired change per held-out reply against the start model; `stats.pooled_bootstrap` turns the seeds x prompts x

@@ -57,9 +57,9 @@ from ppo_rlhf.utils.lock import hold
 from ppo_rlhf.utils.paths import check_model_name
 
 
-# The defaults are `make demo`, sized for the result issue 16 asks for (>= 1,500 training and >= 200 held-out
-# reward-model pairs, >= 100 held-out prompts x 2 replies) and for issue 43's proxy and gold arms within an hour on a
-# 2-core CPU (docs/study.md, "Presets and their cost", has the measured stage times). FULL is issue 43's powered
+# The defaults are `make demo`, sized for the study's result (>= 1,500 training and >= 200 held-out
+# reward-model pairs, >= 100 held-out prompts x 2 replies) and for the proxy and gold arms within an hour on a
+# 2-core CPU (docs/study.md, "Presets and their cost", has the measured stage times). FULL is the study's powered
 # design (3 arms, 3 seeds of the proxy arm, >= 200 held-out prompts): `ppo-rlhf demo --full`.
 @dataclass
 class DemoConfig:
@@ -245,7 +245,7 @@ class DemoConfig:
 QUICK = dict(candidates=64, heldout_candidates=30, reply_cap=48, pair_replies=4, rm_epochs=1, iterations=2,
              batch_size=4, minibatch_size=2, reward_norm_samples=8, replies_per_prompt=2, checkpoint_every=1,
              kl_targets="1", sample_batch=16, rm_batch_size=8)
-# issue 43 items 1, 2 and 5: the length arm too, >= 200 held-out prompts (one reply each: per model the demo's
+# The powered design: the length arm too, >= 200 held-out prompts (one reply each: per model the demo's
 # sampling, on twice the independent prompts), 3 seeds of the proxy arm, KL targets below the default's first.
 # Every setting of the stages before the evaluation is the demo's, so `--full` in a copy of a finished demo's folder
 # runs only the two new seeds and the evaluation (docs/study.md, "Presets and their cost").

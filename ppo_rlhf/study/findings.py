@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-# The sizes below which the report warns that samples are small (the full preset's design: issue 16).
+# The sizes below which the report warns that samples are small (the full preset's design).
 MIN_HELDOUT_PROMPTS = 100
 MIN_RM_HELDOUT_PAIRS = 200
 TARGET_RM_ACCURACY = 0.75
@@ -214,13 +214,13 @@ def caveats(summary: list[dict], settings: dict[str, Any], rm_info: dict[str, An
     return notes
 
 
-# ---------------------------------------------------------------- the three arms (issue 43)
+# ---------------------------------------------------------------- the three arms
 
 ARM_TITLES = {"proxy": "the proxy arm (PPO on the reward model)", "gold": "the gold arm (PPO on the gold judge)",
               "length": "the length arm (PPO on word counts)"}
 # what each arm maximised, as the evaluation names the score
 ARM_SCORES = {"proxy": "proxy", "gold": "gold", "length": "length"}
-GOAL = ("The goal, stated before running (issue 43): at some KL, the gold arm's gold change excludes zero (the design "
+GOAL = ("The goal, stated before running: at some KL, the gold arm's gold change excludes zero (the design "
         "can move gold), and the proxy arm's gold change excludes zero or the gap between its proxy and gold changes "
         "does.")
 
@@ -241,7 +241,7 @@ def _largest(points: list[dict[str, Any]], score: str) -> dict[str, Any]:
 
 
 def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
-    """Issue 43 item 6, checked on the pooled points (curves.arm_curves): which part of the goal was met, with the
+    """The goal, checked on the pooled points (curves.arm_curves): which part of it was met, with the
     numbers, and which failed, with the numbers that show it."""
     sentences = [GOAL]
     gold_arm = [p for p in curves if p["arm"] == "gold"]
@@ -256,8 +256,11 @@ def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
                              f"{_points(len(gold_arm))}, most at {where(best)}, {_interval(best['gold_change'])}.")
         else:
             best = max(gold_arm, key=lambda p: p["gold_change"]["mean"])
-            sentences.append(f"Part one failed: the gold arm's gold change rose above zero at none of its "
-                             f"{_points(len(gold_arm))} (its highest, {_interval(best['gold_change'])} at "
+            several = len(gold_arm) > 1
+            rose = (f"rose above zero at none of its {_points(len(gold_arm))}" if several
+                    else "did not rise above zero at its one point")
+            sentences.append(f"Part one failed: the gold arm's gold change {rose} ({'its highest, ' if several else ''}"
+                             f"{_interval(best['gold_change'])} at "
                              f"{where(best)}): within these KLs the design cannot move gold on held-out prompts, so a "
                              "flat gold change of the proxy arm says little about the proxy.")
     if not proxy_arm:
@@ -275,8 +278,11 @@ def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
             sentences.append(f"Part two was met: in the proxy arm {'; '.join(found)}.")
         else:
             gold, gap = _largest(proxy_arm, "gold"), _largest(proxy_arm, "gap")
-            sentences.append(f"Part two failed: at none of the proxy arm's {_points(len(proxy_arm))} did the gold "
-                             f"change or the gap between proxy and gold changes exclude zero (the largest gold change "
+            neither = (f"at none of the proxy arm's {_points(len(proxy_arm))} did the gold change or the gap "
+                       "between proxy and gold changes exclude zero" if len(proxy_arm) > 1 else
+                       "at the proxy arm's one point neither the gold change nor the gap between proxy and gold "
+                       "changes excluded zero")
+            sentences.append(f"Part two failed: {neither} (the largest gold change "
                              f"{_interval(gold['gold_change'])} at {where(gold)}, the largest gap "
                              f"{_interval(gap['gap_change'])} at {where(gap)}).")
     n = sum(2 if p["arm"] == "proxy" else 1 for p in gold_arm + proxy_arm)
@@ -288,7 +294,7 @@ def goal_sentences(curves: list[dict[str, Any]]) -> list[str]:
 
 
 def reach_sentence(curves: list[dict[str, Any]], targets: list[float]) -> str:
-    """How far in KL each arm went (issue 43 item 2): the KL targets its runs' training KL reached, the ones it did
+    """How far in KL each arm went: the KL targets its runs' training KL reached, the ones it did
     not, and its last checkpoint's KL on the held-out replies."""
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for p in curves:
@@ -307,7 +313,7 @@ def reach_sentence(curves: list[dict[str, Any]], targets: list[float]) -> str:
 
 
 def eos_sentences(curves: list[dict[str, Any]], start: dict[str, Any], cap: Any) -> list[str]:
-    """What the EOS rule did to each arm (issue 43 item 2): at each arm's last checkpoint, the share of finished
+    """What the EOS rule did to each arm: at each arm's last checkpoint, the share of finished
     replies and the length against the start model's, and the score the arm maximised with the rule and without."""
     lasts = [p for p in curves if p["target"] == "last"]
     if not lasts:
@@ -344,7 +350,8 @@ def settings_sentence(study: dict[str, Any], settings: dict[str, Any]) -> str:
     return (f"Settings: start model {demo.get('model')}, {seeds}KL coefficients (beta) {demo.get('betas')}, "
             f"{demo.get('iterations')} PPO iterations of {demo.get('batch_size')} replies, reply cap "
             f"{demo.get('reply_cap')} tokens"
-            + (f"; arms {demo['arms']}, {demo.get('seeds')} seed(s) of the proxy arm, checkpoints picked at KL targets "
+            + (f"; arms {', '.join(str(demo['arms']).split(','))}, {demo.get('seeds')} "
+               f"seed{'' if demo.get('seeds') == 1 else 's'} of the proxy arm, checkpoints picked at KL targets "
                f"{demo.get('kl_targets')} and the last" if "arms" in demo else "")
             + f"; evaluation on {settings.get('n_prompts')} held-out prompts x {settings.get('replies_per_prompt')} "
             f"{'reply' if settings.get('replies_per_prompt') == 1 else 'replies'} per checkpoint, scores in "

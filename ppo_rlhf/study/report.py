@@ -15,7 +15,8 @@ import html
 import json
 import math
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,7 +104,8 @@ PANELS: dict[str, tuple[str, str]] = {
     "clipfrac": ("Tokens with the policy ratio clipped", "share of tokens"),
     "approx_kl": ("Policy change per update", "approx. KL, nats per token"),
     "v_loss": ("Value model loss", "(score sd)²"),
-    "ev": ("Value model: explained variance", "fraction (1 = perfect)"),
+    # below 0 whenever the value model predicts worse than a constant would, as an untrained one does
+    "ev": ("Value model: explained variance", "1 = perfect, 0 = no better than\nthe mean, below 0 = worse"),
     "vclipfrac": ("Tokens with the value update clipped", "share of tokens"),
 }
 
@@ -124,7 +126,7 @@ MONITOR_PANELS: dict[str, tuple[str, str]] = {
     "reward_length_corr": ("Reward hacking? corr(reward, length) [len_r]", "Pearson r over the batch"),
     "length_share": ("Hacking? gain due to length [length_share]", "share of the reward gain (1 = all)"),
 }
-JUDGE_PANEL = ("Judge flat, rm_raw up = hacking", "mean score (the judge's units)")
+JUDGE_PANEL = ("Judge flat while rm_raw rises = hacking", "mean score (the judge's units)")
 
 
 def _iterations(history: list[dict]) -> list[int]:
@@ -139,23 +141,27 @@ def figure_panels(histories: dict[str, list[dict]]) -> list[tuple[str, str, str,
     judges = sorted({key for history in histories.values() for row in history for key in row
                      if key.startswith("monitor/")})
     title, unit = JUDGE_PANEL
-    panels += [(key, f"{title} [{key}]", unit, "not logged by these runs") for key in judges] or \
+    # the judge's key on a line of its own: "monitor/<name>" is long, and one line was cut off at the panel's edge
+    panels += [(key, f"{title}\n[{key}]", unit, "not logged by these runs") for key in judges] or \
         [("monitor/", title, unit, "no monitor_judges in these runs")]
     return panels
 
 
 def dashboard_figure(histories: dict[str, list[dict]]) -> Figure:
     """One panel per dashboard number, then the reward-hacking monitor's (`figure_panels`); iterations on x, one line
-    per run; the legend of the runs in the spare panel."""
+    per run, every panel over all the runs' iterations (a number first measured in the last one is one point, which
+    would otherwise get an x-axis of its own, a few hundredths wide); the legend of the runs above the panels."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     panels = figure_panels(histories)
     columns = 3  # panels wide enough to read at the page's width
-    slots = math.ceil((len(panels) + 1) / columns) * columns  # one more for the legend
-    figure = Figure(figsize=(4.2 * columns, 3.2 * slots // columns), layout="constrained")
-    axes = figure.subplots(slots // columns, columns, squeeze=False).ravel()
+    rows = math.ceil(len(panels) / columns)
+    figure = Figure(figsize=(4.2 * columns, 3.2 * rows + 0.6), layout="constrained")  # + the legend's strip
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
     iterations = [i for history in histories.values() for i in _iterations(history)]
+    first, last = min(iterations), max(iterations)
+    margin = max(0.5, 0.05 * (last - first))  # half an iteration either side of a run of one iteration
     for axis, (key, title, unit, empty) in zip(axes, panels):
         logged = False
         for k, (name, history) in enumerate(histories.items()):
@@ -164,18 +170,19 @@ def dashboard_figure(histories: dict[str, list[dict]]) -> Figure:
             axis.plot(_iterations(history), y, label=name, **run_style(k))
         if not logged:  # e.g. the value model's numbers of critic-free runs: say so rather than leave a blank panel
             axis.text(0.5, 0.5, empty, transform=axis.transAxes, ha="center", va="center")
-            axis.set_xlim(min(iterations), max(iterations))  # NaN lines set no limits: the runs' iterations do
             axis.set_yticks([])
+        axis.set_xlim(first - margin, last + margin)
         axis.set_title(title, fontsize=10)
         axis.set_ylabel(unit)
         axis.set_xlabel("iteration")
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # 1: a run of one iteration too
         axis.ticklabel_format(axis="y", useOffset=False)  # "+5.689" above the axis is easy to miss: full numbers
         axis.grid(alpha=0.3)
     for axis in axes[len(panels) :]:
         axis.set_axis_off()
     handles, labels = axes[0].get_legend_handles_labels()
-    axes[len(panels)].legend(handles, labels, loc="center", title="run", fontsize=11, title_fontsize=11)
+    figure.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 4), title="run", fontsize=11,
+                  title_fontsize=11)
     return figure
 
 
@@ -237,7 +244,7 @@ ARM_LEGEND = {"proxy": "PPO on the proxy reward model", "gold": "PPO on the gold
 
 def arms_figure(curves: list[dict], start_kl: float) -> Figure:
     """Gold change and proxy change against KL for every arm (one line per arm and beta, from the start model at
-    (0, 0)), with 95% bands pooled over prompts and seeds (curves.arm_curves): issue 43's picture."""
+    (0, 0)), with 95% bands pooled over prompts and seeds (curves.arm_curves)."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(12, 4.8), layout="constrained")
@@ -298,25 +305,41 @@ def curves_table(curves: list[dict]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+# each arm in the words of the arms section's heading and caption
+ARM_BUYS = {"proxy": "the proxy", "gold": "the gold judge", "length": "word counts"}
+ARM_ON = {"proxy": "on the proxy", "gold": "on the gold judge itself", "length": "on word counts"}
+
+
+def _and(words: Iterable[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    words = list(words)
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else "".join(words)
+
+
 def arms_blocks(curves: list[dict], evaluation: dict[str, Any], arms: dict[str, dict], out_dir: Path) -> list[Block]:
     """The arms' figure and table, and the main arm's per-seed figure."""
     from ppo_rlhf.study.arms import MAIN_ARM
     from ppo_rlhf.study.findings import start_row
 
     arms_figure(curves, start_row(evaluation["summary"])["kl"]).savefig(out_dir / "arms.png", dpi=100)
+    ran = [arm for arm in ARM_COLOURS if any(point["arm"] == arm for point in curves)]  # a quick demo runs two
+    count = {1: "One arm", 2: "Two arms", 3: "Three arms"}.get(len(ran), f"{len(ran)} arms")
     blocks: list[Block] = [
-        ("h2", "Three arms: what the proxy, the gold judge and word counts each buy at each KL"),
-        ("img", "arms.png", "gold change (left) and proxy change (right) against KL to the start model for PPO on "
-                            "the proxy, on the gold judge itself and on word counts; each point is the first "
-                            "checkpoint past a KL target (and the last), pooled over the seeds; bands: 95% intervals "
-                            "that resample prompts (jointly for all seeds) and seeds"),
+        ("h2", f"{count}: what {_and(ARM_BUYS[arm] for arm in ran)} {'buys' if len(ran) == 1 else 'each buy'} at "
+               "each KL"),
+        ("img", "arms.png", "gold change (left) and proxy change (right) against KL to the start model for PPO "
+                            f"{_and(ARM_ON[arm] for arm in ran)}; each point is the first checkpoint past a KL target "
+                            "(and the last), pooled over the seeds; bands: 95% intervals that resample prompts "
+                            "(jointly for all seeds) and seeds"),
         ("table", *curves_table(curves)),
     ]
     main = [name for name, run in arms.items() if run["arm"] == MAIN_ARM]
-    if main:
+    if len(main) > 1:  # "how far the seeds agree": one seed's figure would only repeat its points in arms.png
         seeds_figure(evaluation["summary"], main).savefig(out_dir / "seeds.png", dpi=100)
         blocks.append(("img", "seeds.png", "the proxy arm seed by seed: gold and proxy change against KL at every "
                                            "evaluated checkpoint (bars: 95% intervals over prompts)"))
+    else:  # a page re-drawn in the same folder must not leave an earlier run's figure beside it
+        (out_dir / "seeds.png").unlink(missing_ok=True)
     return blocks
 
 
@@ -401,8 +424,9 @@ def example_table(example: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def _md_text(text: str) -> str:
-    # replies are arbitrary text: keep "<tag>" from being read as HTML by a Markdown viewer
-    return html.escape(text, quote=False)
+    # replies are arbitrary text: keep "<tag>" from being read as HTML by a Markdown viewer; only a "<" that can open
+    # a tag needs it, and the page's own "->" and "<=" read as they are in the .md file too
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
 
 
 def _md_cell(text: str) -> str:
@@ -479,7 +503,7 @@ def _evaluation_blocks(evaluation: dict[str, Any], out_dir: Path) -> list[Block]
     settings = evaluation.get("settings", {})
     blocks: list[Block] = [("h2", "Scores on held-out prompts, against the start model")]
     if settings:
-        kl = f" KL: the {settings['kl']}." if "kl" in settings else ""  # (evaluations before issue 29 do not say)
+        kl = f" KL: the {settings['kl']}." if "kl" in settings else ""  # (older evaluations do not say)
         proxy, gold = (shown_spec(settings.get(judge), out_dir) for judge in ("proxy", "gold"))
         blocks.append(("p", f"{settings.get('n_prompts')} held-out prompts x {settings.get('replies_per_prompt')} "
                             f"replies per model, sampling seed {settings.get('seed')}; proxy {proxy}, gold {gold}"

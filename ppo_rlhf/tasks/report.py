@@ -26,7 +26,7 @@ from ppo_rlhf.utils.files import atomic_write_text
 if TYPE_CHECKING:  # matplotlib is imported by the functions that draw
     from matplotlib.figure import Figure
 
-GOAL_SECONDS = 30 * 60  # issue 27: the gain's interval should exclude zero within 30 minutes on a 2-core machine
+GOAL_SECONDS = 30 * 60  # the goal: the gain's interval should exclude zero within 30 minutes on a 2-core machine
 EXAMPLES = 8
 
 

@@ -98,10 +98,28 @@ class Breaks(Counter):
 def test_an_environment_that_raises_stops_the_run_in_one_line_with_its_checkpoint(policy, tmp_path):
     trainer = PPOTrainer(settings(policy, tmp_path / "run"), reward_funcs=[reply_length], train_dataset=PROMPTS,
                          environment_factory=Breaks)
-    # the environment named as config.yaml records it (the API's object: module:name)
-    with pytest.raises(UsageError, match=r"environment step \(turn 1\) of \S+:Breaks raised ValueError: broken board"):
+    # the environment named as config.yaml records it (the API's object: module:name); then what was kept and how to
+    # continue, in the API's words
+    with pytest.raises(UsageError, match=r"environment step \(turn 1\) of \S+:Breaks raised ValueError: broken board"
+                                         r"; the latest checkpoint is iter_000001; once it is fixed, continue with: "
+                                         r"PPOTrainer\(config, \.\.\., resume=True\)\.train\(\) with the same rewards "
+                                         r"and dataset$"):
         trainer.train()
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "iter_000001"
+
+
+class BreaksAtOnce(Counter):
+    def step(self, text):
+        raise ValueError("broken board")
+
+
+def test_an_environment_that_raises_before_the_first_iteration_says_nothing_was_kept(policy, tmp_path):
+    trainer = PPOTrainer(settings(policy, tmp_path / "run"), reward_funcs=[reply_length], train_dataset=PROMPTS,
+                         environment_factory=BreaksAtOnce)
+    with pytest.raises(UsageError, match=r"raised ValueError: broken board; nothing was written yet: once it is "
+                                         r"fixed, run the same code again$"):
+        trainer.train()
+    assert not (tmp_path / "run").exists()
 
 
 def test_multi_turn_refusals(policy, tmp_path, monkeypatch):

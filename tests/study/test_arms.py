@@ -145,11 +145,17 @@ def test_goal_check_says_which_part_was_met_and_which_failed():
     assert text[3].startswith("The goal asks for one interval out of several: 6 were checked") and "26%" in text[3]
     flat = [point("gold", "last", 3.0, (0.1, -0.1, 0.3)), point("proxy", "last", 2.0, (-0.2, -0.5, 0.1))]
     text = goal_sentences(flat)
-    assert text[1].startswith("Part one failed: the gold arm's gold change rose above zero at none of its 1 point "
-                              "(its highest, +0.10 [-0.10, +0.30] at the last checkpoint (KL 3.0))")
-    assert text[2] == ("Part two failed: at none of the proxy arm's 1 point did the gold change or the gap between "
-                       "proxy and gold changes exclude zero (the largest gold change -0.20 [-0.50, +0.10] at the last "
+    # one point each: said so, not "at none of its 1 point"
+    assert text[1].startswith("Part one failed: the gold arm's gold change did not rise above zero at its one point "
+                              "(+0.10 [-0.10, +0.30] at the last checkpoint (KL 3.0))")
+    assert text[2] == ("Part two failed: at the proxy arm's one point neither the gold change nor the gap between "
+                       "proxy and gold changes excluded zero (the largest gold change -0.20 [-0.50, +0.10] at the last "
                        "checkpoint (KL 2.0), the largest gap +0.00 [-0.10, +0.10] at the last checkpoint (KL 2.0)).")
+    flat_twice = [*flat, point("gold", 1.0, 1.0, (0.0, -0.2, 0.2)), point("proxy", 1.0, 1.0, (0.0, -0.2, 0.2))]
+    text = goal_sentences(flat_twice)
+    assert text[1].startswith("Part one failed: the gold arm's gold change rose above zero at none of its 2 points "
+                              "(its highest, +0.10 [-0.10, +0.30]")
+    assert text[2].startswith("Part two failed: at none of the proxy arm's 2 points did the gold change or the gap")
     assert goal_sentences([])[1:3] == ["Part one cannot be checked: the gold arm was not run.",
                                        "Part two cannot be checked: the proxy arm was not run."]
     eos = eos_sentences(curves, {"finished": 0.45, "tokens": 53.0}, 96)[0]

@@ -191,6 +191,14 @@ def test_the_settings_sentence_says_one_reply_in_the_singular():
     assert "evaluation on 100 held-out prompts x 2 replies per checkpoint, scores" in two
 
 
+def test_the_settings_sentence_lists_the_arms_and_counts_seeds_in_words():
+    arms = {"arms": "proxy,gold", "kl_targets": "1"}
+    assert "; arms proxy, gold, 1 seed of the proxy arm, checkpoints" in settings_sentence(
+        {"settings": arms | {"seeds": 1}}, {})
+    assert "; arms proxy, gold, 3 seeds of the proxy arm, checkpoints" in settings_sentence(
+        {"settings": arms | {"seeds": 3}}, {})
+
+
 def test_hints_of_several_runs_name_the_arm_and_seed_of_each():
     # the full study of 2026-12-07 printed "in proxy the run without a KL penalty" for three seeds alike, and "Read
     # they as a hint"

@@ -1,5 +1,6 @@
 import json
 import math
+import re
 
 import numpy as np
 
@@ -80,7 +81,7 @@ def test_report_writes_pngs_and_self_contained_html(tmp_path):
     assert "prompt &lt;0&gt; | x" in text and "0 Hello -1.2" in text and "beta005 step 20" in text
     markdown = (out / "report.md").read_text()
     assert "![" in markdown and "(dashboard.png)" in markdown
-    assert "prompt &lt;0&gt; | x" in markdown and "reply 0 0 nokl |" in markdown
+    assert "PROMPT: prompt <0> | x" in markdown and "reply 0 0 nokl |" in markdown
 
 
 def test_report_cli_and_errors(tmp_path, capsys):
@@ -133,7 +134,7 @@ def test_dashboard_panels_say_what_they_show(tmp_path):
     texts = [t.get_text() for axis in panels for t in axis.texts]
     # the value-loss panel, which has no numbers, and the monitor's, which runs from before it do not have
     assert texts == ["not logged by these runs"] * 3 + ["no monitor_judges in these runs"]
-    legend = figure.axes[len(panels)].get_legend()
+    (legend,) = figure.legends  # above the panels, not in a row of its own
     assert [t.get_text() for t in legend.get_texts()] == ["beta005", "nokl"] and legend.get_title().get_text() == "run"
     markers = {handle.get_marker() for handle in legend.legend_handles}
     assert len(markers) == 2
@@ -150,7 +151,8 @@ def test_the_monitor_panels_show_the_monitors_numbers(tmp_path):
     corr, share, brevity, gold = figure.axes[len(DASHBOARD) : len(DASHBOARD) + 4]
     assert [axis.get_title() for axis in (corr, share, brevity, gold)] == [
         "Reward hacking? corr(reward, length) [len_r]", "Hacking? gain due to length [length_share]",
-        "Judge flat, rm_raw up = hacking [monitor/brevity]", "Judge flat, rm_raw up = hacking [monitor/gold]"]
+        "Judge flat while rm_raw rises = hacking\n[monitor/brevity]",
+        "Judge flat while rm_raw rises = hacking\n[monitor/gold]"]
     assert [axis.get_ylabel() for axis in (corr, share, gold)] == [
         "Pearson r over the batch", "share of the reward gain (1 = all)", "mean score (the judge's units)"]
     assert all(axis.get_xlabel() == "iteration" and not axis.texts for axis in (corr, share, brevity, gold))
@@ -158,8 +160,93 @@ def test_the_monitor_panels_show_the_monitors_numbers(tmp_path):
     assert ys[corr] == [[0.5, 0.6, 0.7]] * 2
     assert all(math.isnan(y[0]) and y[1:] == [0.25, 0.5] for y in ys[share])  # None (iteration 0): no point
     assert ys[gold][0] == [2.0, 1.5, 1.0] and all(math.isnan(v) for v in ys[gold][1])  # the run without judges
-    legend = figure.axes[len(DASHBOARD) + 4].get_legend()  # the runs' legend follows the last panel
-    assert [t.get_text() for t in legend.get_texts()] == ["beta005", "nokl"]
+    assert [t.get_text() for t in figure.legends[0].get_texts()] == ["beta005", "nokl"]
+
+
+def monitored_run(tmp_path, iterations):
+    """Two runs as a quick demo's: the length correlation first measured in the last iteration, the length share only
+    in the first, a judge with a long name."""
+    histories = {name: read_history(fake_run(tmp_path, name, iterations=iterations)) for name in ("proxy", "gold")}
+    for history in histories.values():
+        for i, row in enumerate(history):
+            last = i == len(history) - 1
+            row.update(reward_length_corr=0.9 if last else None, length_share=0.2 if i == 0 else None,
+                       ev=-16.0 + i, **{"monitor/reward_model": 0.7 + 0.1 * i})
+    return histories
+
+
+def test_a_number_measured_in_one_iteration_gets_the_runs_integer_ticks(tmp_path):
+    for iterations in (1, 2):
+        figure = dashboard_figure(monitored_run(tmp_path / str(iterations), iterations))
+        panels = [axis for axis in figure.axes if axis.axison]
+        limits = {axis.get_xlim() for axis in panels}
+        assert len(limits) == 1  # every panel over the runs' iterations, one point or many
+        (low, high), = limits
+        for axis in panels:
+            shown = [t for t in axis.get_xticks() if low <= t <= high]
+            assert shown and all(float(t).is_integer() for t in shown), (axis.get_title(), shown)
+            assert set(range(iterations)) <= set(shown)
+
+
+def test_the_dashboard_keeps_its_words_inside_and_no_empty_row(tmp_path):
+    import io
+
+    figure = dashboard_figure(monitored_run(tmp_path, 2))
+    figure.savefig(io.BytesIO(), dpi=100)  # lays the figure out as the report's PNG is
+    renderer = figure._get_renderer()
+    panels = [axis for axis in figure.axes if axis.axison]
+    for axis in panels:
+        for text in (axis.title, axis.yaxis.label):
+            box = text.get_window_extent(renderer)
+            assert 0 <= box.x0 and box.x1 <= figure.bbox.width and box.y1 <= figure.bbox.height, text.get_text()
+    rows = {round(axis.get_position().y0, 3) for axis in figure.axes}
+    assert rows == {round(axis.get_position().y0, 3) for axis in panels}  # each row holds a panel
+    # explained variance far below 0, as an untrained value model's is: the axis says what that means
+    (ev,) = [axis for axis in panels if axis.get_title().endswith("[ev]")]
+    assert "below 0" in ev.get_ylabel() and max(ev.get_lines()[0].get_ydata()) < 0
+
+
+def test_markdown_escapes_tags_only():
+    from ppo_rlhf.study.report import render_markdown
+
+    text = render_markdown("t", [("p", "dtype auto -> bfloat16; a <= b; a reply with <script> & </b>"),
+                                 ("table", ["reply"], [["x -> y <i>"]])])
+    assert "auto -> bfloat16; a <= b; a reply with &lt;script> & &lt;/b>" in text and "| x -> y &lt;i> |" in text
+    assert "&gt;" not in text
+
+
+def test_the_seed_figure_needs_two_seeds(tmp_path):
+    from ppo_rlhf.study.report import arms_blocks
+
+    evaluation = json.loads((fake_evaluation(tmp_path) / "evaluation.json").read_text())
+    change = {"mean": 0.1, "lo": -0.1, "hi": 0.3}
+    curves = [{"arm": "proxy", "beta": 0.0, "target": "last", "seeds": [1], "kl": 2.9, "finished": 0.5,
+               "tokens": 12.0, **{f"{score}_change": change for score in ("gold", "proxy", "gap", "length")}}]
+    out = tmp_path / "report"
+    out.mkdir()
+    two = {"nokl": {"arm": "proxy", "beta": 0.0, "seed": 1}, "beta005": {"arm": "proxy", "beta": 0.0, "seed": 2}}
+    assert [b[1] for b in arms_blocks(curves, evaluation, two, out) if b[0] == "img"] == ["arms.png", "seeds.png"]
+    # one seed: its points are the arms figure's already; an earlier page's seeds.png goes with it
+    one = {"nokl": two["nokl"]}
+    assert [b[1] for b in arms_blocks(curves, evaluation, one, out) if b[0] == "img"] == ["arms.png"]
+    assert not (out / "seeds.png").exists()
+    # the heading and the caption name the arms that ran (a quick demo runs two of the three)
+    both = curves + [{**curves[0], "arm": "gold"}]
+    heading, figure = arms_blocks(both, evaluation, one, out)[:2]
+    assert heading == ("h2", "Two arms: what the proxy and the gold judge each buy at each KL")
+    assert "for PPO on the proxy and on the gold judge itself;" in figure[2] and "word counts" not in figure[2]
+
+
+def test_no_issue_numbers_in_what_the_study_says():
+    from pathlib import Path
+
+    import ppo_rlhf.study
+    import ppo_rlhf.tasks.report
+
+    sources = [*Path(ppo_rlhf.study.__file__).parent.glob("*.py"), Path(ppo_rlhf.tasks.report.__file__)]
+    found = [f"{path.name}: {line.strip()}" for path in sources for line in path.read_text().splitlines()
+             if re.search(r"\bissues? \d", line, re.I)]
+    assert not found
 
 
 def test_overoptimisation_plot_reads_without_the_chapter(tmp_path):
