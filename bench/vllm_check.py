@@ -33,9 +33,10 @@ def main() -> int:
         print("no CUDA GPU: nothing to check", file=sys.stderr)
         return 2
 
-    from ppo_rlhf.models.generation import VLLMGenerator, merged_state_dict
+    from ppo_rlhf.models.generation import VLLMGenerator
     from ppo_rlhf.models.loading import LoraSettings, load_policy, load_tokenizer, resolve_model_path
     from ppo_rlhf.models.logprobs import token_logprobs
+    from ppo_rlhf.models.merge import merged_state_dict
     from ppo_rlhf.models.rollout import eos_token_ids, generate_rollout
 
     path = resolve_model_path(args.model)

@@ -5,8 +5,9 @@ Two kinds of folder, each with the tokenizer and a model card (README.md):
 * an adapter (default): the PEFT LoRA adapter alone. `adapter_config.json` names the base the policy was trained on,
   so `peft.AutoPeftModelForCausalLM.from_pretrained(folder)` loads base + adapter in one call, and
   `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), folder)` on a base you load yourself.
-* merged (`merge=True`): the LoRA product added into a copy of the base weights (in fp32, then stored in the dtype
-  of the base's weights): a plain `transformers` folder that `AutoModelForCausalLM.from_pretrained` loads, no peft.
+* merged (`merge=True`): the LoRA product added into a copy of the base weights (`models.merge`: in fp32, then
+  stored in the dtype of the base's weights, the same numbers `generation_merged_copy` samples from): a plain
+  `transformers` folder that `AutoModelForCausalLM.from_pretrained` loads, no peft.
 
 The base's name. A policy trained on a hub id names that id. A policy trained on a local folder names its absolute
 path: exact on this machine, missing on another. That includes the offline default "smollm2": its base is a local
@@ -39,7 +40,7 @@ from ppo_rlhf.utils.paths import looks_like_path
 
 if TYPE_CHECKING:  # torch, transformers and peft load only once the command's arguments and files are checked
     from peft import PeftModel
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the offline default "smollm2" is a quantization of
 SMOLLM2_LICENSE = "apache-2.0"
@@ -248,18 +249,6 @@ def check_out_dir(out_dir: str | Path) -> Path:
     return path
 
 
-def merged_copy(model: PeftModel) -> PreTrainedModel:
-    """A copy of the base with the LoRA product added in fp32, stored in the dtype of the base's weights. The
-    policy itself is untouched (merging it in place and back would leave rounding in its weights)."""
-    import copy
-
-    import torch
-
-    dtype = model.get_base_model().get_input_embeddings().weight.dtype
-    merged = copy.deepcopy(model).to(torch.float32).merge_and_unload()
-    return merged.to(dtype).eval()
-
-
 def save_policy(model: PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path, merge: bool,
                 card: str) -> Path:
     """Write the policy to `out_dir`, atomically: its LoRA adapter (`merge=False`) or the merged model, the
@@ -267,6 +256,7 @@ def save_policy(model: PeftModel, tokenizer: PreTrainedTokenizerBase, out_dir: s
     (which it replaces). Returns the folder."""
     from peft import PeftModel  # lazy: the CLI checks its arguments before torch loads
 
+    from ppo_rlhf.models.merge import merged_copy
     from ppo_rlhf.utils.files import atomic_directory
     from ppo_rlhf.utils.quiet import quiet_libraries
 

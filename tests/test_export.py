@@ -29,6 +29,7 @@ from ppo_rlhf.export import (
     run_card,
     save_policy,
 )
+from ppo_rlhf.models.generation import HFGenerator
 from ppo_rlhf.models.loading import LoraSettings, load_policy
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.train import train
@@ -127,6 +128,26 @@ def test_save_policy_leaves_the_policy_untouched_and_keeps_the_base_dtype(tiny_m
     assert (out / "adapter_config.json").is_file() and not (out / "config.json").exists()
     with pytest.raises(UsageError, match="PeftModel"):
         save_policy(policy.get_base_model(), tokenizer, tmp_path / "x", merge=True, card="")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_merged_export_and_the_sampling_copy_are_the_same_numbers(tiny_model_dirs, tokenizer, tmp_path, dtype):
+    policy = load_policy(str(tiny_model_dirs["policy"]), LoraSettings(rank=4), dtype=dtype)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    out = save_policy(policy, tokenizer, tmp_path / "m", merge=True, card="---\ntags: [ppo-rlhf]\n---\n")
+    exported = load_file(out / "model.safetensors")
+    generator = HFGenerator(policy, tokenizer, max_new_tokens=4, temperature=1.0, merged=True)
+    generator.sync(policy)
+    sampled = generator.copy.state_dict()
+    assert exported and set(exported) <= set(sampled)  # (the tied lm_head is stored once)
+    assert all(exported[k].dtype == sampled[k].dtype and torch.equal(exported[k], sampled[k]) for k in exported)
+    # one rounding: the LoRA product added to W in fp32, the sum rounded once to W's dtype
+    layer = policy.base_model.model.model.layers[0].self_attn.q_proj
+    once = (layer.base_layer.weight.float() + layer.get_delta_weight("default").float()).to(dtype)
+    assert torch.equal(exported["model.layers.0.self_attn.q_proj.weight"], once)
 
 
 def test_card_names_base_data_rewards_settings_numbers_loading_and_license(run_dir):

@@ -3,7 +3,7 @@
 * `HFGenerator` (default, `generation_backend: hf`): Hugging Face `generate` on the policy itself
   (`rollout.generate_rollout`); with `generation_drop_finished` our own decode loop (ppo_rlhf/models/decode.py), which
   drops finished rows from the batch and its KV cache between steps. With `generation_merged_copy` it samples from a
-  plain copy of the model whose weights are the policy's with its LoRA adapter merged (`merged_copy`, refreshed
+  plain copy of the model whose weights are the policy's with its LoRA adapter merged (`merge.merged_copy`, refreshed
   before each rollout): a decoding step then runs 7 linear layers a block instead of 21 and no dtype casts.
 * `VLLMGenerator` (`generation_backend: vllm`): a vLLM engine holding a copy of the policy. vLLM pins its own
   transformers range, so the engine runs in its own environment (.venv-vllm, `make venv-vllm`) and process
@@ -22,7 +22,6 @@ own logits.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import os
@@ -39,6 +38,7 @@ from torch import nn
 
 from ppo_rlhf.data import Prompt
 from ppo_rlhf.errors import UsageError, require
+from ppo_rlhf.models.merge import merged_copy, merged_state_dict
 
 BACKENDS = ("hf", "vllm")
 
@@ -71,7 +71,11 @@ def rollout_from_tokens(tokenizer, prompts: list[Prompt], prompt_ids: list[list[
 
 class HFGenerator:
     """Hugging Face `generate` on the training policy (nothing to sync: it is the policy), or with `merged` on a
-    copy of it with the LoRA adapter merged into the weights (`merged_copy`, refreshed by `sync`)."""
+    copy of it with the LoRA adapter merged into the weights (`merge.merged_copy`, refreshed by `sync`). In bf16 the
+    copy samples from a distribution close to the policy's forward: per reply token KL(policy || copy) 6.1e-4 on
+    average on SmolLM2 after 30 minutes of training, 61 of 64 replies the same tokens (bench/decode_overhead.py
+    --adapter, bench/HISTORY.md 2026-12-07; measured when the merge still rounded the LoRA product to bf16 before
+    adding it)."""
 
     def __init__(self, policy: nn.Module, tokenizer, max_new_tokens: int, temperature: float, top_p: float = 1.0,
                  batch_size: int | None = None, record_logprobs: bool = False, drop_finished: bool = False,
@@ -85,6 +89,7 @@ class HFGenerator:
     def sync(self, policy: nn.Module) -> None:
         """What `generate` samples from: the policy, or its merged copy refreshed from the policy's weights now."""
         if self.merged:
+            require(hasattr(policy, "get_base_model"), "generation_merged_copy needs a LoRA policy (nothing to merge)")
             self.copy = merged_copy(policy, self.copy)
         self.policy = self.copy if self.merged else policy
 
@@ -97,52 +102,6 @@ class HFGenerator:
 
 
 # ------------------------------------------------------------------------------------------------ vLLM
-
-
-@torch.no_grad()
-def merged_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
-    """The policy's weights with its LoRA adapter merged, under plain Hugging Face names
-    (`model.layers.0.self_attn.q_proj.weight`), without changing the policy. A model without PEFT is returned as is."""
-    from peft import PeftModel
-    from peft.tuners.lora import LoraLayer
-
-    if not isinstance(policy, PeftModel):
-        return {name: tensor.detach().clone() for name, tensor in policy.state_dict().items()}
-    prefix = "base_model.model."
-
-    def plain(name: str) -> str:
-        name = name[len(prefix):] if name.startswith(prefix) else name
-        return name.replace(".base_layer.", ".")
-
-    weights = {plain(name): tensor.detach().clone() for name, tensor in policy.state_dict().items()
-               if "lora_" not in name and "modules_to_save" not in name}
-    # W + scale * B A computed on the side: merge_adapter()/unmerge_adapter() would leave rounding error in the
-    # policy's base weights, which are also the reference model
-    for name, module in policy.named_modules():
-        if isinstance(module, LoraLayer) and not module.merged:
-            key = plain(name + ".weight")
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    weights[key] = weights[key] + module.get_delta_weight(adapter).to(weights[key].dtype)
-    return weights
-
-
-@torch.no_grad()
-def merged_copy(policy: nn.Module, into: nn.Module | None = None) -> nn.Module:
-    """A plain transformers model computing the LoRA policy's function, its adapter merged into the weights in their
-    own dtype (`merged_state_dict`: W + B A * alpha / r, rounded once to bf16 where the frozen weights are bf16);
-    `into`, an earlier copy, is refreshed in place instead of building a new one. For sampling only (eval mode, no
-    gradients). In bf16 it samples from a distribution close to the policy's forward: per reply token KL(policy ||
-    copy) 6.1e-4 on average on SmolLM2 after 30 minutes of training, 61 of 64 replies the same tokens
-    (bench/decode_overhead.py --adapter, bench/HISTORY.md 2026-12-07)."""
-    require(hasattr(policy, "get_base_model"), "generation_merged_copy needs a LoRA policy (nothing to merge)")
-    if into is None:
-        # a copy of the loaded model, not one built from its config: on SmolLM2 in bf16 a copy built with
-        # `from_config` decoded 2x slower with the same weights, dtypes and config (bench/HISTORY.md 2026-12-07)
-        # (`unload`: the adapter's layers removed, nothing merged; the merged values come from one place, below)
-        into = copy.deepcopy(policy).unload().eval().requires_grad_(False)
-    into.load_state_dict(merged_state_dict(policy))
-    return into
 
 
 SERVER = Path(__file__).with_name("vllm_server.py")

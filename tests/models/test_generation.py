@@ -15,9 +15,10 @@ from ppo_rlhf.config import build_config
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.models import generation
 from ppo_rlhf.models.chat import chat_prompt_ids
-from ppo_rlhf.models.generation import HFGenerator, VLLMGenerator, merged_state_dict
+from ppo_rlhf.models.generation import HFGenerator, VLLMGenerator
 from ppo_rlhf.models.loading import LoraSettings, add_policy_lora
 from ppo_rlhf.models.logprobs import token_logprobs
+from ppo_rlhf.models.merge import merged_state_dict
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.ppo.trainer import PPOLoop
 
