@@ -117,7 +117,7 @@ def measure(args) -> dict:
         if mode == "adapter":
             rollout = trainer.rollout(prompts)
         elif mode == "merged":
-            rollout = merged.generate(prompts)
+            rollout = merged.generate([row.prompt for row in prompts])  # the generator takes bare prompts
         else:
             with trainer.policy.disable_adapter():
                 rollout = trainer.rollout(prompts)
