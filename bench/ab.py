@@ -72,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.change == "half-lora" and args.dtype != "bfloat16":
         parser.error("--change half-lora compares bf16 paths: add --dtype bfloat16")
-    from peer_trl import PROMPTS, prepare_model
+    from common import PROMPTS, prepare_model
 
     import ppo_rlhf.models.logprobs as logprobs_module
     from ppo_rlhf.config import build_config

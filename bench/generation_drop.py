@@ -5,7 +5,7 @@ reply ends) against the decode loop that drops finished rows from the batch and 
     .venv/bin/python bench/generation_drop.py                      # SmolLM2, batch 8, 32, 64, caps 48 and 128
     .venv/bin/python bench/generation_drop.py --model /tmp/tiny --rounds 1 --batches 2 --caps 4   # a dry run
 
-What one measurement is: `rollout.generate_rollout` of `batch` prompts (bench/peer_trl.py's 16 prompts, repeated to
+What one measurement is: `rollout.generate_rollout` of `batch` prompts (bench/common.py's 16 prompts, repeated to
 fill the batch) at temperature 0.7, log-probs recorded (as the trainer samples), the whole batch in one call; the
 seconds of the call and its reply tokens (EOS included). Each round runs every (cap, batch) once per side with the
 same seed, today's first in even rounds and the new loop first in odd ones; both sides draw the same random numbers,
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     import torch
-    from peer_trl import PROMPTS
+    from common import PROMPTS
 
     from ppo_rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
     from ppo_rlhf.models.precision import describe_dtype, resolve_dtype

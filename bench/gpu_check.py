@@ -109,7 +109,8 @@ def part_sharded(args, kind: str) -> dict:
     gathered from the shards (what rank 0 writes)."""
     import torch
     import torch.distributed as td
-    from peer_trl import ours_trainer, peak_gpu_gb
+    from common import peak_gpu_gb
+    from peer_trl import ours_trainer
 
     from ppo_rlhf.parallel import distributed
 
@@ -261,7 +262,7 @@ def memory_estimate(model_path: str, batch: int, cap: int) -> dict:
     """`ppo-rlhf memory`'s numbers for this model and batch: weights + optimiser state of the setup our trainer
     runs (LoRA policy; LoRA value model on the reward model's backbone; bf16 frozen, fp32 trained = its "mixed"),
     and the KV cache of generation; the full-batch fp32 logits are what a trainer without chunks would add."""
-    from peer_trl import PROMPTS
+    from common import PROMPTS
     from transformers import AutoTokenizer
 
     from ppo_rlhf.models.chat import chat_prompt_ids
@@ -373,7 +374,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     cfg = args.cfg
     import torch
-    from peer_trl import prepare_model
+    from common import prepare_model
 
     require_cuda = cfg["device"] == "cuda"
     if require_cuda and not torch.cuda.is_available():

@@ -5,10 +5,11 @@
 
 1. The machine: fp32 and bf16 GEMM throughput (torch.matmul, best of several shapes) and memory read bandwidth.
 2. One warm-up and `--iterations` timed iterations of our trainer on SmolLM2-135M (LoRA policy, LoRA value model).
-3. Per phase: the FLOPs it had to do, from the token counts the trainer actually ran (each chunk trimmed to its own
-   longest row, so padding is counted where it is computed), and the model-FLOPs utilisation = FLOPs / time / GEMM peak
-   of the dtype the phase's matmuls ran in (`--dtype`: the trainer's setting; bf16 stores the frozen weights in bf16,
-   so every large matmul of every phase is a bf16 one; the fp32 LoRA factors (rank 16) are ~5% of SmolLM2's FLOPs).
+3. Per phase: the FLOPs it had to do (bench/common.py's `iteration_flops`), from the token counts the trainer actually
+   ran (each chunk trimmed to its own longest row, so padding is counted where it is computed), and the model-FLOPs
+   utilisation = FLOPs / time / GEMM peak of the dtype the phase's matmuls ran in (`--dtype`: the trainer's setting;
+   bf16 stores the frozen weights in bf16, so every large matmul of every phase is a bf16 one; the fp32 LoRA factors
+   (rank 16) are ~5% of SmolLM2's FLOPs).
    N = the body's parameters (no embedding), H = hidden x vocab (the LM head).
      forward            2N per token (+ 2H for the policy's logits, only where the head runs: from the first reply
                         position)
@@ -94,66 +95,6 @@ def read_bandwidth() -> float:
     return best
 
 
-def chunk_tokens(rollout, rows_per_chunk: int, first: int | None = None) -> tuple[int, int]:
-    """(positions the body computes, positions the LM head computes) when a rollout is run in row chunks, each
-    trimmed to its own longest row; the head starts at `first` (the batch's) or at each chunk's own first reply."""
-    from ppo_rlhf.models.logprobs import first_reply_position
-    from ppo_rlhf.ppo.trainer import row_chunks
-
-    body = head = 0
-    for rows in row_chunks(len(rollout.prompts), rows_per_chunk):
-        part = rollout.select(rows)
-        width = part.input_ids.shape[1]
-        start = first_reply_position(part.prompt_ids) if first is None else first
-        body += len(rows) * width
-        head += len(rows) * (width - 1 - start)
-    return body, head
-
-
-def model_sizes(trainer) -> dict[str, int]:
-    """N (the policy's body without embedding and LoRA), H (its LM head) and the value model's body."""
-    from ppo_rlhf.models.loading import backbone_and_head
-    from ppo_rlhf.models.logprobs import body_and_lm_head
-
-    body, head = body_and_lm_head(trainer.policy)
-    vbody, _ = backbone_and_head(trainer.value_model)
-
-    def count(module) -> int:
-        return sum(p.numel() for name, p in module.named_parameters()
-                   if "embed_tokens" not in name and "lora_" not in name)
-
-    return {"n_body": count(body), "n_head": head.weight.numel(), "n_vbody": count(vbody)}
-
-
-def iteration_flops(rollout, micro: int, epochs: int, minibatch: int, sizes: dict[str, int],
-                    reward_model: bool = True) -> dict[str, float]:
-    """The FLOPs of one iteration's phases (the module docstring's counts) from the rollout it ran; `reward_model`:
-    whether scoring runs a reward model (a reward function, as a verifiable task's, costs no FLOPs here)."""
-    from ppo_rlhf.models.logprobs import first_reply_position
-
-    n_body, n_head, n_vbody = sizes["n_body"], sizes["n_head"], sizes["n_vbody"]
-    B = len(rollout.prompts)
-    prompt_width = max(len(p) for p in rollout.prompt_ids)
-    steps = int(rollout.reply_lengths.max())
-    scored, scored_head = chunk_tokens(rollout, micro, first_reply_position(rollout.prompt_ids))
-    # generation: prefill of the left-padded prompts, then `steps` decoding steps for every row
-    gen = B * (prompt_width + steps) * 2 * (n_body + n_head)
-    # scoring: policy (with logits), reference (with logits), value model; reward model ~ one more body pass
-    score = scored * 2 * n_body * 2 + scored_head * 2 * n_head * 2 + scored * 2 * n_vbody * (1 + reward_model)
-    # update: every epoch, every micro-batch; per token 6N model FLOPs for policy and value bodies, + LM head
-    # (the minibatches are random rows; contiguous ones are used here, close enough for the count)
-    update_tokens = update_head = 0
-    for _ in range(epochs):
-        for start in range(0, B, minibatch):
-            body_pos, head_pos = chunk_tokens(rollout.select(list(range(start, min(B, start + minibatch)))), micro)
-            update_tokens, update_head = update_tokens + body_pos, update_head + head_pos
-    return {"gen": gen, "score": score,
-            "update_6N": update_tokens * 6 * (n_body + n_vbody) + update_head * 6 * n_head,
-            "update_4N": update_tokens * 4 * (n_body + n_vbody) + update_head * 6 * n_head,
-            "reply_tokens": int(rollout.reply_lengths.sum()), "decode_steps": steps, "scored_positions": scored,
-            "update_positions": update_tokens}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="a training config (e.g. configs/smollm2_add_tiny.yaml): its model, task, "
@@ -184,7 +125,7 @@ def main() -> None:
               + f"; peak {peaks[name]:.1f}")
     print(f"== the trainer runs in {dtype}: MFU against {peak:.1f} GFLOP/s")
 
-    from peer_trl import PROMPTS, prepare_model
+    from common import PROMPTS, iteration_flops, model_sizes, prepare_model
 
     from ppo_rlhf.config import build_config, read_yaml
     from ppo_rlhf.ppo.train_config import TrainConfig

@@ -5,7 +5,7 @@ process (ABBA), so that the replies, and so the padding, are the same on both si
 
 Scoring: `PPOLoop.score` of the batch (log pi_old, reference, values, reward scores); step: one
 `minibatch_step` (forward + backward of the policy and value losses) over 8 of the 16 rows, its gradients
-discarded. The rollout: the first seed whose 16 replies to bench/peer_trl.py's prompts average 36-41 tokens (the
+discarded. The rollout: the first seed whose 16 replies to bench/common.py's prompts average 36-41 tokens (the
 mean bench/padding_share.py measured at cap 48 is 38.7). Timing a pass rather than an iteration (bench/ab.py) leaves
 out generation, whose replies differ from iteration to iteration.
 """
@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args()
     import torch
-    from peer_trl import PROMPTS, prepare_model
+    from common import PROMPTS, prepare_model
 
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig

@@ -4,7 +4,7 @@
     .venv/bin/python bench/padding_share.py --lengths /tmp/lengths.json   # the table again from saved lengths
 
 Replies: the real SmolLM2-135M-Instruct ("smollm2", offline) in bf16 samples `--batches` batches of 16 replies to
-bench/peer_trl.py's 16 prompts (the prompts every timed comparison in bench/HISTORY.md uses) at temperature 0.7, once
+bench/common.py's 16 prompts (the prompts every timed comparison in bench/HISTORY.md uses) at temperature 0.7, once
 per cap; their token lengths are saved (`--save`) and every number below is counted from them.
 
 What is counted (positions = token rows through the transformer body; the LM head is counted separately):
@@ -47,7 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def sample_lengths(caps: list[int], batches: int, seed: int) -> dict:
     """{"prompt": [...], "caps": {cap: [{"reply": [...], "reward": [...], "finished": [...]}, ...]}} token lengths."""
     import torch
-    from peer_trl import PROMPTS
+    from common import PROMPTS
 
     from ppo_rlhf.models.chat import conversation_ids
     from ppo_rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path

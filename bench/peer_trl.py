@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -45,79 +44,18 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / "bench" / ".cache"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/common.py, also when a test loads this file by path
+from common import PROMPTS, RANDOM_SHAPES, ROOT, peak_gpu_gb, peak_rss_gb, prepare_model  # noqa: E402
+
 OURS_PY = ROOT / ".venv" / "bin" / "python"
 TRL_PY = ROOT / "bench" / ".venv-trl" / "bin" / "python"
 TRL_VERSION = "1.12.0"
 TRL_MODES = ("fp32", "bf16", "bf16-weights")
 LORA_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-PROMPTS = [
-    "Tell me a story about a cat.", "What is the capital of France?", "Give me three tips for sleeping well.",
-    "Write a haiku about rain.", "Explain photosynthesis briefly.", "How do I boil an egg?", "What is 17 times 3?",
-    "Name a famous painter and one of their works.", "Why is the sky blue?", "Suggest a name for a pet turtle.",
-    "What should I pack for a weekend trip?", "Describe the taste of a lemon.", "How many legs does a spider have?",
-    "Write one sentence about the sea.", "What is a good breakfast?", "Translate 'thank you' into French.",
-]
 # glibc allocator settings, the same for both sides: "hugetlb" is what `make demo` sets (transparent huge pages);
 # "tuned" adds returning large freed blocks to the OS (lower peak memory, slower SmolLM2 fwd+bwd: bench/HISTORY.md)
 MALLOC_SETTINGS = {"default": {}, "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
                    "tuned": {"MALLOC_MMAP_THRESHOLD_": "131072", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
-QWEN_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                  intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True)
-QWEN_1_5B_SHAPE = {**QWEN_SHAPE, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
-                   "intermediate_size": 8960}
-# random models: name -> (folder under bench/.cache, Qwen2 config, or None for SmolLM2's own config: its exact shape);
-# "qwen-tiny" is bench/gpu_check.py --dry-run's. Random weights almost never sample EOS: every reply runs to the cap.
-RANDOM_SHAPES = {"qwen-shape": ("qwen2.5-0.5b-shape-random", QWEN_SHAPE),
-                 "qwen1.5b-shape": ("qwen2.5-1.5b-shape-random", QWEN_1_5B_SHAPE),
-                 "smollm2-shape": ("smollm2-135m-shape-random", None),
-                 "qwen-tiny": ("qwen2-tiny-random", {**QWEN_SHAPE, "hidden_size": 64, "num_hidden_layers": 2,
-                                                     "num_attention_heads": 4, "intermediate_size": 128})}
-
-
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-
-
-# ------------------------------------------------------------------------------------------ preparation
-def prepare_model(name: str, tokenizer_folder: str | None = None, cache: Path = CACHE) -> str:
-    """A local folder for `name` (run in our venv). The random models take their tokenizer from the folder
-    `tokenizer_folder` (default: SmolLM2's; bench/gpu_check.py carries SmolLM2's tokenizer files alone to a GPU machine,
-    and its --dry-run a tiny one) and are saved once under `cache`."""
-    sys.path.insert(0, str(ROOT))
-    from ppo_rlhf.models.loading import resolve_model_path
-
-    if name == "smollm2":
-        return resolve_model_path("smollm2")
-    if name not in RANDOM_SHAPES:
-        raise SystemExit(f"unknown model {name!r}")
-    folder = cache / RANDOM_SHAPES[name][0]
-    if not (folder / "config.json").is_file():
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen2Config
-
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder or resolve_model_path("smollm2"))
-        shape = RANDOM_SHAPES[name][1]
-        config = (AutoConfig.from_pretrained(resolve_model_path("smollm2")) if shape is None else
-                  Qwen2Config(**shape, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                              pad_token_id=tokenizer.pad_token_id))
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=folder.parent))
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.rename(folder)
-    return str(folder)
-
-
-def peak_gpu_gb() -> float | None:
-    """The most GPU memory torch's allocator held at once (None without CUDA)."""
-    import torch
-
-    return torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None
 
 
 # ------------------------------------------------------------------------------------------------ ours
@@ -152,9 +90,9 @@ def ours_trainer(args):
 
 
 def run_ours(args) -> dict:
-    """Our side; each timed row also holds the FLOPs of its phases (limit.iteration_flops), for an MFU."""
+    """Our side; each timed row also holds the FLOPs of its phases (common.iteration_flops), for an MFU."""
     import torch
-    from limit import iteration_flops, model_sizes
+    from common import iteration_flops, model_sizes
 
     trainer = ours_trainer(args)
     rss_loaded = peak_rss_gb()

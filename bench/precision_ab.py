@@ -37,7 +37,7 @@ PHASES = ("time_gen", "time_score", "time_update", "time_total")
 
 def run_side(args: argparse.Namespace) -> dict:
     """One side, in this process: load, warm up, time; returns the means of the timed iterations."""
-    from peer_trl import PROMPTS, peak_rss_gb, prepare_model
+    from common import PROMPTS, peak_rss_gb, prepare_model
 
     from ppo_rlhf.config import build_config
     from ppo_rlhf.ppo.train_config import TrainConfig

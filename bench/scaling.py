@@ -8,7 +8,7 @@ The grid changes one factor at a time from a base (batch 8, minibatch 4, reply c
     cap     48, 128, 256           at batch 8
     batch   8, 32, 64              at cap 48 (minibatch = batch / 2)
     model   smollm2-shape, qwen-shape, qwen1.5b-shape (random weights with SmolLM2-135M's, Qwen2.5-0.5B's and
-            Qwen2.5-1.5B's exact shapes, bench/peer_trl.py's RANDOM_SHAPES) at batch 8, cap 48
+            Qwen2.5-1.5B's exact shapes, bench/common.py's RANDOM_SHAPES) at batch 8, cap 48
 Every model has random weights, so every reply runs to the cap and the cap is the reply length on both sides (a
 real model's replies end at varied lengths, which would mix the growth with the length distribution). The update
 runs micro-batches of 4 rows everywhere (both sides), so memory measures what a user holding micro-batches fixed
@@ -41,7 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
-from peer_trl import MALLOC_SETTINGS, OURS_PY, TRL_PY, prepare_model, side_flags, summarise  # noqa: E402
+from common import prepare_model  # noqa: E402
+from peer_trl import MALLOC_SETTINGS, OURS_PY, TRL_PY, side_flags, summarise  # noqa: E402
 
 from ppo_rlhf.models.precision import cpu_matrix_flags  # noqa: E402
 

@@ -90,7 +90,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
-    from peer_trl import prepare_model  # the offline SmolLM2 folder, or the random Qwen2.5-0.5B-shaped one
+    from common import prepare_model  # the offline SmolLM2 folder, or the random Qwen2.5-0.5B-shaped one
 
     from ppo_rlhf.models.generation import vllm_python
 
