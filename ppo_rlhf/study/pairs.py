@@ -69,7 +69,7 @@ def read_pairs(path: str | Path) -> list[dict]:
 
 
 @dataclass
-class Replies:
+class JudgedReplies:
     """Judged start-policy replies, `k` per prompt: reply j of prompts[i] is row k*i + j of each list."""
 
     prompts: list[str]
@@ -89,7 +89,7 @@ class Pairing(NamedTuple):
     unbalanced: int  # pairs dropped by the length balance
 
 
-def sample_replies(
+def sample_judged_replies(
     prompts: list[str],
     model: str = "smollm2",
     judge_spec: str = "gold",
@@ -99,7 +99,7 @@ def sample_replies(
     batch_size: int = 16,
     replies_per_prompt: int = 2,
     dtype: str = "auto",
-) -> Replies:
+) -> JudgedReplies:
     """Sample replies_per_prompt replies per prompt from the starting policy (on the CPU, seeded) and judge each."""
     require(bool(prompts), "no prompts to sample replies for")
     require(reply_cap >= 1 and temperature > 0, "--reply-cap must be >= 1 and --temperature > 0")
@@ -129,10 +129,10 @@ def sample_replies(
         texts += rollout.reply_texts
         lengths += rollout.reply_lengths.tolist()
         finished += rollout.finished.tolist()
-    return Replies(list(prompts), k, texts, lengths, finished, judge.score(repeated, texts), judge.name)
+    return JudgedReplies(list(prompts), k, texts, lengths, finished, judge.score(repeated, texts), judge.name)
 
 
-def pair_replies(replies: Replies, min_margin: float, length_balance: str = "none",
+def pair_replies(replies: JudgedReplies, min_margin: float, length_balance: str = "none",
                  length_tolerance: int = LENGTH_TOLERANCE, seed: int = 0) -> Pairing:
     """Every two finished replies of a prompt whose scores differ by more than min_margin, the better one chosen;
     then the length_balance subset (see `length_balanced`)."""
@@ -236,8 +236,8 @@ def make_pairs(
     require(replies_per_prompt >= 2, f"--replies-per-prompt must be >= 2 to make a pair, got {replies_per_prompt}")
     require(min_margin >= 0, f"--min-margin must be >= 0, got {min_margin}")
     length_balanced([], [], length_balance, length_tolerance)  # a bad option is named before any sampling
-    replies = sample_replies(prompts, model, judge_spec, reply_cap, temperature, seed, batch_size, replies_per_prompt,
-                             dtype)
+    replies = sample_judged_replies(prompts, model, judge_spec, reply_cap, temperature, seed, batch_size,
+                                    replies_per_prompt, dtype)
     rows, close, unfinished, chosen_longer, unbalanced = pair_replies(replies, min_margin, length_balance,
                                                                       length_tolerance, seed)
     if not rows:

