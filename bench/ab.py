@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="float32: the measurements in bench/HISTORY.md before issue 15; half-lora needs bfloat16")
+                        help="float32: bench/HISTORY.md's measurements before bf16 weights; half-lora needs bfloat16")
     args = parser.parse_args()
     if args.change == "half-lora" and args.dtype != "bfloat16":
         parser.error("--change half-lora compares bf16 paths: add --dtype bfloat16")

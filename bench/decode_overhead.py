@@ -1,5 +1,4 @@
-"""Where a decoding step's time goes in our trainer's generation on a preset's task, against this CPU's bounds
-(issue 45 item 3).
+"""Where a decoding step's time goes in our trainer's generation on a preset's task, against this CPU's bounds.
 
     .venv/bin/python bench/decode_overhead.py                     # configs/smollm2_add_tiny.yaml, 2 rounds
     .venv/bin/python bench/decode_overhead.py --rounds 1 --batches 1 --variants passive-2   # a quick look

@@ -17,7 +17,7 @@ bench/padding_share.py counts it). The model runs in `--dtype` (auto: bf16 where
 with torch's default threads: run it on a quiet machine.
 
 Last run (2026-12-05 11:46-12:03 UTC, AVX2-only AMD EPYC, fp32, `--rounds 2`): drop/today time 0.75-0.96 at every
-batch and cap, 415 of 416 replies the same tokens (bench/HISTORY.md, "Issue 32 on an AVX2-only CPU").
+batch and cap, 415 of 416 replies the same tokens (bench/HISTORY.md, 2026-12-05, on an AVX2-only CPU).
 """
 
 from __future__ import annotations

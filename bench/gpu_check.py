@@ -1,4 +1,4 @@
-"""The prepared GPU check (issue 30): one command, at most 8 minutes on one H200, one JSON and a short summary.
+"""The prepared GPU check: one command, at most 8 minutes on one H200, one JSON and a short summary.
 
     python3 bench/gpu_check.py --out $OUT --tokenizer bench/.gpu-carry/smollm2-tokenizer   # the GPU machine
     .venv/bin/python bench/gpu_check.py --dry-run --out /tmp/gpu_check                       # this CPU, tiny models
@@ -9,7 +9,7 @@ installed first, since that machine has no network.
 Parts, each a subprocess with its own time box (a part that fails or runs out of time is recorded with its error
 line, and the rest still run; `--budget` bounds the whole):
   gemm   the bf16 GEMM peak of this device (random data, best of several shapes): the MFU denominator
-  ours   our trainer at the issue's configuration (Qwen2.5-0.5B shape, random weights, batch 32, minibatch 16,
+  ours   our trainer at the GPU check's configuration (Qwen2.5-0.5B shape, random weights, batch 32, minibatch 16,
          2 epochs, reply cap 128) in bf16: bench/peer_trl.py's side "ours", one warm-up and two timed iterations,
          s per phase, each phase's MFU (bench/limit.py's FLOP counts), peak GPU memory against `ppo-rlhf memory`'s
          estimate (ppo_rlhf/models/memory.py)

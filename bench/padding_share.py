@@ -20,7 +20,7 @@ What is counted (positions = token rows through the transformer body; the LM hea
   (`first_reply_position`) to the chunk's width; real work: the positions from there whose next token is real.
 
 Configurations: SmolLM2 batch 16 / minibatch 8 (micro-batch 8 and 4, scoring over the whole batch: bench/HISTORY.md's
-runs); the issue's Qwen2.5-0.5B shape, batch 32 / minibatch 16 / micro-batch 8, scoring over the batch. The
+runs); the GPU check's Qwen2.5-0.5B shape, batch 32 / minibatch 16 / micro-batch 8, scoring over the batch. The
 Qwen-shaped model has random weights and never emits EOS, so as benchmarked every reply is exactly the cap (only
 the prompts pad; the reward model's rows are counted as prompt + cap + 1 tokens); a real instruct model's replies
 are not all at the cap, so the "stand-in" rows take SmolLM2's real replies at the same cap in place of

@@ -1,4 +1,4 @@
-"""The proxy reward model's settings, chosen on a validation split and reported once on a test split (issue 28).
+"""The proxy reward model's settings, chosen on a validation split and reported once on a test split.
 
 What it measures: the held-out pair accuracy of the Bradley-Terry proxy (ppo_rlhf/study/reward_model.py, as the demo
 trains it) for each setting of a grid, on pairs of VALIDATION prompts it never trained on, with a 95% interval that
@@ -18,7 +18,7 @@ The replies are sampled once, into a pool, and every allocation and margin thres
             over several sessions. The project's pool lives in git, bench/results/rm_pool (pool.json, splits.json,
             parts/): sampling it took 1.6 hours (5,876 s) on a 2-core AVX2-only CPU in fp32, ~30 minutes with AMX-BF16.
     search  for each setting (allocation, margin threshold, learning rate, LoRA blocks and rank, batch composition,
-            and issue 43's length balance of the training pairs and length head), pairs of TRAIN (pairs.pair_replies,
+            and the length balance of the training pairs and length head), pairs of TRAIN (pairs.pair_replies,
             as the demo makes them), one run of --epochs epochs measured after each epoch (and at the learning
             curve's points of the first pass) on VALIDATION pairs of gold margin > 0.1, the same pairs for every
             setting. One line per finished setting in OUT/search.jsonl; a re-run skips them. Besides accuracy, each
@@ -73,7 +73,7 @@ SPLITS = ("train", "validation", "test")
 BASE = {"margin": 0.1, "lr": 3e-4, "layers": 10, "rank": 16, "batches": "prompt", "balance": "none",
         "length_head": "off"}
 FACTORS = ("alloc", "margin", "lr", "layers", "rank", "batches", "balance", "length_head")
-LATER_FACTORS = {"balance": "none", "length_head": "off"}  # what a record written before issue 43 had
+LATER_FACTORS = {"balance": "none", "length_head": "off"}  # what a record written before the length factors had
 
 
 # ---------------------------------------------------------------- the pool
@@ -309,10 +309,11 @@ def grid(values: dict[str, list]) -> list[dict]:
     return order
 
 
-# Undertraining is the likeliest limit of the demo's one epoch at 3e-4 (its curve still rose), then the issue's
-# allocation question, then the cheaper ones; shuffled batches last: every reply of a batch is scored for fewer pairs
-# (a step of 32 mixed pairs scores up to 64 conversations, against ~16 of whole prompts' pairs at 12 replies).
-# The length factors (issue 43) come first: the others were searched before them.
+# Undertraining is the likeliest limit of the demo's one epoch at 3e-4 (its curve still rose), then the allocation
+# question (how many prompts against how many replies each), then the cheaper ones; shuffled batches last: every reply
+# of a batch is scored for fewer pairs (a step of 32 mixed pairs scores up to 64 conversations, against ~16 of whole
+# prompts' pairs at 12 replies).
+# The length factors come first: the others were searched before them.
 PRIORITY = [("length_head", 1), ("balance", 1), ("lr", 1), ("alloc", 1), ("alloc", 2), ("margin", 1), ("layers", 1),
             ("lr", 2), ("margin", 2), ("rank", 1), ("batches", 1)]
 

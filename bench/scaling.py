@@ -1,5 +1,5 @@
 """How one PPO iteration's time and peak memory grow with reply cap, batch and model size, ours and TRL 1.12 side by
-side (issue 32 item 4), with the fitted exponent of each phase.
+side, with the fitted exponent of each phase.
 
     .venv/bin/python bench/scaling.py --out runs/scaling                 # the grid below, both sides, resumable
     .venv/bin/python bench/scaling.py --out runs/scaling --table         # only the table and the fits of what ran
@@ -24,7 +24,7 @@ Run it on a quiet machine; the CPU's flags are printed first (AMX, AVX512-BF16 o
 Last run (2026-12-05 12:04-13:17 UTC, AVX2-only AMD EPYC, fp32 both sides): every point ran; generation grows
 fastest with the cap (k 0.71 ours, 0.87 TRL), scoring and update with batch; ours/TRL 0.86-0.99 in time except the
 smallest point (1.40, which did not reproduce: 0.96 over three iterations a side at 15:04-15:14), 0.54-0.71 in
-memory (bench/HISTORY.md, "Issue 32 on an AVX2-only CPU").
+memory (bench/HISTORY.md, 2026-12-05, on an AVX2-only CPU).
 """
 
 from __future__ import annotations

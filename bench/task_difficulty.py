@@ -1,5 +1,5 @@
 """The start policy's exact-match accuracy on held-out problems of each task level (ppo_rlhf/tasks/arithmetic.py), to
-choose a level where SmolLM2-135M-Instruct starts between about 10% and 50% (issue 27; results in bench/HISTORY.md).
+choose a level where SmolLM2-135M-Instruct starts between about 10% and 50% (results in bench/HISTORY.md).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/task_difficulty.py --levels add-small,add,mul-small --n 150
 

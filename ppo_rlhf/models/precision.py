@@ -12,7 +12,7 @@
   AVX512-BF16 or AMX-BF16), float32 elsewhere.
 
 No autocast: weights stored in bf16 are already what the matmuls read, and autocast during `generate` was measured
-slower than bf16 weights (issue 15: 5.4 s vs 4.0 s for 8 x 48 tokens).
+slower than bf16 weights (5.4 s vs 4.0 s for 8 x 48 tokens, bench/HISTORY.md).
 """
 
 from __future__ import annotations

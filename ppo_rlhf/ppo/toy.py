@@ -38,7 +38,7 @@ FOUR_CASES = [
     ("A < 0, ratio went up", 0.150, -0.8),
 ]
 P_OLD = 0.100
-# The clipping variants of issue 18 on the same tokens, plus one whose ratio grew 4x against a negative advantage
+# The clipping variants on the same tokens, plus one whose ratio grew 4x against a negative advantage
 # (the case dual-clip exists for): (label, clipped_policy_loss keyword arguments)
 CLIP_VARIANTS = [
     ("PPO (eps 0.2)", {}),

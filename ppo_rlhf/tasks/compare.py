@@ -1,5 +1,5 @@
 """`ppo-rlhf compare --task LEVEL`: PPO, PPO with a critic warm-up, RLOO and GRPO on a verifiable task at equal sampled
-replies, measured on the same held-out problems (issue 27 item 3).
+replies, measured on the same held-out problems.
 
 Every variant is the task preset (`demo.preset`: configs/smollm2_add_tiny.yaml, smollm2_calc_steps.yaml for
 calc-steps; or --config) with the same iterations, reply cap and

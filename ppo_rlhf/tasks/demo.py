@@ -1,6 +1,5 @@
 """`ppo-rlhf demo --task TASK`: PPO against a reward that is true by construction (a `ppo_rlhf.tasks.arithmetic`
-level, issue 27, or the multi-turn calc-steps with its calculator tool, issue 44), measured on held-out problems, end
-to end.
+level, or the multi-turn calc-steps with its calculator tool), measured on held-out problems, end to end.
 
   1. data        the level's training and held-out problems (`tasks.write_task`) in OUT/data
   2. ppo         the task's preset exactly as it is (its prompts and out pointed into OUT): configs/
