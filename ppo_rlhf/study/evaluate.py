@@ -17,7 +17,6 @@ summary and the text, so that they can be tested on made-up records.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 from collections.abc import Sequence
@@ -32,14 +31,12 @@ from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.run import checkpoint_targets, read_run_config, select_checkpoints
 from ppo_rlhf.study.judge_specs import check_judge_spec, check_run_rewards
 from ppo_rlhf.study.prompts import read_prompts
+from ppo_rlhf.study.sampling import KL_ESTIMATE, START, model_label, sample_records
 from ppo_rlhf.study.stats import distinct_n, paired_bootstrap, pearson, standardize
 from ppo_rlhf.utils.device import resolve_device
 from ppo_rlhf.utils.threads import add_threads_argument
 
-START = "start"
 JUDGES = ("proxy", "gold", "length")
-# what a record's "kl" is (see _sample_records); the text and the report say it
-KL_ESTIMATE = "k3 estimate of KL(model || start model), summed over each reply's tokens"
 
 
 # ---------------------------------------------------------------- runs and checkpoints
@@ -47,10 +44,6 @@ KL_ESTIMATE = "k3 estimate of KL(model || start model), summed over each reply's
 
 def run_name(run_dir: Path) -> str:
     return Path(run_dir).resolve().name
-
-
-def model_label(run: str | None, iteration: int | None) -> str:
-    return START if run is None else f"{run} step {iteration}"
 
 
 # ---------------------------------------------------------------- pure aggregation
@@ -225,97 +218,6 @@ def format_evaluation(summary: list[dict], examples: list[dict], replies_per_che
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------- sampling and scoring (models)
-
-
-def _sample_records(
-    model,
-    tokenizer,
-    prompts: list[str],
-    replies_per_prompt: int,
-    settings: dict[str, Any],
-    seed: int,
-    batch_size: int,
-    run: str | None,
-    iteration: int | None,
-    reference=None,
-) -> tuple[list[dict], list[list[int]]]:
-    """Sample replies_per_prompt replies per prompt: the records, with per-reply tokens, finished, KL and entropy
-    sum, and each reply's token ids (what reward functions get as `completion_ids`; not kept in the records).
-
-    The KL is `KL_ESTIMATE`: per token k3 = r - 1 - log r, r = pi_ref / pi, on the policy's own samples an unbiased
-    estimate of KL(pi || pi_ref) that is never negative (k1, log pi - log pi_ref, is unbiased too but any single
-    reply's sum can be negative, and a mean near zero then printed as "-0.0"), summed over the reply's tokens.
-    The policy's log-probs and entropies are the ones generation computed anyway (`record_logprobs`): one forward
-    pass per reply fewer. In bf16 they differ from a full forward's by float rounding (the run's `mismatch_kl` per
-    token, about 0.002 nats in SmolLM2); the reference's log-probs come from a forward pass of the same tokens, through
-    the policy with its adapter off, or through `reference` (the start model) for a policy without one (a full
-    fine-tune).
-    """
-    # lazy, as in run(): `ppo-rlhf evaluate` checks its arguments and files before torch loads
-    import torch
-
-    from ppo_rlhf.models.rollout import generate_rollout
-    from ppo_rlhf.ppo.objectives import masked_sum
-
-    label = model_label(run, iteration)
-    repeated = [p for p in prompts for _ in range(replies_per_prompt)]  # reply i of prompt j at j * R + i
-    temperature = settings["temperature"]
-    torch.manual_seed(seed)  # same seed for every model: differences come from the weights, not the dice
-    # drop_finished: finished replies leave the batch (the same random stream as generate, fewer decode steps)
-    rollout = generate_rollout(model, tokenizer, repeated, settings["max_new_tokens"], temperature, batch_size,
-                               top_p=settings["top_p"], record_logprobs=True, drop_finished=True)
-    entropy_sum = masked_sum(rollout.entropy, rollout.action_mask, dim=1)
-    kl = reference_kl(model, rollout, temperature, batch_size, reference, label) if run is not None else \
-        [0.0] * len(repeated)  # the start model is its own reference
-    entropy_sum = entropy_sum.tolist()
-    tokens = rollout.reply_lengths.tolist()
-    finished = rollout.finished.tolist()
-    records = [
-        {
-            "model": label,
-            "run": run,
-            "iteration": iteration,
-            "prompt_index": k // replies_per_prompt,
-            "reply_index": k % replies_per_prompt,
-            "prompt": repeated[k],
-            "reply": rollout.reply_texts[k],
-            "tokens": int(tokens[k]),
-            "finished": bool(finished[k]),
-            "kl": float(kl[k]),
-            "entropy_sum": float(entropy_sum[k]),
-        }
-        for k in range(len(repeated))
-    ]
-    return records, rollout.completion_ids
-
-
-def reference_kl(model, rollout, temperature: float, batch_size: int, reference=None, label: str = "") -> list[float]:
-    """`KL_ESTIMATE` of each row of a rollout sampled from `model` with its log-probs recorded, over its action mask
-    (a multi-turn rollout's: the policy's tokens only). The reference's log-probs come from a forward pass of the same
-    tokens through `model` with its adapter off, or through `reference` (the start model) for a model without one (a
-    full fine-tune, which has no adapter to switch off)."""
-    import torch
-
-    from ppo_rlhf.models.logprobs import first_reply_position, token_logprobs
-    from ppo_rlhf.ppo.objectives import kl_k3, masked_sum
-
-    device = next(model.parameters()).device
-    kls = []
-    with torch.no_grad(), model.disable_adapter() if reference is None else contextlib.nullcontext():
-        for start in tqdm(range(0, len(rollout.prompts), batch_size), desc=f"reference log-probs {label}",
-                          leave=False):
-            rows = slice(start, start + batch_size)
-            part = rollout.select(rows)
-            ids, att = part.input_ids.to(device), part.attention_mask.to(device)
-            first = first_reply_position(part.prompt_ids)  # no LM head over prompt-only positions
-            ref_logprobs = token_logprobs(model if reference is None else reference, ids, att, temperature,
-                                          first=first).cpu()
-            logprobs = rollout.logprobs[rows, : ref_logprobs.shape[1]]
-            kls.append(masked_sum(kl_k3(ref_logprobs, logprobs), part.action_mask, dim=1))  # r = ref / pi
-    return torch.cat(kls).tolist()
-
-
 # config keys all runs must share (with the default for configs that lack them): one start model, one sampler
 SHARED_SETTINGS = {
     "policy_model": None,
@@ -446,7 +348,7 @@ def score_models(pending: list[tuple[str | None, int | None, Path | None]], sett
     check_prompt_lengths(rows, tokenizer, [model, *judge_models], settings["max_new_tokens"])
     for k, (run, iteration, folder) in enumerate(tqdm(pending, desc="models", unit="model")):
         model = model if k == 0 else load(folder)
-        new, completion_ids = _sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration,
+        new, completion_ids = sample_records(model, tokenizer, batch_size=batch_size, run=run, iteration=iteration,
                                               **sample)
         del model  # one policy in memory at a time
         _release_memory()

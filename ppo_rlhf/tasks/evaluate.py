@@ -32,7 +32,8 @@ import numpy as np
 
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.run import read_run_config, select_checkpoints
-from ppo_rlhf.study.evaluate import START, run_name
+from ppo_rlhf.study.evaluate import run_name
+from ppo_rlhf.study.sampling import START
 from ppo_rlhf.study.stats import bootstrap_mean, paired_bootstrap
 from ppo_rlhf.tasks.arithmetic import Split, answer_format, exact_match, problems, task_environment, task_tools
 
@@ -49,7 +50,7 @@ def task_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], r
     model, for a fully fine-tuned `model` (its KL); `tools`: answer in multi-turn episodes that may call them
     (`episode_records`); `environment`: an environment factory, play episodes in it (rows carry its columns; the
     environment checks them)."""
-    from ppo_rlhf.study.evaluate import _sample_records  # lazy: imports torch
+    from ppo_rlhf.study.sampling import sample_records  # lazy: imports torch
 
     if tools or environment is not None:
         records = episode_records(model, tokenizer, rows, settings, replies_per_prompt, seed, batch_size, tools or [],
@@ -57,7 +58,7 @@ def task_records(model, tokenizer, rows: list[dict], settings: dict[str, Any], r
         if environment is not None:
             return records  # the environment said which episodes succeeded
     else:
-        records, _ = _sample_records(model, tokenizer, [row["prompt"] for row in rows], replies_per_prompt, settings,
+        records, _ = sample_records(model, tokenizer, [row["prompt"] for row in rows], replies_per_prompt, settings,
                                      seed, batch_size, run, iteration, reference)
     replies = [record["reply"] for record in records]
     answers = [rows[record["prompt_index"]]["answer"] for record in records]
@@ -72,11 +73,11 @@ def episode_records(model, tokenizer, rows: list[dict], settings: dict[str, Any]
                     batch_size: int, tools: list, run: str | None = None, iteration: int | None = None,
                     reference=None, environment=None) -> list[dict]:
     """One multi-turn episode per (problem, reply) with `tools` (or in `environment`'s episodes, each reset with its
-    row's columns), sampled as `_sample_records` samples single replies (torch's and Python's seeds reset first,
-    `batch_size` rows at once): a record's "reply" is the last turn's text (what the checker reads), "transcript"
-    everything after the prompt, "tokens" and "kl" (`study.evaluate.KL_ESTIMATE`) over the policy's tokens only,
-    "finished" whether the last turn ended with EOS, and the episode's EPISODE_COUNTS; in an environment also
-    "correct" (its `success`), "formatted" (no invalid move), "moves" and "valid_moves"."""
+    row's columns), sampled as `study.sampling.sample_records` samples single replies (torch's and Python's seeds
+    reset first, `batch_size` rows at once): a record's "reply" is the last turn's text (what the checker reads),
+    "transcript" everything after the prompt, "tokens" and "kl" (`study.sampling.KL_ESTIMATE`) over the policy's
+    tokens only, "finished" whether the last turn ended with EOS, and the episode's EPISODE_COUNTS; in an environment
+    also "correct" (its `success`), "formatted" (no invalid move), "moves" and "valid_moves"."""
     import random
 
     import torch
@@ -84,7 +85,7 @@ def episode_records(model, tokenizer, rows: list[dict], settings: dict[str, Any]
     from ppo_rlhf.models.rollout import eos_token_ids, sample_replies
     from ppo_rlhf.multiturn.calls import tool_name
     from ppo_rlhf.multiturn.episodes import EpisodeLimits, run_episodes
-    from ppo_rlhf.study.evaluate import model_label, reference_kl
+    from ppo_rlhf.study.sampling import model_label, reference_kl
 
     prompts = [row["prompt"] for row in rows for _ in range(replies_per_prompt)]  # reply i of problem j at j * R + i
     torch.manual_seed(seed)  # same seed for every model: differences come from the weights, not the dice

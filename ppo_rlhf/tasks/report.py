@@ -18,8 +18,9 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ppo_rlhf.study.evaluate import START, shown_reply
+from ppo_rlhf.study.evaluate import shown_reply
 from ppo_rlhf.study.report import Block, dashboard_figure, machine_sentence, read_history, render_html, render_markdown
+from ppo_rlhf.study.sampling import START
 from ppo_rlhf.tasks.arithmetic import extracted_answer, problems
 from ppo_rlhf.utils.files import atomic_write_text
 

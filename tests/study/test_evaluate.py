@@ -254,8 +254,8 @@ def evaluate_counting_loads(monkeypatch, run_dir, prompts, out, **options):
     """evaluate_runs on the module's run, and the labels of the models it sampled."""
     import ppo_rlhf.study.evaluate as evaluate
 
-    sampled, real = [], evaluate._sample_records
-    monkeypatch.setattr(evaluate, "_sample_records", lambda *a, **k: sampled.append(model_label(k["run"],
+    sampled, real = [], evaluate.sample_records
+    monkeypatch.setattr(evaluate, "sample_records", lambda *a, **k: sampled.append(model_label(k["run"],
                                                                                                 k["iteration"]))
                         or real(*a, **k))
     result = evaluate_runs([run_dir], prompts, out, gold="vader", batch_size=4, **options)
