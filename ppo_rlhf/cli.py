@@ -57,10 +57,13 @@ example:
   ppo-rlhf demo --quick --out runs/demo-quick"""
 
 
-# A command handed on to another module's `run` when one of its flags is given (the same parser and arguments): the
-# study's demo and compare on a verifiable task (--task) are the tasks' own, so the study never imports the tasks.
-HANDED_ON: dict[str, tuple[str, str]] = {"demo": ("task", "ppo_rlhf.tasks.demo"),
-                                         "compare": ("task", "ppo_rlhf.tasks.compare")}
+# A command handed on to another module's `run` when one of its flags is given (the same parser and arguments; the
+# first flag given wins): the study's demo and compare on a verifiable task (--task) are the tasks' own, so the study
+# never imports the tasks; the over-optimisation study and the horizon comparison build on the demo's and compare's
+# stages, so they are handed on rather than imported by them.
+HANDED_ON: dict[str, list[tuple[str, str]]] = {
+    "demo": [("task", "ppo_rlhf.tasks.demo"), ("overoptimisation", "ppo_rlhf.study.overoptimisation")],
+    "compare": [("horizons", "ppo_rlhf.tasks.horizons"), ("task", "ppo_rlhf.tasks.compare")]}
 
 
 def non_empty_text(text: str) -> str:
@@ -151,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser(only=command).parse_args(argv)
         module_name = COMMANDS[command][0]
-        if command in HANDED_ON and getattr(args, HANDED_ON[command][0], None) is not None:  # (demo: unset is absent)
-            module_name = HANDED_ON[command][1]
+        # (an unset flag is absent or None; a flag set false, e.g. --overoptimisation false, is not handed on)
+        module_name = next((module for flag, module in HANDED_ON.get(command, [])
+                            if getattr(args, flag, None) not in (None, False)), module_name)
         use_threads(getattr(args, "threads", None))  # a command that trains or samples: --threads (utils/threads.py)
         with from_command_line(), sigterm_as_interrupt():
             return int(importlib.import_module(module_name).run(args) or 0)

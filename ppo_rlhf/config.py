@@ -411,3 +411,13 @@ def to_yaml(config: Any) -> str:
             lines.append(f"# {docs[field.name]}")
         lines.append(yaml.safe_dump({field.name: value}, default_flow_style=False, sort_keys=False).strip())
     return "\n".join(lines) + "\n"
+
+
+THREADS_HELP = ("CPU threads of torch's operations; 0 = torch's default (one per core, or OMP_NUM_THREADS). 1 is "
+                "faster where other jobs share the cores (default: 0)")
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """`--threads N` of a command that trains or samples without a config of its own (utils/threads.use_threads sets
+    it before torch loads)."""
+    parser.add_argument("--threads", type=NON_NEGATIVE_INT, default=0, metavar="N", help=THREADS_HELP)

@@ -200,7 +200,7 @@ class DemoConfig:
     half of --max-kl, fit, write the predicted peaks to --prediction, and stop."""
     prediction: str | None = None
     """With --overoptimisation: the prediction file (default OUT/gao_prediction.json); gao_turn.json is written
-    beside it. Give a path in the repository (bench/results/gao_prediction.json) to commit it before the rest."""
+    beside it. Give a path inside the repository to commit it before the rest runs."""
     proxies: str = "all:0,all:0.25,1000:0.25,250:0.25"
     """With --overoptimisation: the proxies, comma-separated PAIRS:LABEL_NOISE (PAIRS: a count of the demo's training
     pairs, drawn with --data-seed's seed, or all; LABEL_NOISE: the share of their labels flipped). all:0 is the
@@ -231,13 +231,9 @@ class DemoConfig:
         parse_targets(self.kl_targets)
         require(self.quick + self.full + self.overoptimisation <= 1,
                 "choose one preset: --quick, --full or --overoptimisation")
-        if self.overoptimisation:
-            from ppo_rlhf.study.overoptimisation import check_settings
-
-            check_settings(self)
-        else:
-            require(not self.predict_only and self.prediction is None,
-                    "--predict-only and --prediction belong to --overoptimisation")
+        # (--overoptimisation's own settings are checked by study/overoptimisation.py, which runs that study)
+        require(self.overoptimisation or (not self.predict_only and self.prediction is None),
+                "--predict-only and --prediction belong to --overoptimisation")
         check_model_name(self.model)  # a typo is named before any stage starts, and before torch loads
         check_judge_spec(self.gold)
 
@@ -397,23 +393,24 @@ def demo(cfg: DemoConfig) -> Path:
         return run_stages(cfg)
 
 
-def run_stages(cfg: DemoConfig) -> Path:
-    """The study's stages in order, each keyed by its settings and its inputs' keys (`Stages`): prompts, pairs, the
-    proxy reward model, the PPO runs, their evaluation, the report. Returns the report folder."""
-    # lazy: evaluate imports scipy, report matplotlib; `ppo-rlhf demo` checks its arguments and files without them,
-    # and loads them here, before the first stage, so that a missing one stops the study at once, not hours later
+def import_stage_modules() -> None:
+    """evaluate imports scipy, report matplotlib: `ppo-rlhf demo` checks its arguments and files without them, and
+    loads them before its first stage, so that a missing one stops the study at once, not hours later."""
     import ppo_rlhf.study.evaluate
     import ppo_rlhf.study.report
     import ppo_rlhf.study.reward_model
     import ppo_rlhf.study.word_baseline  # noqa: F401
 
+
+def run_stages(cfg: DemoConfig) -> Path:
+    """The study's stages in order, each keyed by its settings and its inputs' keys (`Stages`): prompts, pairs, the
+    proxy reward model, the PPO runs, their evaluation, the report. Returns the report folder."""
+    import_stage_modules()
+    require(not cfg.overoptimisation, "the over-optimisation study is study/overoptimisation.py's "
+                                      "(`ppo-rlhf demo --overoptimisation` runs it)")
     out = Path(cfg.out).resolve()  # every path the stages save is absolute: runs read from any directory
     stages = Stages(out, to_yaml(cfg))
     data = data_stages(cfg, stages, out)
-    if cfg.overoptimisation:
-        from ppo_rlhf.study.overoptimisation import overoptimisation_stages
-
-        return overoptimisation_stages(cfg, stages, data, out)
     prompts_dir, pairs, heldout_pairs, reward_dir = data.prompts_dir, data.pairs, data.heldout_pairs, data.reward_dir
     reward_key, ppo_prompts = data.reward_key, data.ppo_prompts
     # the length arm's sign: longer replies rewarded when the gold judge chose the longer reply of more training pairs
@@ -604,10 +601,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """`ppo-rlhf demo` (with --task the CLI runs `ppo_rlhf.tasks.demo.run` instead)."""
     given = given_settings(args)
-    preset = QUICK if given.get("quick") else FULL if given.get("full") else \
-        OVEROPTIMISATION if given.get("overoptimisation") else {}
-    require(not (given.get("overoptimisation") and "arms" in given),
-            "--arms does not apply to --overoptimisation: its runs optimise the proxies of --proxies and --ensemble")
+    preset = QUICK if given.get("quick") else FULL if given.get("full") else {}
     cfg = build_config(DemoConfig, preset, given)
     demo(cfg)
     return 0

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED
+from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED, add_threads_argument
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.run import checkpoint_targets, read_run_config, select_checkpoints
 from ppo_rlhf.study.judge_specs import check_judge_spec, check_run_rewards
@@ -34,7 +34,6 @@ from ppo_rlhf.study.prompts import read_prompts
 from ppo_rlhf.study.sampling import KL_ESTIMATE, START, model_label, sample_records
 from ppo_rlhf.study.stats import distinct_n, paired_bootstrap, pearson, standardize
 from ppo_rlhf.utils.device import resolve_device
-from ppo_rlhf.utils.threads import add_threads_argument
 
 JUDGES = ("proxy", "gold", "length")
 

@@ -30,6 +30,7 @@ other runs or settings, and records the commit that holds it (git), or says it h
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import shutil
@@ -523,3 +524,31 @@ def gao_turn(cfg: DemoConfig, made: list[Group], results: dict[str, tuple[dict, 
             "goal_stated": GOAL.replace("MAX_KL", f"{cfg.max_kl:g}"),
             "proxies": proxies, "ensemble": ensemble,
             "goal": {"words": goal_words(proxies, ensemble)}}
+
+
+def run(args: argparse.Namespace) -> int:
+    """`ppo-rlhf demo --overoptimisation` (the CLI hands the demo command here when the flag is given): the demo's
+    stages before PPO, then this study's (`overoptimisation_stages`), OUT locked meanwhile."""
+    from ppo_rlhf.config import build_config, to_yaml
+    from ppo_rlhf.study.demo import (
+        OVEROPTIMISATION,
+        DemoConfig,
+        Stages,
+        data_stages,
+        given_settings,
+        import_stage_modules,
+    )
+    from ppo_rlhf.utils.lock import hold
+
+    given = given_settings(args)
+    require("arms" not in given,
+            "--arms does not apply to --overoptimisation: its runs optimise the proxies of --proxies and --ensemble")
+    require(not (given.get("quick") or given.get("full")), "choose one preset: --quick, --full or --overoptimisation")
+    cfg = build_config(DemoConfig, OVEROPTIMISATION, given)
+    check_settings(cfg)
+    with hold(cfg.out, "demo folder"):
+        import_stage_modules()
+        out = Path(cfg.out).resolve()
+        stages = Stages(out, to_yaml(cfg))
+        overoptimisation_stages(cfg, stages, data_stages(cfg, stages, out), out)
+    return 0

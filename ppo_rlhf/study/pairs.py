@@ -26,12 +26,11 @@ from typing import Any, NamedTuple
 
 from tqdm import tqdm
 
-from ppo_rlhf.config import NON_NEGATIVE, POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked
+from ppo_rlhf.config import NON_NEGATIVE, POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked, add_threads_argument
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.study.prompts import message_text, read_jsonl, read_prompts, write_jsonl
 from ppo_rlhf.utils.device import DTYPE_NAMES
 from ppo_rlhf.utils.paths import check_model_name
-from ppo_rlhf.utils.threads import add_threads_argument
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected", "score_chosen", "score_rejected")
 LENGTH_BALANCES = ("none", "similar", "half")

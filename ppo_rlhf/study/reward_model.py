@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked, FieldType
+from ppo_rlhf.config import POSITIVE_FLOAT, POSITIVE_INT, SEED, Bounds, Checked, FieldType, add_threads_argument
 from ppo_rlhf.errors import require
 from ppo_rlhf.study.length_bias import length_fit, length_report, length_scale, report_line
 from ppo_rlhf.study.pairs import LENGTH_TOLERANCE, pair_from_record, read_pairs
@@ -45,7 +45,6 @@ from ppo_rlhf.study.word_baseline import CURVE_FRACTIONS, word_margins
 from ppo_rlhf.utils.device import DTYPE_NAMES, resolve_device
 from ppo_rlhf.utils.files import atomic_directory
 from ppo_rlhf.utils.paths import check_model_name
-from ppo_rlhf.utils.threads import add_threads_argument
 
 if TYPE_CHECKING:  # torch, transformers and the models are imported where used: `reward-model train` checks its
     import torch  # files before they load

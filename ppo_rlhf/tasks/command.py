@@ -16,12 +16,11 @@ import argparse
 import json
 from pathlib import Path
 
-from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED
+from ppo_rlhf.config import NON_NEGATIVE_INT, POSITIVE_INT, SEED, add_threads_argument
 from ppo_rlhf.errors import require
 from ppo_rlhf.tasks import calc_steps, guess_number, horizon, key_door
 from ppo_rlhf.tasks.arithmetic import LEVELS, TASKS, Problem, check_task, split_problems, write_task
 from ppo_rlhf.utils.files import atomic_write_text
-from ppo_rlhf.utils.threads import add_threads_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

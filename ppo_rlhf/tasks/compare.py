@@ -322,9 +322,9 @@ def compare_figure(variants: dict[str, dict], task: str) -> Figure:
 # ---------------------------------------------------------------- command line
 
 
-def run(args: argparse.Namespace) -> int:
-    """`ppo-rlhf compare --task` (the CLI hands the compare command here when --task is given; its parser is
-    `ppo_rlhf.study.compare`'s): the TrainConfig flags given override the preset for every variant."""
+def task_arguments(args: argparse.Namespace) -> tuple[dict[str, Any], list[str] | None, int | None]:
+    """`compare --task`'s arguments, checked (with or without --horizons): (the TrainConfig flags given, which
+    override the preset for every variant; --variants; the held-out problems, None for all)."""
     names = set(TrainConfig.__dataclass_fields__)
     given = {k: v for k, v in vars(args).items() if k in names}
     refused = [flag for flag, value in (("--eval-prompts", args.eval_prompts), ("--gold", args.gold),
@@ -335,15 +335,13 @@ def run(args: argparse.Namespace) -> int:
                          "settings changed)")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
     n_heldout = 200 if args.heldout is None else args.heldout or None  # 0: every held-out problem
-    if args.horizons is not None:
-        from ppo_rlhf.tasks.horizons import compare_horizons, parse_horizons
+    return given, variants, n_heldout
 
-        config = read_yaml(args.config) if args.config else None
-        out = given.pop("out", f"runs/compare-{args.task}-horizons")
-        compare_horizons(args.task, out, lambda instance: config or preset(instance), given,
-                         parse_horizons(args.horizons), args.seeds or 3, variants, args.checkpoints, n_heldout,
-                         args.replies_per_prompt or 1, args.eval_seed, args.json_out, bool(args.screen))
-        return 0
+
+def run(args: argparse.Namespace) -> int:
+    """`ppo-rlhf compare --task` (the CLI hands the compare command here when --task is given, and to
+    tasks/horizons.py when --horizons is; its parser is `ppo_rlhf.study.compare`'s)."""
+    given, variants, n_heldout = task_arguments(args)
     horizon_only = [flag for flag, value in (("--seeds", args.seeds), ("--json-out", args.json_out),
                                              ("--screen", args.screen)) if value is not None]
     require(not horizon_only, f"{', '.join(horizon_only)}: only with --horizons")

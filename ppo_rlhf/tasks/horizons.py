@@ -27,6 +27,7 @@ checkpoint; the report is written again from the stored results every time.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import html
 import json
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from ppo_rlhf.config import build_config
+from ppo_rlhf.config import build_config, read_yaml
 from ppo_rlhf.errors import require
 from ppo_rlhf.ppo.train_config import CRITIC_ESTIMATORS, TrainConfig
 from ppo_rlhf.study.demo import Stages
@@ -49,8 +50,11 @@ from ppo_rlhf.tasks.compare import (
     checked_checkpoints,
     default_checkpoints,
     read_run,
+    task_arguments,
     train_in_process,
 )
+from ppo_rlhf.tasks.comparison import Comparison
+from ppo_rlhf.tasks.demo import preset
 from ppo_rlhf.tasks.horizon_stats import (
     N_BOOT,
     crossover_horizon,
@@ -91,19 +95,6 @@ def horizon_task(task: str, horizon: int) -> str:
 def run_label(variant: str, seed_index: int) -> str:
     """A run's folder name, and its name in the evaluation: "ppo-turn_s2" (variant names have no "_")."""
     return f"{variant}_s{seed_index}"
-
-
-@dataclasses.dataclass
-class Comparison:
-    """What a horizon comparison runs: per horizon, its task instance and the config of each (variant, seed)."""
-
-    task: str
-    out: Path
-    horizons: list[int]
-    seeds: int
-    variants: list[str]
-    instances: dict[int, str]
-    configs: dict[int, dict[tuple[str, int], TrainConfig]]
 
 
 def plan(task: str, out: Path, base_for: Any, overrides: dict[str, Any], horizons: list[int], seeds: int,
@@ -369,3 +360,16 @@ def horizon_figure(numbers: list[dict[str, Any]], task: str) -> Figure:
     axes[0].set_ylabel(f"held-out {task} success")
     axes[-1].legend(title="variant", fontsize=8, title_fontsize=8)
     return figure
+
+
+def run(args: argparse.Namespace) -> int:
+    """`ppo-rlhf compare --task NAME --horizons H,H` (the CLI hands the compare command here when --horizons is
+    given; its parser is `ppo_rlhf.study.compare`'s, its --task arguments checked as `compare --task`'s)."""
+    require(args.task is not None, "--horizons needs --task NAME (a task with instances NAME-H: ppo-rlhf task list)")
+    given, variants, n_heldout = task_arguments(args)
+    config = read_yaml(args.config) if args.config else None
+    out = given.pop("out", f"runs/compare-{args.task}-horizons")
+    compare_horizons(args.task, out, lambda instance: config or preset(instance), given, parse_horizons(args.horizons),
+                     args.seeds or 3, variants, args.checkpoints, n_heldout, args.replies_per_prompt or 1,
+                     args.eval_seed, args.json_out, bool(args.screen))
+    return 0

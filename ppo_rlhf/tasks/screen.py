@@ -19,17 +19,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ppo_rlhf.config import build_config
 from ppo_rlhf.ppo.train_config import CRITIC_ESTIMATORS, TrainConfig
 from ppo_rlhf.study.demo import Stages
 from ppo_rlhf.tasks.arithmetic import problems
 from ppo_rlhf.tasks.compare import EVAL_BATCH, GROUP_SIZE, VARIANTS, train_in_process
+from ppo_rlhf.tasks.comparison import Comparison
 from ppo_rlhf.utils.files import atomic_write_text
-
-if TYPE_CHECKING:
-    from ppo_rlhf.tasks.horizons import Comparison
 
 VALIDATION = 50
 """Training problems held back from the screen's runs to score their candidates."""

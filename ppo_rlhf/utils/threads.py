@@ -5,18 +5,8 @@ cost more than they gain: 1 thread was 5x faster on a loaded 2-core machine (doc
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-
-from ppo_rlhf.config import NON_NEGATIVE_INT
-
-HELP = ("CPU threads of torch's operations; 0 = torch's default (one per core, or OMP_NUM_THREADS). 1 is faster "
-        "where other jobs share the cores (default: 0)")
-
-
-def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=NON_NEGATIVE_INT, default=0, metavar="N", help=HELP)
 
 
 def use_threads(count: int | None) -> None:
