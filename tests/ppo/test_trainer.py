@@ -12,6 +12,7 @@ import torch
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
 from ppo_rlhf.models.logprobs import token_logprobs
+from ppo_rlhf.ppo.scoring import Scoring
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.ppo.trainer import PPOLoop, PromptSampler
 from ppo_rlhf.train import train
@@ -174,7 +175,7 @@ def test_known_reward_rises(setup, tmp_path, monkeypatch, tokenizer):
     def share_low(self, rollout):
         return torch.tensor([sum(t < half for t in r) / max(len(r), 1) for r in rollout.reply_ids])
 
-    monkeypatch.setattr(PPOLoop, "raw_scores", share_low)
+    monkeypatch.setattr(Scoring, "raw_scores", share_low)
     run_dir = train(cfg)
     trainer = PPOLoop(cfg)
     from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint
