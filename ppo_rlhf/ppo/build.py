@@ -14,6 +14,7 @@ import torch
 from ppo_rlhf.data import PromptRow
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models.chat import chat_prompt_ids
+from ppo_rlhf.models.generation import Generator, HFGenerator, make_generator
 from ppo_rlhf.models.loading import (
     LoraSettings,
     NoScoreHead,
@@ -27,7 +28,11 @@ from ppo_rlhf.models.loading import (
     zero_head_classifier,
 )
 from ppo_rlhf.models.precision import resolve_dtype
+from ppo_rlhf.models.rollout import eos_token_ids
 from ppo_rlhf.models.scores import RewardModel
+from ppo_rlhf.multiturn.calls import tool_name
+from ppo_rlhf.multiturn.episodes import EpisodeLimits
+from ppo_rlhf.multiturn.generator import EpisodeGenerator
 from ppo_rlhf.parallel.distributed import Dist, is_sharded
 from ppo_rlhf.ppo.roles import Actor, Critic
 from ppo_rlhf.ppo.schedules import make_scheduler
@@ -125,6 +130,44 @@ def imported_callable(spec: str, what: str = "tool"):
     found = import_function(spec, parts[0], parts[1], what=what)
     require(callable(found), f"{what} {spec} is a {type(found).__name__}, not a callable")
     return found
+
+
+@dataclass
+class EpisodeCode:
+    """A multi-turn run's user code: the tools by name and the environment factory (None: none)."""
+
+    tools: dict[str, Any]
+    environment_factory: Any
+
+
+def load_episode_code(cfg: TrainConfig, dist: Dist, tools: list | None, environment_factory=None) -> EpisodeCode:
+    """The tools (None: cfg.tools) and environment factory (None: cfg.environment), objects or "file.py:name"
+    imported; multi-turn refused under FSDP, before any model loads."""
+    named = {tool_name(t): t for t in (tools if tools is not None else map(imported_callable, cfg.tools))}
+    if environment_factory is None and cfg.environment is not None:
+        environment_factory = imported_callable(cfg.environment, "environment")
+    # FSDP's sharded generation needs every process in every decoding step, but one process's episodes may end
+    # turns before another's: it would leave the others waiting for ever
+    require(not (dist.fsdp and cfg.multi_turn),
+            "multi-turn episodes are not supported under FSDP (a process whose episodes ended would leave the "
+            "others' sharded generation waiting); use DDP or DeepSpeed")
+    return EpisodeCode(named, environment_factory)
+
+
+def make_rollout_generator(cfg: TrainConfig, dist: Dist, policy: torch.nn.Module, tokenizer,
+                           code: EpisodeCode) -> Generator:
+    """What samples a rollout: the backend `cfg.generation_backend` names, or for a multi-turn run the episodes'
+    generator around the HF backend (TrainConfig refuses multi-turn with another backend)."""
+    generator = make_generator(cfg, policy, tokenizer)
+    if not cfg.multi_turn:
+        return generator
+    assert isinstance(generator, HFGenerator)
+    limits = EpisodeLimits(cfg.max_turns, cfg.max_tool_calls, cfg.max_new_tokens, cfg.max_episode_tokens,
+                           cfg.tool_timeout)
+    # the user's code by the names they gave it (config.yaml's), for the line that stops the run when it fails
+    names = {"environment": cfg.environment or "", **dict(zip(code.tools, cfg.tools))}
+    return EpisodeGenerator(generator, eos_token_ids(policy, tokenizer), limits, code.tools, code.environment_factory,
+                            names, says_warnings=dist.is_main)
 
 
 def build_models(cfg: TrainConfig, dist: Dist, device: torch.device, needs_critic: bool, prompt_rows: list[PromptRow],

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,14 +28,11 @@ import torch
 
 from ppo_rlhf.data import Prompt, PromptRow, load_prompt_rows
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.models.generation import HFGenerator, make_generator
 from ppo_rlhf.models.logprobs import first_reply_position
-from ppo_rlhf.models.rollout import Rollout, eos_token_ids, sample_replies
-from ppo_rlhf.multiturn.calls import tool_name
-from ppo_rlhf.multiturn.episodes import Episode, EpisodeLimits, cut_call_warning, run_episodes
+from ppo_rlhf.models.rollout import Rollout
 from ppo_rlhf.parallel.distributed import current
 from ppo_rlhf.ppo.advantages import make_advantages, masked_whiten_over
-from ppo_rlhf.ppo.build import build_models, imported_callable, micro_size, score_size
+from ppo_rlhf.ppo.build import build_models, load_episode_code, make_rollout_generator, micro_size, score_size
 from ppo_rlhf.ppo.build import check_prompt_lengths as check_prompt_lengths  # (its older address)
 from ppo_rlhf.ppo.build import trainable_parameters as trainable_parameters  # (its older address)
 from ppo_rlhf.ppo.checkpoint import load_adapter, trained_weights
@@ -46,16 +42,14 @@ from ppo_rlhf.ppo.objectives import (
     FixedKLController,
     clipped_policy_loss,
     clipped_value_loss,
-    explained_variance,
     kl_estimate,
-    kl_k3,
-    masked_sum,
     normalise_loss,
     per_token_rewards,
     policy_token_weights,
 )
-from ppo_rlhf.ppo.ptx import PtxData, ptx_nll, ptx_targets, read_texts
+from ppo_rlhf.ppo.ptx import ptx_data, ptx_nll, ptx_targets
 from ppo_rlhf.ppo.scoring import Scoring
+from ppo_rlhf.ppo.stats import HISTORY_ORDER, batch_stats
 from ppo_rlhf.ppo.train_config import TrainConfig
 
 
@@ -92,21 +86,18 @@ class PromptSampler:
 # what update() reports (means over its optimiser steps; ratio_spread: the first minibatch's), besides skipped_steps
 UPDATE_STATS = ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac", "grad_norm_policy", "grad_norm_value",
                 "ptx_loss", "ratio_spread")
-# a multi-turn run's batch means: turns, tool calls and tool errors per episode, the share of the trajectory's tokens
-# after the prompt that are observations (masked)
-EPISODE_STATS = ("turns", "tool_calls", "tool_errors", "masked_share")
-# the order of an iteration's numbers in history.jsonl; "phase" is "critic-warmup" or "policy", "kl_used" names the
-# estimator and placement of "kl" (mean over replies of the summed per-token estimate at pi_old), e.g. "k1 in reward"
-HISTORY_ORDER = ("iteration", "phase", "score", "rm_raw", "kl", "kl_used", "len", "fin", *EPISODE_STATS, "ent",
-                 "clipfrac", "approx_kl", "v_loss", "ev", "ev_gate", "vclipfrac", "mismatch_kl", "ratio_spread",
-                 "pg_loss", "grad_norm_policy", "grad_norm_value", "ptx_loss", "lr", "beta", "skipped_steps",
-                 "time_gen", "time_score", "time_update", "time_total", "gen_tokens_per_s")
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def clock(device: torch.device) -> float:
+    """time.perf_counter() once this process's queued GPU work is done: CUDA kernels run asynchronously, so without
+    the wait a phase's time would include the previous phase's tail (the time_* statistics)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def delegated(name: str, settable: bool = False) -> property:
@@ -135,22 +126,11 @@ class PPOLoop:
     def __init__(self, cfg: TrainConfig, reward_funcs: list | None = None, prompt_rows: list[PromptRow] | None = None,
                  policy: torch.nn.Module | None = None, tokenizer=None, monitor_judges: list | None = None,
                  tools: list | None = None, environment_factory=None):
-        self.cfg = cfg
-        # multi-turn episodes: the tools by name and the environment factory (objects, or cfg's "file.py:name")
-        self.tools = {tool_name(t): t for t in (tools if tools is not None else map(imported_callable, cfg.tools))}
-        self.environment_factory = environment_factory
-        if environment_factory is None and cfg.environment is not None:
-            self.environment_factory = imported_callable(cfg.environment, "environment")
-        self.episodes: list[Episode] = []  # the last multi-turn batch's, for its numbers
-        self.cut_calls_said = False  # a tool call cut off by the cap is said once a run (cut_call_warning)
+        self.cfg, self.micro_size, self.score_size = cfg, micro_size(cfg), score_size(cfg)
         if cfg.threads:  # before the models load; 0 keeps torch's default
             torch.set_num_threads(cfg.threads)
         self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
-        # FSDP's sharded generation needs every process in every decoding step, but one process's episodes may end
-        # turns before another's: it would leave the others waiting for ever
-        require(not (self.dist.fsdp and cfg.multi_turn),
-                "multi-turn episodes are not supported under FSDP (a process whose episodes ended would leave the "
-                "others' sharded generation waiting); use DDP or DeepSpeed")
+        episode_code = load_episode_code(cfg, self.dist, tools, environment_factory)  # a multi-turn run's tools
         self.device = self.dist.device(cfg.device)
         self.prompt_rows = prompt_rows if prompt_rows is not None else load_prompt_rows(cfg.prompts, cfg.prompt_column)
         self.prompts = [row.prompt for row in self.prompt_rows]
@@ -159,18 +139,14 @@ class PPOLoop:
         built = build_models(cfg, self.dist, self.device, self.advantages.needs_critic, self.prompt_rows,
                              list(cfg.reward_funcs) if reward_funcs is None else list(reward_funcs), policy, tokenizer,
                              list(cfg.monitor_judges) if monitor_judges is None else list(monitor_judges),
-                             has_environment=self.environment_factory is not None)
+                             has_environment=episode_code.environment_factory is not None)
         self.tokenizer, self.dtype, self.policy, self.actor = built.tokenizer, built.dtype, built.policy, built.actor
         self.critic, self.reward_model, self.roles, self.schedulers = (built.critic, built.reward_model, built.roles,
                                                                        built.schedulers)
         self.value_model = self.critic.model if self.critic else None
         self.scoring = Scoring(cfg, self.dist, self.device, built)  # the rewards, normalised, and the monitor
-        self.ptx = None
-        if cfg.ptx_coef > 0:
-            assert cfg.ptx_data is not None  # (TrainConfig.validate: ptx_coef needs ptx_data)
-            self.ptx = PtxData(read_texts(cfg.ptx_data), self.tokenizer, cfg.ptx_batch_size, cfg.ptx_max_tokens,
-                               cfg.seed + 2)
-        self.generator = make_generator(cfg, self.policy, self.tokenizer)
+        self.ptx = ptx_data(cfg, self.tokenizer)  # PPO-ptx's texts, or None
+        self.generator = make_rollout_generator(cfg, self.dist, self.policy, self.tokenizer, episode_code)
         self.policy_version, self.synced_version = 0, -1  # optimiser steps taken / copied into the generator
         self.dist.diverge_rngs(cfg.seed)  # identical initial weights everywhere; now different samples per process
         self.sampler = PromptSampler(len(self.prompts), cfg.seed)
@@ -181,21 +157,14 @@ class PPOLoop:
         self.policy_started = False  # set once past the critic warm-up (`phase`), checkpointed
 
     # ------------------------------------------------------------------------------------- one iteration
-    def clock(self) -> float:
-        """time.perf_counter() once this process's queued GPU work is done: CUDA kernels run asynchronously, so
-        without the wait a phase's time would include the previous phase's tail (the time_* statistics)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
     def iteration(self, index: int) -> tuple[dict[str, Any], Experience]:
         cfg = self.cfg
-        start = self.clock()
+        start = clock(self.device)
         rollout = self.rollout(self.next_prompts())  # 1. rollout
-        generated = self.clock()
+        generated = clock(self.device)
         experience = self.score(rollout)  # 2-4. score, rewards, advantages
         monitor = self.scoring.monitor_stats(index, experience)  # beside the rewards: nothing of it reaches the update
-        scored = self.clock()
+        scored = clock(self.device)
         batch = self.batch_stats(experience)
         phase = self.phase(index, batch["ev"])
         scored_numbers = (experience.scores, experience.advantages, experience.returns)
@@ -206,7 +175,7 @@ class PPOLoop:
             self.count_skip("consecutive iterations with non-finite rewards")
             update = {k: float("nan") for k in UPDATE_STATS}
             update["skipped_steps"] = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)
-        updated = self.clock()
+        updated = clock(self.device)
         stats = {"iteration": index, "phase": phase, **batch, "kl_used": f"{cfg.kl_kind} in {cfg.kl_placement}",
                  **update, **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
                  "beta": self.kl_controller.beta, "time_gen": generated - start, "time_score": scored - generated,
@@ -240,46 +209,14 @@ class PPOLoop:
         if self.synced_version != self.policy_version:  # the policy changed since the engine last copied it
             self.generator.sync(self.policy)
             self.synced_version = self.policy_version
-        if self.cfg.multi_turn:
-            return self.run_episodes(rows)
-        rollout = self.generator.generate([row.prompt for row in rows])
-        rollout.columns = [row.columns for row in rows]
-        return rollout
-
-    def run_episodes(self, rows: list[PromptRow]) -> Rollout:
-        """Multi-turn episodes (multiturn/episodes.py), each turn sampled from the policy itself, log-probs recorded;
-        the environment's reset sees each row's other columns."""
-        cfg = self.cfg
-
-        generator = self.generator
-        assert isinstance(generator, HFGenerator)  # (multi-turn needs the hf backend: TrainConfig)
-
-        def sample(trajectories: list[list[int]], cap: int):
-            # the generator's model: the policy, or its merged copy (generation_merged_copy)
-            return sample_replies(generator.policy, self.tokenizer, trajectories, cap, cfg.temperature,
-                                  cfg.generation_batch_size or None, cfg.top_p, record_logprobs=True,
-                                  drop_finished=cfg.generation_drop_finished)
-
-        limits = EpisodeLimits(cfg.max_turns, cfg.max_tool_calls, cfg.max_new_tokens, cfg.max_episode_tokens,
-                               cfg.tool_timeout)
-        # the user's code by the names they gave it (config.yaml's), for the line that stops the run when it fails
-        names = {"environment": cfg.environment or "", **dict(zip(self.tools, cfg.tools))}
-        rollout, self.episodes = run_episodes(sample, self.tokenizer, [row.prompt for row in rows],
-                                              [row.columns for row in rows], eos_token_ids(self.policy, self.tokenizer),
-                                              limits, self.tools, self.environment_factory, names)
-        warning = cut_call_warning(self.episodes, cfg.max_new_tokens)
-        if warning and not self.cut_calls_said and self.dist.is_main:
-            print(f"warning: {warning}", file=sys.stderr)
-            self.cut_calls_said = True
-        return rollout
+        return self.generator.generate([row.prompt for row in rows], [row.columns for row in rows])
 
     def next_prompts(self) -> list[PromptRow]:
         """This process's prompts of the next batch: batch_size // group_size prompts drawn (identically on every
         process), each repeated group_size times in consecutive rows, then this rank's contiguous share of whole
         groups."""
         cfg = self.cfg
-        drawn = self.sampler.next(cfg.batch_size // cfg.group_size)
-        drawn = self.dist.shard(drawn)
+        drawn = self.dist.shard(self.sampler.next(cfg.batch_size // cfg.group_size))
         return self.batch_prompts([i for i in drawn for _ in range(cfg.group_size)])
 
     def batch_prompts(self, rows: list[int]) -> list[PromptRow]:
@@ -463,35 +400,8 @@ class PPOLoop:
 
     # ------------------------------------------------------------------------------------------- the dashboard
     def batch_stats(self, experience: Experience) -> dict[str, float]:
-        """The batch's numbers on the dashboard, means over every process's replies (equal counts each)."""
-        act = experience.action_mask
-        means = {"score": float(experience.scores.mean()), "rm_raw": float(experience.raw_scores.mean()),
-                 "kl": float(masked_sum(experience.kl, act, dim=1).mean()),
-                 "len": float(experience.reply_lengths.float().mean()),
-                 "fin": float(experience.finished.float().mean())}
-        means = {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
-        # means over reply tokens, summed and counted over every process (their counts differ): the entropy, and the
-        # k3 estimate of KL(generate's recorded log-probs || the trainer's log pi_old) of the same tokens
-        recorded = experience.logprobs
-        mismatch = float("nan") if recorded is None else masked_sum(kl_k3(experience.old_logprobs, recorded), act)
-        sums = self.dist.sum_dict({"ent": float(masked_sum(experience.entropy, act)), "mismatch_kl": float(mismatch),
-                                   "tokens": float(act.sum())})
-        means |= {key: sums[key] / sums["tokens"] for key in ("ent", "mismatch_kl")}
-        if self.cfg.multi_turn:
-            means |= self.episode_means(experience)
-        # over the policy's tokens only (in a multi-turn run the observations are off the action mask)
-        ev = explained_variance(experience.old_values, experience.returns, act) if self.critic else float("nan")
-        return {**means, "ev": ev, **self.advantages.stats()}  # ev-gated: which advantages the batch used
-
-    def episode_means(self, experience: Experience) -> dict[str, float]:
-        """EPISODE_STATS of the last multi-turn batch, means over every process's episodes."""
-        after_prompt = experience.reply_lengths.float()
-        masked = after_prompt - experience.action_mask.sum(1).cpu()
-        means = {"turns": float(np.mean([e.turns for e in self.episodes])),
-                 "tool_calls": float(np.mean([e.tool_calls for e in self.episodes])),
-                 "tool_errors": float(np.mean([e.tool_errors for e in self.episodes])),
-                 "masked_share": float(masked.sum() / after_prompt.sum())}
-        return {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
+        """The batch's numbers on the dashboard (stats.py), then which advantages it used (the ev gate's)."""
+        return batch_stats(experience, self.dist, self.critic is not None) | self.advantages.stats()
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -530,21 +440,9 @@ class PPOLoop:
 
     # ------------------------------------------------------------------------------------------------ parts
     @property
-    def micro_size(self) -> int:
-        return micro_size(self.cfg)
-
-    @property
-    def score_size(self) -> int:
-        return score_size(self.cfg)
-
-    @property
     def models(self) -> dict[str, torch.nn.Module]:
         """The trained models by checkpoint folder name (no "value" for the critic-free estimators)."""
         return {name: role.model for name, role in self.roles.items()}
-
-    @property
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {name: role.step.optimizer for name, role in self.roles.items()}
 
     @property
     def policy_optimizer(self) -> torch.optim.Optimizer:
@@ -558,11 +456,7 @@ class PPOLoop:
     reward_mean = delegated("reward_mean", settable=True)
     reward_std = delegated("reward_std", settable=True)
     value_norm = delegated("value_norm", settable=True)
-    batch_rewards = delegated("batch_rewards")
     critic_scale = delegated("critic_scale")
-    raw_scores = delegated("raw_scores")
-    normalised = delegated("normalised")
-    normalised_values = delegated("normalised_values")
     last_token_values = delegated("last_token_values")
 
     def measure_reward_norm(self) -> dict[str, float]:

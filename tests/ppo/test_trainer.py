@@ -137,7 +137,7 @@ def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
     rollout = trainer.rollout(PROMPTS[:4])
     frozen = load_reward_model(setup["reward"])
     expected = score_texts(frozen, trainer.critic.tokenizer, rollout.prompts, rollout.reply_texts)
-    torch.testing.assert_close(trainer.raw_scores(rollout), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(trainer.scoring.raw_scores(rollout), expected, atol=1e-5, rtol=0)
     adapted = score_texts(trainer.value_model, trainer.critic.tokenizer, rollout.prompts, rollout.reply_texts)
     assert (adapted - expected).abs().max() > 1e-4
     critic_free = PPOLoop(config(setup, tmp_path / "rloo", advantage_estimator="rloo", group_size=2))
@@ -374,3 +374,19 @@ def test_resumed_tensorboard_has_each_iteration_once(setup, tmp_path, monkeypatc
     events = EventAccumulator(str(tmp_path / "run" / "tb"))
     events.Reload()
     assert [e.step for e in events.Scalars("ppo/score")] == [0, 1, 2, 3]
+
+
+def test_the_checkpointed_state_keeps_its_keys_and_older_states_load(setup, tmp_path):
+    """The loop's state (with its scoring's monitor under the same top-level key) has the keys earlier versions
+    wrote, and a checkpoint from before the monitor and the critic warm-up still loads."""
+    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint
+
+    cfg = config(setup, tmp_path / "run", iterations=1)
+    state = load_checkpoint(latest_checkpoint(train(cfg)), ("policy", "value"))[1]
+    assert set(state) == {"weights", "optimizers", "schedulers", "sampler", "consecutive_skips", "policy_started",
+                          "kl_controller", "ptx", "monitor"}
+    assert state["monitor"]["baseline"] is not None  # the start policy's, measured with the reward normalisation
+    trainer = PPOLoop(cfg)
+    trainer.scoring.monitor.start([0.0, 1.0], [1, 2])  # a baseline that the older state must reset
+    trainer.load_state_dict({key: value for key, value in state.items() if key not in ("monitor", "policy_started")})
+    assert trainer.policy_started and trainer.scoring.monitor.baseline is None
