@@ -36,8 +36,9 @@ def main(policy: str, reward: str, prompts: str, out: str) -> None:
     rollout = full.select(dist.shard(list(range(4))))
     trainer.reward_mean, trainer.reward_std = 0.1, 2.0
     batch = trainer.score(rollout)
-    monitor = trainer.monitor_stats(0, batch)  # over the global batch, which is also its baseline (no normalisation)
-    monitor["baseline"] = trainer.monitor.state_dict()["baseline"]
+    # over the global batch, which is also its baseline (no normalisation)
+    monitor = trainer.scoring.monitor_stats(0, batch)
+    monitor["baseline"] = trainer.scoring.monitor.state_dict()["baseline"]
     torch.manual_seed(1)
     stats = trainer.update(batch)
     trained = trained_parameters(trainer)

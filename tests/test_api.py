@@ -90,8 +90,8 @@ def test_two_functions_and_a_reward_model_with_another_tokenizer(models, tmp_pat
     assert loop.reward_model is not None and loop.reward_model.tokenizer.get_vocab() != loop.tokenizer.get_vocab()
     assert loop.critic.model is not loop.reward_model.model
     rollout = loop.rollout(loop.batch_prompts([0, 1, 2, 3]))
-    total = loop.raw_scores(rollout)
-    values = loop.batch_rewards.by_function
+    total = loop.scoring.raw_scores(rollout)
+    values = loop.scoring.batch_rewards.by_function
     assert list(values) == ["length", "mentions_answer", "other_rm"]
     for row in range(4):
         expected = 0.5 * values["length"][row] + 2.0 * values["other_rm"][row]
@@ -499,8 +499,8 @@ def test_a_value_model_folder_is_normalised_by_its_own_start_values(models, tmp_
     assert loop.value_norm == (norm["value_mean"], norm["value_std"]) and norm["value_std"] > 0
     torch.manual_seed(0)
     raw = torch.cat([loop.last_token_values(loop.rollout(PROMPTS)) for _ in range(4)])
-    own = loop.normalised_values(raw).mean().abs()
-    by_reward = loop.normalised(raw).mean().abs()  # the old map: the length reward's mean is characters
+    own = loop.scoring.normalised_values(raw).mean().abs()
+    by_reward = loop.scoring.normalised(raw).mean().abs()  # the old map: the length reward's mean is characters
     assert by_reward > 3 * own and own < 1.5, (float(own), float(by_reward))
     # the reward model as the critic (value_model null) keeps the reward's statistics, as before
     shared = PPOTrainer(PPOConfig(**settings(models, tmp_path / "shared", reward_model=models["reward"],

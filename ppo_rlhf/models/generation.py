@@ -47,8 +47,9 @@ class Generator(Protocol):
     def sync(self, policy: nn.Module) -> None:
         """Make the backend sample from the policy's current weights (called before every rollout)."""
 
-    def generate(self, prompts: list[Prompt]):
-        """One reply per prompt, as a `rollout.Rollout` (CPU tensors, right-padded)."""
+    def generate(self, prompts: list[Prompt], columns: list[dict[str, Any]] | None = None):
+        """One reply per prompt, as a `rollout.Rollout` (CPU tensors, right-padded), each row's other dataset
+        `columns` carried in it (None: none)."""
 
 
 def rollout_from_tokens(tokenizer, prompts: list[Prompt], prompt_ids: list[list[int]], outputs: list[list[int]],
@@ -93,12 +94,15 @@ class HFGenerator:
             self.copy = merged_copy(policy, self.copy)
         self.policy = self.copy if self.merged else policy
 
-    def generate(self, prompts: list[Prompt]):
+    def generate(self, prompts: list[Prompt], columns: list[dict[str, Any]] | None = None):
         from ppo_rlhf.models.rollout import generate_rollout
 
-        return generate_rollout(self.policy, self.tokenizer, prompts, self.max_new_tokens, self.temperature,
-                                batch_size=self.batch_size, top_p=self.top_p, record_logprobs=self.record_logprobs,
-                                drop_finished=self.drop_finished)
+        rollout = generate_rollout(self.policy, self.tokenizer, prompts, self.max_new_tokens, self.temperature,
+                                   batch_size=self.batch_size, top_p=self.top_p, record_logprobs=self.record_logprobs,
+                                   drop_finished=self.drop_finished)
+        if columns is not None:
+            rollout.columns = columns
+        return rollout
 
 
 # ------------------------------------------------------------------------------------------------ vLLM
@@ -223,7 +227,7 @@ class VLLMGenerator:
         self.engine.load_weights(merged_state_dict(policy))
         self.synced += 1
 
-    def generate(self, prompts: list[Prompt]):
+    def generate(self, prompts: list[Prompt], columns: list[dict[str, Any]] | None = None):
         from ppo_rlhf.models.chat import chat_prompt_ids
 
         require(len(prompts) > 0, "no prompts to generate from")
@@ -237,7 +241,10 @@ class VLLMGenerator:
             logprobs=None,
         )
         outputs = self.engine.generate(prompt_ids, params, seeds)
-        return rollout_from_tokens(self.tokenizer, prompts, prompt_ids, outputs, self.eos)
+        rollout = rollout_from_tokens(self.tokenizer, prompts, prompt_ids, outputs, self.eos)
+        if columns is not None:
+            rollout.columns = columns
+        return rollout
 
 
 def make_generator(cfg, policy: nn.Module, tokenizer, model_path: str | None = None) -> Generator:

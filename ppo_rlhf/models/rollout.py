@@ -65,6 +65,9 @@ class Rollout:
     # what the reward functions get as `completion_ids`, the ids of `reply_texts`: the reply (multi-turn: its last
     # turn; reply_ids is then the whole trajectory after the prompt, observations included)
     completion_ids: list[list[int]] = field(default_factory=list)
+    # a multi-turn rollout's episodes, one per row (multiturn.episodes.Episode: its turns, tool calls and errors, which
+    # of its tokens are the policy's), for the dashboard and `ppo-rlhf check`; None for single replies
+    episodes: list[Any] | None = None
 
     def __post_init__(self) -> None:
         self.columns = self.columns or [{} for _ in self.prompts]

@@ -68,12 +68,12 @@ def reply_end(experience: Experience, row: int) -> int:
 
 def policy_positions(trainer: PPOLoop, experience: Experience) -> torch.Tensor:
     """[B, L-1] 1 where the policy chose the next token, from what was sampled (never from the mask): every reply
-    token; in a multi-turn run only the episode's own turns (`trainer.episodes`, the batch's)."""
+    token; in a multi-turn run only the episode's own turns (`experience.episodes`)."""
     import torch
 
     expected = torch.zeros_like(experience.action_mask)
     for row, reply in enumerate(experience.reply_ids):
-        flags = trainer.episodes[row].policy if trainer.cfg.multi_turn else [1] * len(reply)
+        flags = experience.episodes[row].policy if experience.episodes is not None else [1] * len(reply)
         start = len(experience.prompt_ids[row]) - 1
         expected[row, start : start + len(flags)] = torch.tensor(flags, dtype=expected.dtype)
     return expected
@@ -151,8 +151,8 @@ def score_position(trainer: PPOLoop, experience: Experience) -> Result:
     expected = torch.zeros_like(score_part)
     for row in range(len(experience.prompts)):
         expected[row, reply_end(experience, row) - 1] = experience.scores[row]
-        if trainer.cfg.multi_turn:  # the episode's per-turn rewards, where it recorded them
-            start, turn_rewards = len(experience.prompt_ids[row]) - 1, trainer.episodes[row].rewards
+        if experience.episodes is not None:  # the episode's per-turn rewards, where it recorded them
+            start, turn_rewards = len(experience.prompt_ids[row]) - 1, experience.episodes[row].rewards
             expected[row, start : start + len(turn_rewards)] += torch.tensor(turn_rewards, dtype=expected.dtype)
     gap = float((score_part - expected).abs().max())
     return verdict("score-position", gap <= 1e-5, f"max |reward - KL part - score at the last reply token| {gap:.2e}")

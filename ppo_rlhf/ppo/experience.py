@@ -39,3 +39,22 @@ class Experience(Rollout):
 def rollout_fields(rollout: Rollout) -> dict[str, Any]:
     """The rollout's own fields, for the `Experience` of it."""
     return {field.name: getattr(rollout, field.name) for field in fields(rollout)}
+
+
+def row_chunks(rows: list[int] | int, size: int) -> list[list[int]]:
+    """`rows` (a count: 0..rows-1) in consecutive chunks of at most `size`."""
+    rows = list(range(rows)) if isinstance(rows, int) else rows
+    return [rows[start : start + size] for start in range(0, len(rows), size)]
+
+
+def per_token_in_chunks(fn, rollout: Rollout, size: int) -> tuple[torch.Tensor, ...]:
+    """Apply fn(input_ids, attention_mask) -> tuple of [b, l-1] tensors to row chunks of a rollout (each chunk
+    trimmed to its own longest row, so short replies cost no padding), then pad back to the batch width."""
+    width = rollout.action_mask.shape[1]
+    pieces: list[tuple[torch.Tensor, ...]] = []
+    for rows in row_chunks(len(rollout.prompts), size):
+        part = rollout.select(rows)
+        pieces.append(fn(part.input_ids, part.attention_mask))
+    pad = torch.nn.functional.pad
+    return tuple(torch.cat([pad(piece[k], (0, width - piece[k].shape[1])) for piece in pieces])
+                 for k in range(len(pieces[0])))

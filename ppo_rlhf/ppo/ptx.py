@@ -44,6 +44,14 @@ def read_texts(path: str | Path) -> list[str]:
     return texts
 
 
+def ptx_data(cfg, tokenizer) -> PtxData | None:
+    """A TrainConfig's PPO-ptx batches (its ptx_data, ptx_batch_size, ptx_max_tokens), None with ptx_coef 0."""
+    if not cfg.ptx_coef > 0:
+        return None
+    assert cfg.ptx_data is not None  # (TrainConfig.validate: ptx_coef needs ptx_data)
+    return PtxData(read_texts(cfg.ptx_data), tokenizer, cfg.ptx_batch_size, cfg.ptx_max_tokens, cfg.seed + 2)
+
+
 class PtxData:
     """Cycling batches of tokenised texts (right-padded; the mask is 1 on text tokens)."""
 

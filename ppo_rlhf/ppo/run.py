@@ -341,7 +341,8 @@ def completion_rows(trainer: PPOLoop, experience: Experience) -> list[dict[str, 
     """The batch as a completions table: prompt (text), completion, normalised score, each reward's value."""
     from ppo_rlhf.models.chat import prompt_text
 
-    by_function = trainer.batch_rewards.by_function if trainer.batch_rewards is not None else {}
+    batch_rewards = trainer.scoring.batch_rewards
+    by_function = batch_rewards.by_function if batch_rewards is not None else {}
     return [{"prompt": prompt_text(experience.prompts[i]), "completion": experience.reply_texts[i],
              "score": float(experience.scores[i]),
              **{f"reward/{name}": values[i] for name, values in by_function.items()}}

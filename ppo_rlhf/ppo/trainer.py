@@ -9,80 +9,48 @@ One iteration, in the order of the chapter's listing:
   5. update       K epochs x minibatches of the clipped policy loss and the clipped value loss, averaged over
                   reply tokens; separate AdamW optimisers, gradient norm clipped to 1 for each model
 
-Steps 1-4 make one `Experience` (`make_experience`), step 5 reads it (`update`); the models act through their roles
-(`roles.py`: Actor, Critic; `models.scores.RewardModel`) and the advantages through one strategy per estimator
-(`advantages.py`). The run around it (run directory, checkpoints, logging, resume) is in `run.py`.
+Steps 1-4 make one `Experience` (`make_experience`), step 5 reads it (`update`). The models are loaded by `build.py`
+and act through their roles (`roles.py`: Actor, Critic; `models.scores.RewardModel`); the rewards, their normalisation
+and the hacking monitor are `scoring.py`'s; the advantages come from one strategy per estimator (`advantages.py`). The
+run around it (run directory, checkpoints, logging, resume) is in `run.py`.
 """
 
 from __future__ import annotations
 
 import math
 import random
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ppo_rlhf.data import Prompt, PromptRow, load_prompt_rows
 from ppo_rlhf.errors import UsageError, require
-from ppo_rlhf.models.chat import chat_prompt_ids
-from ppo_rlhf.models.generation import HFGenerator, make_generator
-from ppo_rlhf.models.loading import (
-    LoraSettings,
-    NoScoreHead,
-    add_policy_lora,
-    add_value_lora,
-    check_chat_tokenizer,
-    load_causal_lm,
-    load_tokenizer,
-    load_value_model,
-    loaded_causal_lm,
-    zero_head_classifier,
-)
 from ppo_rlhf.models.logprobs import first_reply_position
-from ppo_rlhf.models.precision import resolve_dtype
-from ppo_rlhf.models.rollout import Rollout, eos_token_ids, sample_replies
-from ppo_rlhf.multiturn.calls import tool_name
-from ppo_rlhf.multiturn.episodes import Episode, EpisodeLimits, cut_call_warning, run_episodes
-from ppo_rlhf.parallel.distributed import current, is_sharded
+from ppo_rlhf.models.rollout import Rollout
+from ppo_rlhf.parallel.distributed import current
 from ppo_rlhf.ppo.advantages import make_advantages, masked_whiten_over
+from ppo_rlhf.ppo.build import build_models, load_episode_code, make_rollout_generator, micro_size, score_size
+from ppo_rlhf.ppo.build import check_prompt_lengths as check_prompt_lengths  # (its older address)
+from ppo_rlhf.ppo.build import trainable_parameters as trainable_parameters  # (its older address)
 from ppo_rlhf.ppo.checkpoint import load_adapter, trained_weights
-from ppo_rlhf.ppo.experience import Experience, rollout_fields
-from ppo_rlhf.ppo.monitor import HackingMonitor
+from ppo_rlhf.ppo.experience import Experience, per_token_in_chunks, rollout_fields, row_chunks
 from ppo_rlhf.ppo.objectives import (
     AdaptiveKLController,
     FixedKLController,
     clipped_policy_loss,
     clipped_value_loss,
-    explained_variance,
     kl_estimate,
-    kl_k3,
-    last_token_index,
-    masked_sum,
     normalise_loss,
     per_token_rewards,
     policy_token_weights,
 )
-from ppo_rlhf.ppo.ptx import PtxData, ptx_nll, ptx_targets, read_texts
-from ppo_rlhf.ppo.roles import Actor, Critic
-from ppo_rlhf.ppo.schedules import make_scheduler
+from ppo_rlhf.ppo.ptx import ptx_data, ptx_nll, ptx_targets
+from ppo_rlhf.ppo.scoring import Scoring
+from ppo_rlhf.ppo.stats import HISTORY_ORDER, batch_stats
 from ppo_rlhf.ppo.train_config import TrainConfig
-from ppo_rlhf.rewards import (
-    BatchRewards,
-    CombinedReward,
-    ModelReward,
-    RewardFunctionError,
-    import_function,
-    is_reward_model_spec,
-    resolve_reward_funcs,
-    reward_name,
-    scored_means,
-)
-from ppo_rlhf.utils.paths import function_spec
 
 
 class PromptSampler:
@@ -118,73 +86,27 @@ class PromptSampler:
 # what update() reports (means over its optimiser steps; ratio_spread: the first minibatch's), besides skipped_steps
 UPDATE_STATS = ("pg_loss", "v_loss", "clipfrac", "approx_kl", "vclipfrac", "grad_norm_policy", "grad_norm_value",
                 "ptx_loss", "ratio_spread")
-# a multi-turn run's batch means: turns, tool calls and tool errors per episode, the share of the trajectory's tokens
-# after the prompt that are observations (masked)
-EPISODE_STATS = ("turns", "tool_calls", "tool_errors", "masked_share")
-# the order of an iteration's numbers in history.jsonl; "phase" is "critic-warmup" or "policy", "kl_used" names the
-# estimator and placement of "kl" (mean over replies of the summed per-token estimate at pi_old), e.g. "k1 in reward"
-HISTORY_ORDER = ("iteration", "phase", "score", "rm_raw", "kl", "kl_used", "len", "fin", *EPISODE_STATS, "ent",
-                 "clipfrac", "approx_kl", "v_loss", "ev", "ev_gate", "vclipfrac", "mismatch_kl", "ratio_spread",
-                 "pg_loss", "grad_norm_policy", "grad_norm_value", "ptx_loss", "lr", "beta", "skipped_steps",
-                 "time_gen", "time_score", "time_update", "time_total", "gen_tokens_per_s")
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
-def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
+def clock(device: torch.device) -> float:
+    """time.perf_counter() once this process's queued GPU work is done: CUDA kernels run asynchronously, so without
+    the wait a phase's time would include the previous phase's tail (the time_* statistics)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, cfg: TrainConfig) -> torch.optim.AdamW:
-    params = trainable_parameters(model)
-    # fused: one kernel for all parameters (CPU and CUDA); the per-tensor loop took ~4x as long over LoRA's many small
-    # factors (bench/HISTORY.md), with the same numbers to float rounding. Not under FSDP, whose optimiser mixes
-    # sharded (DTensor) and whole parameters, which the fused kernel refuses.
-    fused = not any(is_sharded(p) for p in params)
-    return torch.optim.AdamW(params, lr=lr, eps=cfg.adam_eps, weight_decay=0.0, fused=fused)
+def delegated(name: str, settable: bool = False) -> property:
+    """The loop's `scoring.<name>`, read (and, settable, set) as an attribute of the loop."""
 
+    def set_it(loop: PPOLoop, value: Any) -> None:
+        setattr(loop.scoring, name, value)
 
-def row_chunks(rows: list[int] | int, size: int) -> list[list[int]]:
-    rows = list(range(rows)) if isinstance(rows, int) else rows
-    return [rows[start : start + size] for start in range(0, len(rows), size)]
-
-
-def per_token_in_chunks(fn, rollout, size: int) -> tuple[torch.Tensor, ...]:
-    """Apply fn(input_ids, attention_mask) -> tuple of [b, l-1] tensors to row chunks of a rollout (each chunk
-    trimmed to its own longest row, so short replies cost no padding), then pad back to the batch width."""
-    width = rollout.action_mask.shape[1]
-    pieces: list[tuple[torch.Tensor, ...]] = []
-    for rows in row_chunks(len(rollout.prompts), size):
-        part = rollout.select(rows)
-        pieces.append(fn(part.input_ids, part.attention_mask))
-    pad = torch.nn.functional.pad
-    return tuple(torch.cat([pad(piece[k], (0, width - piece[k].shape[1])) for piece in pieces])
-                 for k in range(len(pieces[0])))
-
-
-def check_prompt_lengths(rows: list[PromptRow], tokenizer, models: list, max_new_tokens: int,
-                         max_prompt_tokens: int | None = None, cap_name: str = "max_new_tokens") -> None:
-    """Every chat-templated prompt of `rows` within `max_prompt_tokens` (training's cap; None: no cap), and prompt +
-    reply cap within every model's context: a UsageError naming the first row that is not, and the cap by its setting
-    `cap_name` (a multi-turn episode's is max_episode_tokens). (Also `ppo-rlhf evaluate`'s check; models without a
-    config, like a word-count judge, have no context.)"""
-    contexts = [getattr(getattr(m, "config", None), "max_position_embeddings", None) for m in models]
-    context = min((c for c in contexts if isinstance(c, int) and c > 0), default=None)
-    for row in rows:
-        n = len(chat_prompt_ids(tokenizer, row.prompt))
-        require(max_prompt_tokens is None or n <= max_prompt_tokens,
-                f"{row.where}: the prompt has {n} tokens (chat-templated), more than "
-                f"max_prompt_tokens={max_prompt_tokens}")
-        require(context is None or n + max_new_tokens <= context,
-                f"{row.where}: the prompt ({n} tokens) + {cap_name}={max_new_tokens} exceed the "
-                f"models' context of {context} tokens")
-
-
-INIT_HEAD_HINT = " (init_score_head: true starts from a random head on purpose)"
+    return property(lambda loop: getattr(loop.scoring, name), set_it if settable else None)
 
 
 class TrainingStopped(UsageError):
@@ -192,9 +114,9 @@ class TrainingStopped(UsageError):
 
 
 class PPOLoop:
-    """The roles (an Actor, a Critic for GAE), the rewards, their optimisers and one iteration. In the chapter's
-    set-up two backbones hold the four models: the reference is the policy with its adapter off, the reward model
-    the value model with its adapter off.
+    """One iteration of PPO over the models `build.build_models` loads (an Actor, a Critic for GAE, their
+    optimisers) and the rewards `scoring.Scoring` computes. In the chapter's set-up two backbones hold the four
+    models: the reference is the policy with its adapter off, the reward model the value model with its adapter off.
 
     `reward_funcs` (None: cfg.reward_funcs) are added after cfg.reward_model; `prompt_rows` (None: read from
     cfg.prompts); `policy` a loaded causal LM to train instead of loading cfg.policy_model, `tokenizer` its tokenizer
@@ -204,265 +126,79 @@ class PPOLoop:
     def __init__(self, cfg: TrainConfig, reward_funcs: list | None = None, prompt_rows: list[PromptRow] | None = None,
                  policy: torch.nn.Module | None = None, tokenizer=None, monitor_judges: list | None = None,
                  tools: list | None = None, environment_factory=None):
-        self.cfg = cfg
-        # multi-turn episodes: the tools by name and the environment factory (objects, or cfg's "file.py:name")
-        self.tools = {tool_name(t): t for t in (tools if tools is not None else map(self._imported, cfg.tools))}
-        self.environment_factory = environment_factory
-        if environment_factory is None and cfg.environment is not None:
-            self.environment_factory = self._imported(cfg.environment, "environment")
-        self.episodes: list[Episode] = []  # the last multi-turn batch's, for its numbers
-        self.cut_calls_said = False  # a tool call cut off by the cap is said once a run (cut_call_warning)
+        self.cfg, self.micro_size, self.score_size = cfg, micro_size(cfg), score_size(cfg)
         if cfg.threads:  # before the models load; 0 keeps torch's default
             torch.set_num_threads(cfg.threads)
         self.dist = current()  # this process's rank among the data-parallel processes (one: a no-op)
-        # FSDP's sharded generation needs every process in every decoding step, but one process's episodes may end
-        # turns before another's: it would leave the others waiting for ever
-        require(not (self.dist.fsdp and cfg.multi_turn),
-                "multi-turn episodes are not supported under FSDP (a process whose episodes ended would leave the "
-                "others' sharded generation waiting); use DDP or DeepSpeed")
+        episode_code = load_episode_code(cfg, self.dist, tools, environment_factory)  # a multi-turn run's tools
         self.device = self.dist.device(cfg.device)
         self.prompt_rows = prompt_rows if prompt_rows is not None else load_prompt_rows(cfg.prompts, cfg.prompt_column)
         self.prompts = [row.prompt for row in self.prompt_rows]
-        self.batch_rewards: BatchRewards | None = None  # the last batch's rewards, by function
         seed_everything(cfg.seed)
         self.advantages = make_advantages(cfg, self.dist)
-        self._load_roles(list(cfg.reward_funcs) if reward_funcs is None else list(reward_funcs), policy, tokenizer)
-        self.judges = self._load_judges(list(cfg.monitor_judges) if monitor_judges is None else list(monitor_judges))
-        self.monitor = HackingMonitor()  # its baseline: the start policy's replies (measure_reward_norm)
-        self.schedulers = self._make_schedulers()
-        self.ptx = None
-        if cfg.ptx_coef > 0:
-            assert cfg.ptx_data is not None  # (TrainConfig.validate: ptx_coef needs ptx_data)
-            self.ptx = PtxData(read_texts(cfg.ptx_data), self.tokenizer, cfg.ptx_batch_size, cfg.ptx_max_tokens,
-                               cfg.seed + 2)
-        self.generator = make_generator(cfg, self.policy, self.tokenizer)
+        built = build_models(cfg, self.dist, self.device, self.advantages.needs_critic, self.prompt_rows,
+                             list(cfg.reward_funcs) if reward_funcs is None else list(reward_funcs), policy, tokenizer,
+                             list(cfg.monitor_judges) if monitor_judges is None else list(monitor_judges),
+                             has_environment=episode_code.environment_factory is not None)
+        self.tokenizer, self.dtype, self.policy, self.actor = built.tokenizer, built.dtype, built.policy, built.actor
+        self.critic, self.reward_model, self.roles, self.schedulers = (built.critic, built.reward_model, built.roles,
+                                                                       built.schedulers)
+        self.value_model = self.critic.model if self.critic else None
+        self.scoring = Scoring(cfg, self.dist, self.device, built)  # the rewards, normalised, and the monitor
+        self.ptx = ptx_data(cfg, self.tokenizer)  # PPO-ptx's texts, or None
+        self.generator = make_rollout_generator(cfg, self.dist, self.policy, self.tokenizer, episode_code)
         self.policy_version, self.synced_version = 0, -1  # optimiser steps taken / copied into the generator
         self.dist.diverge_rngs(cfg.seed)  # identical initial weights everywhere; now different samples per process
         self.sampler = PromptSampler(len(self.prompts), cfg.seed)
         # the KL coefficient beta: its one owner (`kl_controller.beta`), moved after each iteration when adaptive
         self.kl_controller = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
                               else FixedKLController(cfg.beta))
-        self.reward_mean, self.reward_std = 0.0, 1.0
-        # the critic's own start mean and std when it is not the reward model (`critic_scale`), else None: the
-        # reward's. A cold critic's zero head starts every value at 0, so its own statistics are the identity.
-        self.value_norm: tuple[float, float] | None = (0.0, 1.0) if self.critic_scale == "identity" else None
         self.consecutive_skips = 0
         self.policy_started = False  # set once past the critic warm-up (`phase`), checkpointed
 
-    def _load_roles(self, reward_funcs: list, policy: torch.nn.Module | None, tokenizer) -> None:
-        """The policy (Actor), the value model (Critic, GAE only; see `_critic_source`) and the rewards: reward_model
-        then `reward_funcs`, combined. The critic-free estimators with reward functions alone load only the policy."""
-        specs = [*([self.cfg.reward_model] if self.cfg.reward_model else []), *reward_funcs]
-        source = self._load_policy_and_critic(specs, policy, tokenizer)
-        funcs = self._load_rewards(specs, source)
-        self._place_roles(funcs)
-
-    def _load_policy_and_critic(self, specs: list, policy: torch.nn.Module | None, tokenizer) -> str | None:
-        """The policy with its LoRA adapter and, for GAE, the critic; returns the critic's source folder (None: a cold
-        critic, a copy of the policy's base with a zero head)."""
-        cfg, remote = self.cfg, self.cfg.trust_remote_code
-        dtype = self.dtype = resolve_dtype(cfg.dtype, self.device)  # the frozen weights'; trained ones stay fp32
-        lora = LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
-        if tokenizer is None:
-            tokenizer = load_tokenizer(cfg.policy_model, trust_remote_code=remote)
-        self.tokenizer = check_chat_tokenizer(tokenizer, cfg.policy_model)
-        source = self.critic_source = self._critic_source(specs)  # (its tokenizer is read before any weights load)
-        base = load_causal_lm(cfg.policy_model, dtype, remote) if policy is None else loaded_causal_lm(policy, dtype)
-        # a cold critic copies the policy's base before LoRA wraps it
-        cold = None
-        if self.advantages.needs_critic and not source:
-            cold = zero_head_classifier(base, self.tokenizer, dtype)
-        self.policy = add_policy_lora(base, lora).to(self.device)
-        self.critic = None
-        if self.advantages.needs_critic:
-            try:
-                value = load_value_model(source, lora, dtype=dtype, trust_remote_code=remote,
-                                         init_score_head=cfg.init_score_head) if source else add_value_lora(cold, lora)
-            except NoScoreHead as error:
-                field = "value_model" if source == cfg.value_model else "reward_model"
-                raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
-            value_tokenizer = load_tokenizer(source, trust_remote_code=remote) if source else self.tokenizer
-            self.critic = Critic(value.to(self.device), value_tokenizer, None, cfg.padding_free)
-        return source
-
-    def _load_rewards(self, specs: list, source: str | None) -> list:
-        """The reward functions, combined into `self.rewards`; returns them. The reward model the critic was
-        initialised from scores through it, adapter off (one copy of its weights). None at all: an environment's
-        rewards are the run's (`self.rewards` None, every score 0)."""
-        cfg, remote, dtype = self.cfg, self.cfg.trust_remote_code, self.dtype
-        if not specs:
-            require(self.environment_factory is not None,
-                    "reward_model or reward_funcs is required (or an environment whose step returns rewards)")
-            self.rewards: CombinedReward | None = None
-            return []
-        critic = self.critic
-        shared = source if critic is not None and source in specs and source != cfg.value_model else None
-        specs = [ModelReward.from_scorer(critic, reward_name(spec), self.score_size) if critic and spec == shared
-                 else spec for spec in specs]
-        try:
-            funcs = resolve_reward_funcs(specs, dtype=dtype, device=self.device, trust_remote_code=remote,
-                                         batch_size=self.score_size, init_score_head=cfg.init_score_head)
-        except NoScoreHead as error:
-            field = "reward_model" if cfg.reward_model and cfg.reward_model in str(error) else "reward_funcs"
-            raise NoScoreHead(f"{field}: {error}{INIT_HEAD_HINT}") from None
-        self.rewards = CombinedReward(funcs, cfg.reward_weights)
-        return funcs
-
-    def _place_roles(self, funcs: list) -> None:
-        """Every model checked against the prompts' lengths, sharded under FSDP; the gradient steps of the trained
-        ones, and the roles by checkpoint folder name."""
+    # ------------------------------------------------------------------------------------- one iteration
+    def iteration(self, index: int) -> tuple[dict[str, Any], Experience]:
         cfg = self.cfg
-        frozen = [f.model for f in funcs if isinstance(f, ModelReward) and f.scorer is not self.critic]
-        critic_model = [self.critic.model] if self.critic else []
-        check_prompt_lengths(self.prompt_rows, self.tokenizer, [self.policy, *critic_model, *frozen],
-                             self.trajectory_cap, cfg.max_prompt_tokens, self.trajectory_cap_name)
-        require(not (self.dist.fsdp and cfg.generation_backend != "hf"),
-                "FSDP shards the policy's layers: use generation_backend: hf (vLLM needs the whole policy per process)")
-        for model in (self.policy, *critic_model, *frozen):  # FSDP: each process keeps a shard of every layer
-            self.dist.shard_model(model)
-        self.actor = Actor(self.policy, self.gradient_step(self.policy, cfg.policy_lr), cfg)
-        if self.critic is not None:
-            self.critic.step = self.gradient_step(self.critic.model, cfg.value_lr)
-        # the one reward model's scorer (the critic when it is both), or None
-        scorers = [f.scorer for f in funcs if isinstance(f, ModelReward)]
-        self.reward_model = scorers[0] if len(scorers) == 1 else None
-        self.value_model = self.critic.model if self.critic else None
-        # the trained roles by checkpoint folder name: each backward, step and optimiser state goes through them
-        self.roles: dict[str, Actor | Critic] = {"policy": self.actor,
-                                                 **({"value": self.critic} if self.critic else {})}
+        start = clock(self.device)
+        rollout = self.rollout(self.next_prompts())  # 1. rollout
+        generated = clock(self.device)
+        experience = self.score(rollout)  # 2-4. score, rewards, advantages
+        monitor = self.scoring.monitor_stats(index, experience)  # beside the rewards: nothing of it reaches the update
+        scored = clock(self.device)
+        batch = self.batch_stats(experience)
+        phase = self.phase(index, batch["ev"])
+        scored_numbers = (experience.scores, experience.advantages, experience.returns)
+        finite = all(bool(torch.isfinite(t).all()) for t in scored_numbers)
+        if finite:
+            update = self.update(experience, train_policy=phase == "policy")  # 5. update
+        else:  # e.g. a reward model that returned NaN: nothing from this batch reaches the weights
+            self.count_skip("consecutive iterations with non-finite rewards")
+            update = {k: float("nan") for k in UPDATE_STATS}
+            update["skipped_steps"] = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)
+        updated = clock(self.device)
+        stats = {"iteration": index, "phase": phase, **batch, "kl_used": f"{cfg.kl_kind} in {cfg.kl_placement}",
+                 **update, **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
+                 "beta": self.kl_controller.beta, "time_gen": generated - start, "time_score": scored - generated,
+                 "time_update": updated - scored, "time_total": updated - start,
+                 "gen_tokens_per_s": float(experience.reply_lengths.sum()) / max(generated - start, 1e-9)}
+        if not cfg.ptx_coef > 0:
+            del stats["ptx_loss"]
+        # a skipped batch must not move beta, nor a warm-up batch (the policy, hence its KL, did not move)
+        if math.isfinite(stats["kl"]) and phase == "policy":
+            self.kl_controller.update(stats["kl"], cfg.batch_size)
+        # then each reward's mean (reward/<name>) and the reward-hacking monitor
+        ordered = {key: stats[key] for key in HISTORY_ORDER if key in stats}
+        return {**ordered, **self.scoring.reward_means(), **monitor}, experience
 
-    def _load_judges(self, specs: list) -> CombinedReward | None:
-        """The monitor's second judges, resolved as rewards are (never summed into the reward); None without any."""
-        if not specs:
-            return None
-        with self.rng_untouched():  # a judge loaded or not, the run samples the same replies
-            try:
-                judges = resolve_reward_funcs(specs, dtype=self.dtype, device=self.device, batch_size=self.score_size,
-                                              trust_remote_code=self.cfg.trust_remote_code)
-            except UsageError as error:
-                raise UsageError(f"monitor_judges: {error}") from None
-        models = [judge.model for judge in judges if isinstance(judge, ModelReward)]
-        check_prompt_lengths(self.prompt_rows, self.tokenizer, models, self.trajectory_cap,
-                             cap_name=self.trajectory_cap_name)
-        return CombinedReward(judges)
-
-    @property
-    def trajectory_cap(self) -> int:
-        """Tokens after the prompt that a scored sequence may reach: the reply cap, or a multi-turn episode's."""
-        return self.cfg.max_episode_tokens if self.cfg.multi_turn else self.cfg.max_new_tokens
-
-    @property
-    def trajectory_cap_name(self) -> str:
-        """The setting `trajectory_cap` comes from, as a message names it."""
-        return "max_episode_tokens" if self.cfg.multi_turn else "max_new_tokens"
-
-    def rng_untouched(self):
-        """A context after which torch's random numbers (CPU, and this process's GPU) are as before it."""
-        return torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
-
-    @staticmethod
-    def _imported(spec: str, what: str = "tool"):
-        parts = function_spec(spec)
-        if parts is None:
-            raise UsageError(f"{what} {spec}: expected 'file.py:function' or 'module:function'")
-        found = import_function(spec, parts[0], parts[1], what=what)
-        require(callable(found), f"{what} {spec} is a {type(found).__name__}, not a callable")
-        return found
-
-    def _critic_source(self, specs: list) -> str | None:
-        """What the value model starts from (GAE only): value_model; else the run's one reward model when it is
-        named (not a loaded object) and uses the policy's tokenizer (the chapter's: its adapter off is the reward
-        model); else None, the policy's base with a new zero-initialised head."""
-        cfg, remote = self.cfg, self.cfg.trust_remote_code
-        if not self.advantages.needs_critic:
-            return None
-        if cfg.value_model is not None:
-            vocab = load_tokenizer(cfg.value_model, trust_remote_code=remote).get_vocab()
-            require(vocab == self.tokenizer.get_vocab(), f"value_model {cfg.value_model} reads every position of "
-                    "the policy's sequences, so it must use the policy's tokenizer")
-            return cfg.value_model
-        models = [spec for spec in specs if is_reward_model_spec(spec)]
-        if len(models) == 1 and isinstance(models[0], str):
-            vocab = load_tokenizer(models[0], trust_remote_code=remote).get_vocab()
-            if vocab == self.tokenizer.get_vocab():
-                return models[0]
-        return None
-
-    def gradient_step(self, model: torch.nn.Module, lr: float):
-        """loss -> summed over processes -> clipped -> optimiser step (through DeepSpeed when launched so)."""
-        return self.dist.gradient_step(model, make_optimizer(model, lr, self.cfg), self.cfg.max_grad_norm)
-
-    @property
-    def micro_size(self) -> int:
-        return self.cfg.micro_batch_size or self.cfg.minibatch_size
-
-    @property
-    def score_size(self) -> int:
-        return self.cfg.score_batch_size or self.micro_size
-
-    @property
-    def models(self) -> dict[str, torch.nn.Module]:
-        """The trained models by checkpoint folder name (no "value" for the critic-free estimators)."""
-        return {name: role.model for name, role in self.roles.items()}
-
-    @property
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {name: role.step.optimizer for name, role in self.roles.items()}
-
-    @property
-    def policy_optimizer(self) -> torch.optim.Optimizer:
-        return self.actor.step.optimizer
-
-    @property
-    def value_optimizer(self) -> torch.optim.Optimizer | None:
-        return self.critic.step.optimizer if self.critic else None
-
-    def _make_schedulers(self) -> dict[str, Any]:
-        """LambdaLR per optimiser, stepped per optimiser step; none for the constant schedule without warm-up. Each is
-        sized over its own optimiser's steps: the policy takes none during the critic warm-up, so its schedule (warm-up
-        included) starts after critic_warmup_iterations and still reaches its end at the last iteration."""
-        cfg = self.cfg
-        if cfg.lr_schedule == "constant" and cfg.warmup_iterations == 0:
-            return {}
-        steps = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)  # optimiser steps per iteration
-        iterations = {"policy": cfg.iterations - cfg.critic_warmup_iterations, "value": cfg.iterations}
-        return {name: make_scheduler(opt, cfg.lr_schedule, cfg.warmup_iterations * steps, iterations[name] * steps)
-                for name, opt in self.optimizers.items()}
-
-    # ------------------------------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs besides the RNG states: trained weights (whole tensors), each gradient
-        step's optimiser state, schedulers, prompt order, KL coefficient and counters. A collective under FSDP and
-        DeepSpeed (shards and partitions are gathered): every process calls it."""
-        return {
-            "weights": {name: trained_weights(model, self.dist) for name, model in self.models.items()},
-            "optimizers": {name: role.step.state_dict() for name, role in self.roles.items()},
-            "schedulers": {name: scheduler.state_dict() for name, scheduler in self.schedulers.items()},
-            "sampler": self.sampler.state(),
-            "consecutive_skips": self.consecutive_skips,
-            "policy_started": self.policy_started,
-            "kl_controller": self.kl_controller.state_dict(),
-            "ptx": self.ptx.state() if self.ptx else None,
-            "monitor": self.monitor.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A saved `state_dict` into this trainer (into FSDP shards and DeepSpeed partitions too)."""
-        for name, model in self.models.items():  # the weights first: DeepSpeed refreshes its master copy from them
-            load_adapter(model, state["weights"][name], f"its {name} adapter does not fit this model")
-        for name, role in self.roles.items():
-            role.step.load_state_dict(state["optimizers"][name])
-        for name, scheduler in self.schedulers.items():
-            require(name in state["schedulers"], f"it has no {name} learning-rate scheduler state")
-            scheduler.load_state_dict(state["schedulers"][name])
-        self.sampler.load(state["sampler"])
-        self.consecutive_skips = state["consecutive_skips"]
-        self.policy_started = state.get("policy_started", True)  # checkpoints from before the warm-up option
-        # (checkpoints from before the fixed controller kept a fixed beta beside a None controller state)
-        self.kl_controller.load_state_dict(state["kl_controller"] or {"beta": state["beta"]})
-        if self.ptx is not None and state["ptx"] is not None:
-            self.ptx.load(state["ptx"])
-        self.monitor.load_state_dict(state.get("monitor"))  # (None: a checkpoint from before the monitor)
+    def phase(self, index: int, ev: float) -> str:
+        """"critic-warmup" (value model only) for the first critic_warmup_iterations, then until a batch's explained
+        variance (mean over processes, so every process agrees) reaches policy_start_ev; "policy" from then on."""
+        if index < self.cfg.critic_warmup_iterations:
+            return "critic-warmup"
+        if not self.policy_started:
+            mean_ev = self.dist.sum(ev) / self.dist.world_size
+            self.policy_started = self.cfg.policy_start_ev is None or mean_ev >= self.cfg.policy_start_ev  # nan: no
+        return "policy" if self.policy_started else "critic-warmup"
 
     # ----------------------------------------------------------------------------------------- 1. rollout
     def rollout(self, prompts: Sequence[Prompt | PromptRow]) -> Rollout:
@@ -473,151 +209,19 @@ class PPOLoop:
         if self.synced_version != self.policy_version:  # the policy changed since the engine last copied it
             self.generator.sync(self.policy)
             self.synced_version = self.policy_version
-        if self.cfg.multi_turn:
-            return self.run_episodes(rows)
-        rollout = self.generator.generate([row.prompt for row in rows])
-        rollout.columns = [row.columns for row in rows]
-        return rollout
+        return self.generator.generate([row.prompt for row in rows], [row.columns for row in rows])
 
-    def run_episodes(self, rows: list[PromptRow]) -> Rollout:
-        """Multi-turn episodes (multiturn/episodes.py), each turn sampled from the policy itself, log-probs recorded;
-        the environment's reset sees each row's other columns."""
+    def next_prompts(self) -> list[PromptRow]:
+        """This process's prompts of the next batch: batch_size // group_size prompts drawn (identically on every
+        process), each repeated group_size times in consecutive rows, then this rank's contiguous share of whole
+        groups."""
         cfg = self.cfg
-
-        generator = self.generator
-        assert isinstance(generator, HFGenerator)  # (multi-turn needs the hf backend: TrainConfig)
-
-        def sample(trajectories: list[list[int]], cap: int):
-            # the generator's model: the policy, or its merged copy (generation_merged_copy)
-            return sample_replies(generator.policy, self.tokenizer, trajectories, cap, cfg.temperature,
-                                  cfg.generation_batch_size or None, cfg.top_p, record_logprobs=True,
-                                  drop_finished=cfg.generation_drop_finished)
-
-        limits = EpisodeLimits(cfg.max_turns, cfg.max_tool_calls, cfg.max_new_tokens, cfg.max_episode_tokens,
-                               cfg.tool_timeout)
-        # the user's code by the names they gave it (config.yaml's), for the line that stops the run when it fails
-        names = {"environment": cfg.environment or "", **dict(zip(self.tools, cfg.tools))}
-        rollout, self.episodes = run_episodes(sample, self.tokenizer, [row.prompt for row in rows],
-                                              [row.columns for row in rows], eos_token_ids(self.policy, self.tokenizer),
-                                              limits, self.tools, self.environment_factory, names)
-        warning = cut_call_warning(self.episodes, cfg.max_new_tokens)
-        if warning and not self.cut_calls_said and self.dist.is_main:
-            print(f"warning: {warning}", file=sys.stderr)
-            self.cut_calls_said = True
-        return rollout
-
-    def raw_scores(self, rollout: Rollout) -> torch.Tensor:
-        """The combined reward of each reply [B] (float32, CPU), the reward functions seeing the rollout's columns;
-        each function's values are kept in `batch_rewards`."""
-        if self.rewards is None:  # the environment's rewards alone, added per turn by `score`
-            self.batch_rewards = BatchRewards(torch.zeros(len(rollout.prompts)), {})
-        else:
-            self.batch_rewards = self.rewards.scores(rollout.prompts, rollout.reply_texts, rollout.completion_ids,
-                                                     rollout.columns, self.trajectory_ids(rollout))
-        return self.batch_rewards.total
-
-    def trajectory_ids(self, rollout: Rollout) -> list[list[int]] | None:
-        """A multi-turn run's `trajectory_ids` for the reward functions (every turn and observation after the
-        prompt); None in a single-turn run, whose functions get no such keyword."""
-        return rollout.reply_ids if self.cfg.multi_turn else None
-
-    @property
-    def reward_beta(self) -> float:
-        """The KL coefficient inside the rewards: beta with `kl_in: reward`; 0 with `kl_in: loss`, which keeps the
-        rewards KL-free and adds beta * KL as a loss term instead (`policy_loss`)."""
-        return self.kl_controller.beta if self.cfg.kl_placement == "reward" else 0.0
-
-    def reward_means(self) -> dict[str, float]:
-        """Each reward's mean over the last batch's replies it scored ("reward/<name>"; nan where it scored none),
-        averaged over processes."""
-        return self.process_means("reward", self.batch_rewards.by_function if self.batch_rewards is not None else {})
-
-    def process_means(self, prefix: str, values: dict[str, list[float | None]]) -> dict[str, float]:
-        """`rewards.scored_means` of this process's values, averaged over processes."""
-        means = scored_means(prefix, values)
-        return {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
-
-    def monitor_stats(self, index: int, experience: Experience) -> dict[str, float | None]:
-        """The reward-hacking monitor of the batch over every process's replies (monitor.py): reward_length_corr,
-        length_share (the baseline: the first batch's, unless the normalisation samples gave one) and each monitor
-        judge's mean raw score, "monitor/<name>"."""
-        rewards = self.dist.gather_1d(experience.raw_scores.float().cpu()).tolist()
-        lengths = self.dist.gather_1d(experience.reply_lengths).tolist()
-        if index == 0 and self.monitor.baseline is None:
-            self.monitor.start(rewards, lengths)
-        if self.judges is None:
-            return self.monitor.stats(rewards, lengths)
-        with self.rng_untouched():  # a judge that draws random numbers must not change the run's
-            try:
-                judged = self.judges.function_values(experience.prompts, experience.reply_texts,
-                                                     experience.completion_ids, experience.columns,
-                                                     self.trajectory_ids(experience))
-            except RewardFunctionError as error:
-                raise RewardFunctionError(f"monitor_judges: {error}") from None
-        return {**self.monitor.stats(rewards, lengths), **self.process_means("monitor", judged)}
+        drawn = self.dist.shard(self.sampler.next(cfg.batch_size // cfg.group_size))
+        return self.batch_prompts([i for i in drawn for _ in range(cfg.group_size)])
 
     def batch_prompts(self, rows: list[int]) -> list[PromptRow]:
         """Dataset rows `rows` as `rollout` takes them: each prompt with its other columns."""
         return [self.prompt_rows[i] for i in rows]
-
-    def measure_reward_norm(self) -> dict[str, float]:
-        """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
-        n = self.cfg.reward_norm_samples
-        rng = np.random.default_rng(self.cfg.seed + 1)
-        picks = rng.choice(len(self.prompts), size=n, replace=n > len(self.prompts)).tolist()
-        picks = self.dist.shard(picks)  # this process's share (all of them in one process)
-        scores, finished, lengths, values = [], [], [], []
-        for rows in tqdm(row_chunks(len(picks), self.cfg.batch_size), desc="reward normalisation",
-                         disable=self.cfg.quiet or None, leave=False):  # (None: off a terminal, none)
-            rollout = self.rollout(self.batch_prompts([picks[i] for i in rows]))
-            scores.append(self.raw_scores(rollout))
-            finished.append(rollout.finished)
-            lengths.append(rollout.reply_lengths)
-            if self.critic_scale == "own":
-                values.append(self.last_token_values(rollout))
-        scores, finished = self.dist.gather_1d(torch.cat(scores)), self.dist.gather_1d(torch.cat(finished))
-        require(bool(torch.isfinite(scores).all()), "the reward model gave non-finite scores to start-policy replies")
-        self.monitor.start(scores.tolist(), self.dist.gather_1d(torch.cat(lengths)).tolist())
-        std = float(scores.std()) if n > 1 else 1.0
-        only_models = self.rewards is not None and all(isinstance(f, ModelReward) for f in self.rewards.funcs)
-        require(std > 0 or not only_models,
-                "the reward model gave every start-policy reply the same score: it cannot be normalised")
-        # std 0 (e.g. an exact-match reward no start-policy reply earns) is kept as measured: the scores are then
-        # shifted, not scaled (run.start_or_resume)
-        norm = {"mean": float(scores.mean()), "std": std, "n": n, "finished": float(finished.float().mean())}
-        if values:  # the critic's raw scale is not the reward's: put its start values on the same footing
-            start_values = self.dist.gather_1d(torch.cat(values))
-            value_std = float(start_values.std()) if n > 1 else 1.0
-            norm |= {"value_mean": float(start_values.mean()), "value_std": value_std if value_std > 0 else 1.0}
-        elif self.critic_scale == "identity":  # written down, so that a resumed run reads its values the same way
-            norm |= {"value_mean": 0.0, "value_std": 1.0}
-        return norm
-
-    @property
-    def critic_scale(self) -> str | None:
-        """How the critic's raw values are put on the normalised reward scale (`normalised_values`): None without a
-        critic; "reward" when it starts from the reward model (its raw scale is the reward's); "own" for a value model
-        named by value_model, trained on some other reward (a proxy reward model in the study's gold and length arms)
-        or none, whose start values are measured; "identity" for a cold critic, whose zero head starts every value at
-        0. Read with the reward's statistics, either of the last two starts off the scores' scale: a critic from a
-        reward model scoring 4.3 on average starts +11 sd above a gold judge's normalised scores (the study's first
-        three-arm run, docs/study.md), and a cold critic at -mean/std (-15.6 for a reward 3 + 0.1 x length of mean
-        3.37 and std 0.216), so that every reply's advantages ramp with position until the critic learns the
-        constant."""
-        if self.critic is None:
-            return None
-        if self.cfg.value_model is not None:
-            return "own"
-        return "identity" if self.critic_source is None else "reward"
-
-    @torch.no_grad()
-    def last_token_values(self, rollout: Rollout) -> torch.Tensor:
-        """The critic's raw value at each reply's last policy token, where a reward model reads its score."""
-        assert self.critic is not None
-        critic = self.critic
-        (values,) = per_token_in_chunks(lambda ids, att: (critic.values(ids, att),), rollout, self.score_size)
-        last = last_token_index(rollout.action_mask.to(values.device))  # where the score goes in per_token_rewards
-        return values.gather(1, last[:, None]).squeeze(1).float().cpu()
 
     # ------------------------------------------------------------------------------ 2-4. score, rewards, advantages
     def make_experience(self, prompts: Sequence[Prompt | PromptRow]) -> Experience:
@@ -640,9 +244,9 @@ class PPOLoop:
         old_values = torch.zeros_like(act)  # critic-free estimators: no values
         if self.critic is not None:
             (values,) = per_token_in_chunks(lambda ids, att: (self.critic.values(ids, att),), rollout, size)
-            old_values = self.normalised_values(values) * act
-        raw = self.raw_scores(rollout).to(dev)
-        scores = self.normalised(raw)
+            old_values = self.scoring.normalised_values(values) * act
+        raw = self.scoring.raw_scores(rollout).to(dev)
+        scores = self.scoring.normalised(raw)
         if cfg.eos_rule:
             scores = torch.where(rollout.finished.to(dev), scores, torch.full_like(scores, cfg.unfinished_score))
         reward_beta = self.reward_beta  # 0 with kl_in: loss
@@ -661,17 +265,12 @@ class PPOLoop:
                           raw_advantages=raw_advantages, returns=returns,
                           tis_weights=policy_token_weights(old_logprobs, recorded, cfg.tis_cap))
 
-    def normalised(self, raw: torch.Tensor) -> torch.Tensor:
-        """Reward-model outputs (scores or values) on the scale of start-policy replies' scores (detail 1)."""
-        return (raw - self.reward_mean) / self.reward_std
+    @property
+    def reward_beta(self) -> float:
+        """The KL coefficient inside the rewards: beta with `kl_in: reward`; 0 with `kl_in: loss`, which keeps the
+        rewards KL-free and adds beta * KL as a loss term instead (`policy_loss`)."""
+        return self.kl_controller.beta if self.cfg.kl_placement == "reward" else 0.0
 
-    def normalised_values(self, raw: torch.Tensor) -> torch.Tensor:
-        """The critic's outputs on the normalised reward scale: by the reward's start statistics when the critic
-        starts from the reward model (its raw scale is the reward's), else by its own (`critic_scale`)."""
-        if self.value_norm is None:
-            return self.normalised(raw)
-        mean, std = self.value_norm
-        return (raw - mean) / std
 
     # ------------------------------------------------------------------------------------------- 5. update
     def update(self, experience: Experience, train_policy: bool = True) -> dict[str, float]:
@@ -758,7 +357,7 @@ class PPOLoop:
         """The clipped value loss of a micro-batch, values on the normalised reward scale: its share of the mean."""
         cfg, critic = self.cfg, self.critic
         assert critic is not None  # (only GAE, which has one, computes a value loss)
-        values = self.normalised_values(critic.values(part.input_ids, part.attention_mask))
+        values = self.scoring.normalised_values(critic.values(part.input_ids, part.attention_mask))
         vl = clipped_value_loss(values, part.old_values, part.returns, part.action_mask, cfg.value_clip_range,
                                 cfg.loss_aggregation, count)
         return vl.loss, {"v_loss": float(vl.loss.detach()), "vclipfrac": float(vl.clip_fraction) * token_share}
@@ -799,93 +398,67 @@ class PPOLoop:
         for model in self.models.values():
             model.train(on)
 
-    def next_prompts(self) -> list[PromptRow]:
-        """This process's prompts of the next batch: batch_size // group_size prompts drawn (identically on every
-        process), each repeated group_size times in consecutive rows, then this rank's contiguous share of whole
-        groups."""
-        cfg = self.cfg
-        drawn = self.sampler.next(cfg.batch_size // cfg.group_size)
-        drawn = self.dist.shard(drawn)
-        return self.batch_prompts([i for i in drawn for _ in range(cfg.group_size)])
-
-    # ------------------------------------------------------------------------------------- one iteration
-    def clock(self) -> float:
-        """time.perf_counter() once this process's queued GPU work is done: CUDA kernels run asynchronously, so
-        without the wait a phase's time would include the previous phase's tail (the time_* statistics)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def iteration(self, index: int) -> tuple[dict[str, Any], Experience]:
-        cfg = self.cfg
-        start = self.clock()
-        rollout = self.rollout(self.next_prompts())  # 1. rollout
-        generated = self.clock()
-        experience = self.score(rollout)  # 2-4. score, rewards, advantages
-        monitor = self.monitor_stats(index, experience)  # beside the rewards: nothing of it reaches the update
-        scored = self.clock()
-        batch = self.batch_stats(experience)
-        phase = self.phase(index, batch["ev"])
-        scored_numbers = (experience.scores, experience.advantages, experience.returns)
-        finite = all(bool(torch.isfinite(t).all()) for t in scored_numbers)
-        if finite:
-            update = self.update(experience, train_policy=phase == "policy")  # 5. update
-        else:  # e.g. a reward model that returned NaN: nothing from this batch reaches the weights
-            self.count_skip("consecutive iterations with non-finite rewards")
-            update = {k: float("nan") for k in UPDATE_STATS}
-            update["skipped_steps"] = cfg.epochs * (cfg.batch_size // cfg.minibatch_size)
-        updated = self.clock()
-        stats = {"iteration": index, "phase": phase, **batch, "kl_used": f"{cfg.kl_kind} in {cfg.kl_placement}",
-                 **update, **({"lr": self.policy_optimizer.param_groups[0]["lr"]} if self.schedulers else {}),
-                 "beta": self.kl_controller.beta, "time_gen": generated - start, "time_score": scored - generated,
-                 "time_update": updated - scored, "time_total": updated - start,
-                 "gen_tokens_per_s": float(experience.reply_lengths.sum()) / max(generated - start, 1e-9)}
-        if not cfg.ptx_coef > 0:
-            del stats["ptx_loss"]
-        # a skipped batch must not move beta, nor a warm-up batch (the policy, hence its KL, did not move)
-        if math.isfinite(stats["kl"]) and phase == "policy":
-            self.kl_controller.update(stats["kl"], cfg.batch_size)
-        # then each reward's mean (reward/<name>) and the reward-hacking monitor
-        ordered = {key: stats[key] for key in HISTORY_ORDER if key in stats}
-        return {**ordered, **self.reward_means(), **monitor}, experience
-
-    def phase(self, index: int, ev: float) -> str:
-        """"critic-warmup" (value model only) for the first critic_warmup_iterations, then until a batch's explained
-        variance (mean over processes, so every process agrees) reaches policy_start_ev; "policy" from then on."""
-        if index < self.cfg.critic_warmup_iterations:
-            return "critic-warmup"
-        if not self.policy_started:
-            mean_ev = self.dist.sum(ev) / self.dist.world_size
-            self.policy_started = self.cfg.policy_start_ev is None or mean_ev >= self.cfg.policy_start_ev  # nan: no
-        return "policy" if self.policy_started else "critic-warmup"
-
+    # ------------------------------------------------------------------------------------------- the dashboard
     def batch_stats(self, experience: Experience) -> dict[str, float]:
-        """The batch's numbers on the dashboard, means over every process's replies (equal counts each)."""
-        act = experience.action_mask
-        means = {"score": float(experience.scores.mean()), "rm_raw": float(experience.raw_scores.mean()),
-                 "kl": float(masked_sum(experience.kl, act, dim=1).mean()),
-                 "len": float(experience.reply_lengths.float().mean()),
-                 "fin": float(experience.finished.float().mean())}
-        means = {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
-        # means over reply tokens, summed and counted over every process (their counts differ): the entropy, and the
-        # k3 estimate of KL(generate's recorded log-probs || the trainer's log pi_old) of the same tokens
-        recorded = experience.logprobs
-        mismatch = float("nan") if recorded is None else masked_sum(kl_k3(experience.old_logprobs, recorded), act)
-        sums = self.dist.sum_dict({"ent": float(masked_sum(experience.entropy, act)), "mismatch_kl": float(mismatch),
-                                   "tokens": float(act.sum())})
-        means |= {key: sums[key] / sums["tokens"] for key in ("ent", "mismatch_kl")}
-        if self.cfg.multi_turn:
-            means |= self.episode_means(experience)
-        # over the policy's tokens only (in a multi-turn run the observations are off the action mask)
-        ev = explained_variance(experience.old_values, experience.returns, act) if self.critic else float("nan")
-        return {**means, "ev": ev, **self.advantages.stats()}  # ev-gated: which advantages the batch used
+        """The batch's numbers on the dashboard (stats.py), then which advantages it used (the ev gate's)."""
+        return batch_stats(experience, self.dist, self.critic is not None) | self.advantages.stats()
 
-    def episode_means(self, experience: Experience) -> dict[str, float]:
-        """EPISODE_STATS of the last multi-turn batch, means over every process's episodes."""
-        after_prompt = experience.reply_lengths.float()
-        masked = after_prompt - experience.action_mask.sum(1).cpu()
-        means = {"turns": float(np.mean([e.turns for e in self.episodes])),
-                 "tool_calls": float(np.mean([e.tool_calls for e in self.episodes])),
-                 "tool_errors": float(np.mean([e.tool_errors for e in self.episodes])),
-                 "masked_share": float(masked.sum() / after_prompt.sum())}
-        return {key: value / self.dist.world_size for key, value in self.dist.sum_dict(means).items()}
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs besides the RNG states: trained weights (whole tensors), each gradient
+        step's optimiser state, schedulers, prompt order, KL coefficient and counters. A collective under FSDP and
+        DeepSpeed (shards and partitions are gathered): every process calls it."""
+        return {
+            "weights": {name: trained_weights(model, self.dist) for name, model in self.models.items()},
+            "optimizers": {name: role.step.state_dict() for name, role in self.roles.items()},
+            "schedulers": {name: scheduler.state_dict() for name, scheduler in self.schedulers.items()},
+            "sampler": self.sampler.state(),
+            "consecutive_skips": self.consecutive_skips,
+            "policy_started": self.policy_started,
+            "kl_controller": self.kl_controller.state_dict(),
+            "ptx": self.ptx.state() if self.ptx else None,
+            **self.scoring.state_dict(),  # "monitor"
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A saved `state_dict` into this trainer (into FSDP shards and DeepSpeed partitions too)."""
+        for name, model in self.models.items():  # the weights first: DeepSpeed refreshes its master copy from them
+            load_adapter(model, state["weights"][name], f"its {name} adapter does not fit this model")
+        for name, role in self.roles.items():
+            role.step.load_state_dict(state["optimizers"][name])
+        for name, scheduler in self.schedulers.items():
+            require(name in state["schedulers"], f"it has no {name} learning-rate scheduler state")
+            scheduler.load_state_dict(state["schedulers"][name])
+        self.sampler.load(state["sampler"])
+        self.consecutive_skips = state["consecutive_skips"]
+        self.policy_started = state.get("policy_started", True)  # checkpoints from before the warm-up option
+        # (checkpoints from before the fixed controller kept a fixed beta beside a None controller state)
+        self.kl_controller.load_state_dict(state["kl_controller"] or {"beta": state["beta"]})
+        if self.ptx is not None and state["ptx"] is not None:
+            self.ptx.load(state["ptx"])
+        self.scoring.load_state_dict(state)
+
+    # ------------------------------------------------------------------------------------------------ parts
+    @property
+    def models(self) -> dict[str, torch.nn.Module]:
+        """The trained models by checkpoint folder name (no "value" for the critic-free estimators)."""
+        return {name: role.model for name, role in self.roles.items()}
+
+    @property
+    def policy_optimizer(self) -> torch.optim.Optimizer:
+        return self.actor.step.optimizer
+
+    @property
+    def value_optimizer(self) -> torch.optim.Optimizer | None:
+        return self.critic.step.optimizer if self.critic else None
+
+    # the reward pipeline's state and steps, read (and the normalisation set) through the loop as before scoring.py
+    reward_mean = delegated("reward_mean", settable=True)
+    reward_std = delegated("reward_std", settable=True)
+    value_norm = delegated("value_norm", settable=True)
+    critic_scale = delegated("critic_scale")
+    last_token_values = delegated("last_token_values")
+
+    def measure_reward_norm(self) -> dict[str, float]:
+        """Mean and std of the reward model's scores of start-policy replies to training prompts (detail 1)."""
+        return self.scoring.measure_reward_norm(lambda rows: self.rollout(self.batch_prompts(rows)), len(self.prompts))

@@ -195,10 +195,9 @@ def test_the_context_check_of_a_multi_turn_run_names_max_episode_tokens(tokenize
 
     from ppo_rlhf import PPOConfig
     from ppo_rlhf.data import PromptRow
-    from ppo_rlhf.ppo.trainer import PPOLoop, check_prompt_lengths
+    from ppo_rlhf.ppo.build import check_prompt_lengths, trajectory_cap
 
-    loop = SimpleNamespace(cfg=PPOConfig(tools=["tools.py:f"], max_episode_tokens=512))
-    assert (PPOLoop.trajectory_cap.fget(loop), PPOLoop.trajectory_cap_name.fget(loop)) == (512, "max_episode_tokens")
+    assert trajectory_cap(PPOConfig(tools=["tools.py:f"], max_episode_tokens=512)) == (512, "max_episode_tokens")
     model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=64))
     with pytest.raises(UsageError, match=r"^p\.jsonl:1: the prompt \(\d+ tokens\) \+ max_episode_tokens=512 exceed"):
         check_prompt_lengths([PromptRow("Hello", where="p.jsonl:1")], tokenizer, [model], 512,

@@ -201,3 +201,22 @@ def test_completion_ids_are_the_last_turns_and_the_trajectory_is_named_apart(pol
             assert tokenizer.decode(ids, skip_special_tokens=True) == text[-1]["content"]  # as `completions`
             assert trajectory[-len(ids):] == ids and len(trajectory) > len(ids)  # every turn, the observations
             assert "You said" in tokenizer.decode(trajectory)
+
+
+def test_multi_turn_is_a_rollout_generator(policy, tmp_path):
+    """Episodes are sampled by a generator with the single-turn backends' interface, not by a branch of the loop:
+    the rollout carries each row's episode and dataset columns, and the loop's source never asks whether the run
+    is multi-turn."""
+    import ppo_rlhf.ppo.trainer as trainer_module
+    from ppo_rlhf.multiturn.generator import EpisodeGenerator
+
+    loop = PPOTrainer(settings(policy, tmp_path / "x"), reward_funcs=[reply_length], train_dataset=PROMPTS,
+                      environment_factory=Counter).loop
+    assert isinstance(loop.generator, EpisodeGenerator)
+    rows = loop.batch_prompts([0, 1])
+    rollout = loop.generator.generate([row.prompt for row in rows], [row.columns for row in rows])
+    assert rollout.columns == [{"target": 0}, {"target": 1}]
+    assert rollout.episodes is not None and len(rollout.episodes) == 2
+    assert [e.prompt_ids for e in rollout.episodes] == rollout.prompt_ids  # each row's own episode
+    assert rollout.select([1]).episodes == [rollout.episodes[1]]  # rows keep their episodes when selected
+    assert "multi_turn" not in Path(trainer_module.__file__).read_text()

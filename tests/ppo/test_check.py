@@ -163,7 +163,7 @@ def test_every_invariant_holds_on_multi_turn_episodes(multi_turn):
 
     trainer = PPOLoop(check_config(build_config(TrainConfig, multi_turn["values"]), 8))
     experience = trainer.score(trainer.rollout(trainer.next_prompts()))
-    assert any(e.turns == 2 for e in trainer.episodes)  # observations between the turns to check
+    assert any(e.turns == 2 for e in experience.episodes)  # observations between the turns to check
     results = {invariant.__name__: invariant(trainer, experience) for invariant in INVARIANTS}
     assert all(r.status == "pass" for name, r in results.items() if name != "cap"), results
     assert "padding/prompt/observation positions trained" in results["masks"].detail

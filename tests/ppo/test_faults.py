@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ppo_rlhf.config import build_config
+from ppo_rlhf.ppo.scoring import Scoring
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.ppo.trainer import PPOLoop
 from ppo_rlhf.train import train
@@ -33,20 +34,20 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 def nan_scores(monkeypatch):
     """Make the reward model return NaN during the iterations in the returned set (not while measuring the norm)."""
     poisoned: set[int] = set()
-    raw, iteration = PPOLoop.raw_scores, PPOLoop.iteration
+    raw, iteration = Scoring.raw_scores, PPOLoop.iteration
 
     def scores(self, rollout):
         result = raw(self, rollout)
         return torch.full_like(result, float("nan")) if getattr(self, "_poisoned", False) else result
 
     def one_iteration(self, index):
-        self._poisoned = index in poisoned
+        self.scoring._poisoned = index in poisoned
         try:
             return iteration(self, index)
         finally:
-            self._poisoned = False
+            self.scoring._poisoned = False
 
-    monkeypatch.setattr(PPOLoop, "raw_scores", scores)
+    monkeypatch.setattr(Scoring, "raw_scores", scores)
     monkeypatch.setattr(PPOLoop, "iteration", one_iteration)
     return poisoned
 

@@ -12,6 +12,7 @@ import torch
 from ppo_rlhf.cli import main
 from ppo_rlhf.config import build_config
 from ppo_rlhf.models.logprobs import token_logprobs
+from ppo_rlhf.ppo.scoring import Scoring
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.ppo.trainer import PPOLoop, PromptSampler
 from ppo_rlhf.train import train
@@ -136,7 +137,7 @@ def test_reward_model_is_value_model_with_adapter_off(setup, tmp_path):
     rollout = trainer.rollout(PROMPTS[:4])
     frozen = load_reward_model(setup["reward"])
     expected = score_texts(frozen, trainer.critic.tokenizer, rollout.prompts, rollout.reply_texts)
-    torch.testing.assert_close(trainer.raw_scores(rollout), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(trainer.scoring.raw_scores(rollout), expected, atol=1e-5, rtol=0)
     adapted = score_texts(trainer.value_model, trainer.critic.tokenizer, rollout.prompts, rollout.reply_texts)
     assert (adapted - expected).abs().max() > 1e-4
     critic_free = PPOLoop(config(setup, tmp_path / "rloo", advantage_estimator="rloo", group_size=2))
@@ -174,7 +175,7 @@ def test_known_reward_rises(setup, tmp_path, monkeypatch, tokenizer):
     def share_low(self, rollout):
         return torch.tensor([sum(t < half for t in r) / max(len(r), 1) for r in rollout.reply_ids])
 
-    monkeypatch.setattr(PPOLoop, "raw_scores", share_low)
+    monkeypatch.setattr(Scoring, "raw_scores", share_low)
     run_dir = train(cfg)
     trainer = PPOLoop(cfg)
     from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint
@@ -373,3 +374,19 @@ def test_resumed_tensorboard_has_each_iteration_once(setup, tmp_path, monkeypatc
     events = EventAccumulator(str(tmp_path / "run" / "tb"))
     events.Reload()
     assert [e.step for e in events.Scalars("ppo/score")] == [0, 1, 2, 3]
+
+
+def test_the_checkpointed_state_keeps_its_keys_and_older_states_load(setup, tmp_path):
+    """The loop's state (with its scoring's monitor under the same top-level key) has the keys earlier versions
+    wrote, and a checkpoint from before the monitor and the critic warm-up still loads."""
+    from ppo_rlhf.ppo.checkpoint import latest_checkpoint, load_checkpoint
+
+    cfg = config(setup, tmp_path / "run", iterations=1)
+    state = load_checkpoint(latest_checkpoint(train(cfg)), ("policy", "value"))[1]
+    assert set(state) == {"weights", "optimizers", "schedulers", "sampler", "consecutive_skips", "policy_started",
+                          "kl_controller", "ptx", "monitor"}
+    assert state["monitor"]["baseline"] is not None  # the start policy's, measured with the reward normalisation
+    trainer = PPOLoop(cfg)
+    trainer.scoring.monitor.start([0.0, 1.0], [1, 2])  # a baseline that the older state must reset
+    trainer.load_state_dict({key: value for key, value in state.items() if key not in ("monitor", "policy_started")})
+    assert trainer.policy_started and trainer.scoring.monitor.baseline is None
