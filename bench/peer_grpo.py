@@ -368,8 +368,10 @@ WINDOW = 3  # the moving average whose first crossing times a side (1: its first
 
 
 def plateau_rows(rows: list[dict], budget_s: float) -> list[dict]:
-    """A side's checkpoints in the second half of the budget (seconds >= PLATEAU_FROM x budget_s)."""
-    return [row for row in rows if row["seconds"] >= PLATEAU_FROM * budget_s]
+    """A side's checkpoints in the second half of the budget (seconds >= PLATEAU_FROM x budget_s), or of its run when
+    it stopped before the budget (--max-steps: the dry run)."""
+    start = PLATEAU_FROM * min(budget_s, rows[-1]["seconds"])
+    return [row for row in rows if row["seconds"] >= start]
 
 
 def plateau(rows: list[dict], budget_s: float) -> float:
