@@ -142,9 +142,20 @@ def load_adapter(model: PeftModel, weights: dict[str, torch.Tensor], mismatch: s
         if getattr(result, "unexpected_keys", None):
             raise UsageError(mismatch)
         return
-    live = get_peft_model_state_dict(model)  # views of the parameters, keyed as saved
-    if set(live) != set(weights):
+    # the keys as saved (peft 0.22 gathers sharded entries into whole copies, so its values are no views to copy into)
+    if set(get_peft_model_state_dict(model)) != set(weights):
         raise UsageError(mismatch)
+    live = adapter_parameters(model)
     with torch.no_grad():
-        for key, target in live.items():
-            target.copy_(as_shard_of(target, weights[key]) if is_sharded(target) else weights[key])
+        for key, whole in weights.items():
+            target = live[key]
+            target.copy_(as_shard_of(target, whole) if is_sharded(target) else whole)
+
+
+def adapter_parameters(model: PeftModel) -> dict[str, torch.Tensor]:
+    """The model's own parameters (this process's shards under FSDP) under the keys peft saves them by: the adapter's
+    name dropped ("lora_A.default.weight" -> "lora_A.weight", "score.modules_to_save.default.weight" ->
+    "score.weight")."""
+    adapter = model.active_adapter
+    return {name.replace(f".modules_to_save.{adapter}", "").replace(f".{adapter}", ""): param
+            for name, param in model.named_parameters() if f".{adapter}" in name}
