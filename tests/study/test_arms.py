@@ -184,7 +184,7 @@ def test_presets_and_runs(monkeypatch):
     assert full.arms == "proxy,gold,length"
     assert [run_label(*run) for run in runs(build_config(DemoConfig, {"betas": "0.05,0", "arms": "gold,proxy"}))] == [
         "gold_beta005_s1", "gold_nokl_s1", "proxy_beta005_s1", "proxy_nokl_s1"]
-    with pytest.raises(UsageError, match="--quick or --full"):
+    with pytest.raises(UsageError, match="--quick, --full or --overoptimisation"):
         build_config(DemoConfig, {"quick": True, "full": True})
     with pytest.raises(UsageError, match="KL targets"):
         build_config(DemoConfig, {"kl_targets": "4,2"})
