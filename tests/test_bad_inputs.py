@@ -26,6 +26,20 @@ from ppo_rlhf.ppo.train_config import TrainConfig
 import tiny
 from reliability import HYPOTHESIS, REPO, expect_usage_error, flags, small
 
+
+def assert_refused_before_loading(cases: list[tuple[list[str], str]], modules: tuple[str, ...]) -> None:
+    """Each `ppo-rlhf ARGV` of `cases` exits 2 with one line on stderr holding its message, in a fresh process that
+    never imported `modules` (the slow libraries: the refusal comes before they load)."""
+    script = ("import sys; from ppo_rlhf.cli import main; code = main(sys.argv[1:]); "
+              f"print(code, *(m in sys.modules for m in {modules!r}))")
+    for argv, message in cases:
+        result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+        assert result.stdout.strip() == "2" + " False" * len(modules), (argv, result.stdout[-300:],
+                                                                         result.stderr[-300:])
+        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, (argv, result.stderr)
+
+
 POSITIVE_INTS = ["iterations", "batch_size", "minibatch_size", "epochs", "max_new_tokens", "reward_norm_samples",
                  "lora_rank", "checkpoint_every", "sample_every", "max_skipped_steps", "max_prompt_tokens"]
 POSITIVE_FLOATS = ["policy_lr", "value_lr", "adam_eps", "max_grad_norm", "temperature", "kl_target"]
@@ -298,13 +312,7 @@ def test_every_command_checks_its_named_files_before_importing_torch(tmp_path):
               "no config.json"),
              (["reward-model", "train", "--pairs", str(pairs), "--out", str(tmp_path / "rm"), "--heldout-pairs",
                missing], "missing.jsonl not found")]
-    script = ("import sys; from ppo_rlhf.cli import main; code = main(sys.argv[1:]); "
-              "print(code, *(m in sys.modules for m in ('torch', 'transformers', 'matplotlib')))")
-    for argv, message in cases:
-        result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
-        assert result.stdout.strip() == "2 False False False", (argv, result.stdout[-300:], result.stderr[-300:])
-        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, (argv, result.stderr)
+    assert_refused_before_loading(cases, ('torch', 'transformers', 'matplotlib'))
     assert not (tmp_path / "demo").exists()
 
 
@@ -451,13 +459,7 @@ def test_syntax_errors_unknown_judges_and_missing_checkpoints_are_refused_before
                str(tmp_path / "e")], "unknown judge 'golden'"),
              (["export", str(run_dir), "--checkpoint", "7", "--out", str(tmp_path / "x")],
               f"{run_dir} has no checkpoint for iteration 7 (has 2)")]
-    script = ("import sys; from ppo_rlhf.cli import main; code = main(sys.argv[1:]); "
-              "print(code, *(m in sys.modules for m in ('torch', 'transformers', 'peft')))")
-    for argv, message in cases:
-        result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
-        assert result.stdout.strip() == "2 False False False", (argv, result.stdout[-300:], result.stderr[-300:])
-        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, (argv, result.stderr)
+    assert_refused_before_loading(cases, ('torch', 'transformers', 'peft'))
 
 
 def test_evaluate_refuses_bad_reward_specs_before_torch(tmp_path):
@@ -489,10 +491,4 @@ def test_evaluate_refuses_bad_reward_specs_before_torch(tmp_path):
              (evaluate("script_run"), "the run's reward function __main__:correct was defined in the script that "
                                       "trained it and cannot be imported again; give --proxy file.py:function"),
              (evaluate("env_run"), "the run config names no reward_model or reward_funcs")]
-    script = ("import sys; from ppo_rlhf.cli import main; code = main(sys.argv[1:]); "
-              "print(code, *(m in sys.modules for m in ('torch', 'transformers', 'peft')))")
-    for argv, message in cases:
-        result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
-        assert result.stdout.strip() == "2 False False False", (argv, result.stdout[-300:], result.stderr[-300:])
-        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, (argv, result.stderr)
+    assert_refused_before_loading(cases, ('torch', 'transformers', 'peft'))
