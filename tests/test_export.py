@@ -112,13 +112,19 @@ def test_merged_export_is_plain_transformers_with_the_adapter_policys_logits(run
     assert "library_name: transformers" in card and "Iteration 0 " in card  # checkpoint 1's history
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_save_policy_leaves_the_policy_untouched_and_keeps_the_base_dtype(tiny_model_dirs, tokenizer, tmp_path, dtype):
+def trained_looking_policy(tiny_model_dirs, dtype: torch.dtype):
+    """The tiny policy with a LoRA adapter whose B factors are not zero, as after training (a fresh one merges to 0)."""
     policy = load_policy(str(tiny_model_dirs["policy"]), LoraSettings(rank=4), dtype=dtype)
     with torch.no_grad():
         for name, param in policy.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.1)
+    return policy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_save_policy_leaves_the_policy_untouched_and_keeps_the_base_dtype(tiny_model_dirs, tokenizer, tmp_path, dtype):
+    policy = trained_looking_policy(tiny_model_dirs, dtype)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     out = save_policy(policy, tokenizer, tmp_path / "m", merge=True, card="---\ntags: [ppo-rlhf]\n---\n# card\n")
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())  # not merged in place
@@ -132,11 +138,7 @@ def test_save_policy_leaves_the_policy_untouched_and_keeps_the_base_dtype(tiny_m
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_merged_export_and_the_sampling_copy_are_the_same_numbers(tiny_model_dirs, tokenizer, tmp_path, dtype):
-    policy = load_policy(str(tiny_model_dirs["policy"]), LoraSettings(rank=4), dtype=dtype)
-    with torch.no_grad():
-        for name, param in policy.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.1)
+    policy = trained_looking_policy(tiny_model_dirs, dtype)
     out = save_policy(policy, tokenizer, tmp_path / "m", merge=True, card="---\ntags: [ppo-rlhf]\n---\n")
     exported = load_file(out / "model.safetensors")
     generator = HFGenerator(policy, tokenizer, max_new_tokens=4, temperature=1.0, merged=True)
