@@ -1,6 +1,6 @@
 """`Experience`: one iteration's sampled replies (the `Rollout` it extends) and everything scored about them, fixed
-during the update (OpenRLHF's name for it). `PPOLoop.make_experience(prompts)` makes it; `PPOLoop.update(experience)`
-reads it.
+during the update (OpenRLHF's name for it). `PPOLoop.score(PPOLoop.rollout(prompts))` makes it;
+`PPOLoop.update(experience)` reads it.
 
 Sequences are right-padded [B, L]; per-token tensors are [B, L-1] (entry t is about choosing token t+1) and hold
 anything off the reply tokens (`action_mask` 0): the loss math masks them (docs/DESIGN.md).

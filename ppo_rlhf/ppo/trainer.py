@@ -9,10 +9,10 @@ One iteration, in the order of the chapter's listing:
   5. update       K epochs x minibatches of the clipped policy loss and the clipped value loss, averaged over
                   reply tokens; separate AdamW optimisers, gradient norm clipped to 1 for each model
 
-Steps 1-4 make one `Experience` (`make_experience`), step 5 reads it (`update`). The models are loaded by `build.py`
-and act through their roles (`roles.py`: Actor, Critic; `models.scores.RewardModel`); the rewards, their normalisation
-and the hacking monitor are `scoring.py`'s; the advantages come from one strategy per estimator (`advantages.py`). The
-run around it (run directory, checkpoints, logging, resume) is in `run.py`.
+Steps 1-4 make one `Experience` (`rollout`, then `score`), step 5 reads it (`update`). The models are loaded by
+`build.py` and act through their roles (`roles.py`: Actor, Critic; `models.scores.RewardModel`); the rewards, their
+normalisation and the hacking monitor are `scoring.py`'s; the advantages come from one strategy per estimator
+(`advantages.py`). The run around it (run directory, checkpoints, logging, resume) is in `run.py`.
 """
 
 from __future__ import annotations
@@ -224,10 +224,6 @@ class PPOLoop:
         return [self.prompt_rows[i] for i in rows]
 
     # ------------------------------------------------------------------------------ 2-4. score, rewards, advantages
-    def make_experience(self, prompts: Sequence[Prompt | PromptRow]) -> Experience:
-        """Steps 1-4: sample one reply per prompt, then score it."""
-        return self.score(self.rollout(prompts))
-
     @torch.no_grad()
     def score(self, rollout: Rollout) -> Experience:
         cfg, dev, size = self.cfg, self.device, self.score_size

@@ -154,7 +154,7 @@ def test_reward_functions_and_judges_see_the_rows_columns_after_an_observation(p
     assert len(seen) == 2  # the normalisation's batch and the iteration's
     for prompts, targets in seen:
         assert all(prompt[-1]["content"].endswith(f"Say {t}.") for prompt, t in zip(prompts, targets))
-    experience = trainer.loop.make_experience(trainer.loop.next_prompts())
+    experience = trainer.loop.score(trainer.loop.rollout(trainer.loop.next_prompts()))
     assert [row["target"] for row in experience.columns] == [int(p[-1]["content"][-2]) for p in experience.prompts]
 
 
@@ -167,7 +167,7 @@ def test_an_environment_alone_gives_the_rewards(policy, tmp_path):
     assert all(row["score"] == 0 and math.isfinite(row["pg_loss"]) for row in trainer.history)
     loop = trainer.loop
     assert (loop.reward_mean, loop.reward_std) == (0.0, 1.0)
-    experience = loop.make_experience(loop.next_prompts())
+    experience = loop.score(loop.rollout(loop.next_prompts()))
     act = experience.action_mask
     # the per-token rewards are -beta * KL plus each turn's environment reward at its last token, and nothing else
     env = experience.rewards + loop.reward_beta * experience.kl * act
@@ -177,7 +177,7 @@ def test_an_environment_alone_gives_the_rewards(policy, tmp_path):
     grpo = PPOTrainer(settings(policy, tmp_path / "grpo", iterations=1, advantage_estimator="grpo", group_size=2,
                                eos_rule=False), train_dataset=PROMPTS, environment_factory=Counter)
     grpo.train()
-    experience = grpo.loop.make_experience(grpo.loop.next_prompts())
+    experience = grpo.loop.score(grpo.loop.rollout(grpo.loop.next_prompts()))
     assert bool((experience.scores == 0).all()) and float(experience.advantages.abs().sum()) > 0
 
 
