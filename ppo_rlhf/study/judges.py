@@ -25,7 +25,7 @@ import torch
 from ppo_rlhf.errors import UsageError, require
 from ppo_rlhf.models.loading import NoScoreHead, load_reward_model, load_tokenizer
 from ppo_rlhf.models.scores import score_texts
-from ppo_rlhf.study.judge_specs import INIT_HEAD_PREFIX, JUDGE_SPECS
+from ppo_rlhf.study.judge_specs import ENSEMBLE_PREFIX, INIT_HEAD_PREFIX, JUDGE_SPECS
 from ppo_rlhf.utils.paths import function_spec
 
 
@@ -176,10 +176,10 @@ def make_judge(spec: str | dict[str, Any], batch_size: int = 16, device: str = "
         name = spec.removeprefix(INIT_HEAD_PREFIX)
         require(bool(name), f"judge {INIT_HEAD_PREFIX} needs a model folder or hub id, e.g. {INIT_HEAD_PREFIX}smollm2")
         return RewardModelJudge(name, batch_size=batch_size, device=device, dtype=dtype, init_score_head=True)
-    if spec.startswith("ensemble:"):
+    if spec.startswith(ENSEMBLE_PREFIX):
         from ppo_rlhf.study.ensemble import ENSEMBLE_FILE, EnsembleJudge
 
-        folder = spec.removeprefix("ensemble:")
+        folder = spec.removeprefix(ENSEMBLE_PREFIX)
         require((Path(folder) / ENSEMBLE_FILE).is_file(), f"judge {spec}: no {ENSEMBLE_FILE} in {folder!r}")
         return EnsembleJudge(folder, device)
     if Path(spec).expanduser().is_dir():
