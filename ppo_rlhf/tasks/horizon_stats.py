@@ -2,10 +2,11 @@
 
 A run's held-out success varies for two reasons: the training run (its seed: the prompts it drew, its samples) and the
 problems it is scored on. An interval over problems alone (one run) says nothing about the next seed; one over seeds
-alone (3 means) ignores that 200 problems are a sample too. `two_level_bootstrap` resamples both, the way the data
-were made: draw S seeds with replacement from the S runs, then, within each drawn seed, P problems with replacement
-from that run's P problems; the statistic is the mean over all S x P drawn cells. Its percentile interval covers the
-mean success a new seed would reach on new problems of the same kind.
+alone (3 means) ignores that 200 problems are a sample too. Every run of a horizon answers the same held-out problems,
+so the two are crossed, not nested: `seed_problem_interval` is the study's `pooled_bootstrap` (one method in the
+project for every interval over seeds and problems): each draw takes the problems with replacement once for all seeds
+and the seeds with replacement independently. Resampling problems within each seed separately would treat a hard
+problem as hard for one seed only and narrow the interval.
 
 A difference between two variants is paired: every variant answers the same held-out problems, and seed k of each
 variant trained with the same seed (the same prompts drawn), so the cells are (seed k, problem p) of variant A minus
@@ -20,32 +21,18 @@ from typing import Any
 
 import numpy as np
 
+from ppo_rlhf.study.stats import pooled_bootstrap
+
 N_BOOT = 10000
-BOOT_CHUNK = 500  # bootstrap draws per block: S x P x BOOT_CHUNK indices in memory at a time
 
 
-def two_level_samples(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
-    """[n_boot] bootstrap means of `values` [S seeds, P problems]: first every draw's S seeds (rng.integers(0, S,
-    (n_boot, S))), then its problems, S x P per draw (rng.integers(0, P, (n_boot, S, P)), drawn in blocks of
-    BOOT_CHUNK draws: the same numbers as one call)."""
+def seed_problem_interval(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> dict[str, float]:
+    """{"mean", "lo", "hi"}: the mean of `values` [S seeds, P problems] (each cell a problem's success, its replies
+    averaged) and its 95% interval over seeds and problems, crossed (`study.stats.pooled_bootstrap`)."""
     values = np.asarray(values, dtype=float)
     assert values.ndim == 2 and values.size > 0, f"values must be [seeds, problems], got shape {values.shape}"
-    n_seeds, n_problems = values.shape
-    rng = np.random.default_rng(seed)
-    seeds = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
-    means = np.empty(n_boot)
-    for start in range(0, n_boot, BOOT_CHUNK):
-        block = seeds[start:start + BOOT_CHUNK]
-        problems = rng.integers(0, n_problems, size=(len(block), n_seeds, n_problems))
-        means[start:start + len(block)] = values[block[:, :, None], problems].mean(axis=(1, 2))
-    return means
-
-
-def two_level_bootstrap(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> dict[str, float]:
-    """{"mean", "lo", "hi"}: the mean of `values` [S, P] and its 95% percentile interval over seeds and problems."""
-    samples = two_level_samples(values, n_boot, seed)
-    lo, hi = np.percentile(samples, [2.5, 97.5])
-    return {"mean": float(np.mean(values)), "lo": float(lo), "hi": float(hi)}
+    mean, lo, hi = pooled_bootstrap(values[:, :, None], n_boot=n_boot, seed=seed)
+    return {"mean": mean, "lo": lo, "hi": hi}
 
 
 def success_table(records: Iterable[dict[str, Any]], models: Sequence[str]) -> np.ndarray:

@@ -61,7 +61,7 @@ from ppo_rlhf.tasks.horizon_stats import (
     mean_explained_variance,
     success_at_tokens,
     success_table,
-    two_level_bootstrap,
+    seed_problem_interval,
 )
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.lock import hold
@@ -222,13 +222,13 @@ def horizon_numbers(comparison: Comparison, h: int) -> dict[str, Any]:
     variants: dict[str, dict[str, Any]] = {}
     for variant in comparison.variants:
         models = {i: [f"{run_label(variant, k)} step {i}" for k in seeds] for i in iterations}
-        band = [{"tokens": 0.0, **two_level_bootstrap(success_table(records, ["start"]), BAND_BOOT)}]
+        band = [{"tokens": 0.0, **seed_problem_interval(success_table(records, ["start"]), BAND_BOOT)}]
         band += [{"tokens": float(np.mean([runs[variant, k]["curve"][n + 1][0] for k in seeds])),
-                  **two_level_bootstrap(success_table(records, models[i]), BAND_BOOT)}
+                  **seed_problem_interval(success_table(records, models[i]), BAND_BOOT)}
                  for n, i in enumerate(iterations)]
         variants[variant] = {
             "critic": runs[variant, 0]["config"]["advantage_estimator"] in CRITIC_ESTIMATORS,
-            "final": two_level_bootstrap(success_table(records, models[iterations[-1]]), N_BOOT),
+            "final": seed_problem_interval(success_table(records, models[iterations[-1]]), N_BOOT),
             "band": band, "models": models[iterations[-1]],
             "ev": mean_explained_variance(runs[variant, k]["history"] for k in seeds)}
     budget = min(run["sampled_tokens"] for run in runs.values())  # every run sampled at least this many tokens
@@ -241,7 +241,7 @@ def horizon_numbers(comparison: Comparison, h: int) -> dict[str, Any]:
 
 def best_difference(h: int, variants: dict[str, dict[str, Any]], records: list[dict]) -> dict[str, Any] | None:
     """The best critic variant (highest pooled final success) minus the best critic-free one, in points, with its
-    95% interval: the (seed k, problem p) cells of one minus the same cells of the other, resampled at two levels."""
+    95% interval: the (seed k, problem p) cells of one minus the same cells of the other, resampled over seeds and problems, crossed."""
     critic = [name for name, v in variants.items() if v["critic"]]
     free = [name for name, v in variants.items() if not v["critic"]]
     if not critic or not free:
@@ -250,7 +250,7 @@ def best_difference(h: int, variants: dict[str, dict[str, Any]], records: list[d
     best_free = max(free, key=lambda name: variants[name]["final"]["mean"])
     cells = (success_table(records, variants[best_critic]["models"])
              - success_table(records, variants[best_free]["models"]))
-    difference = two_level_bootstrap(cells, N_BOOT)
+    difference = seed_problem_interval(cells, N_BOOT)
     return {"horizon": h, "critic_variant": best_critic, "free_variant": best_free,
             "diff_points": round(100 * difference["mean"], 2),
             "ci95": [round(100 * difference["lo"], 2), round(100 * difference["hi"], 2)]}
@@ -329,8 +329,8 @@ def report_html(comparison: Comparison, numbers: list[dict[str, Any]], text: str
             f"{', '.join(map(str, comparison.horizons))}, {comparison.seeds} seeds</h1>"
             "<img src='critic_horizon.png' alt='held-out success against sampled tokens, per horizon'>"
             f"<pre>{html.escape(text)}</pre>"
-            "<p>Intervals: 95% percentile intervals of a two-level bootstrap (seeds, then problems within each seed; "
-            "differences paired by seed and problem). Equal tokens: each run's held-out success interpolated "
+            "<p>Intervals: 95% intervals of a bootstrap over seeds and problems, crossed (every draw takes the "
+            "problems once for all seeds, the seeds independently; differences paired by seed and problem). Equal tokens: each run's held-out success interpolated "
             "linearly between its evaluated checkpoints at the fewest policy tokens any run of the horizon sampled."
             "</p><h2>Settings of every run (from its config.yaml)</h2>"
             f"<table border='1' cellspacing='0'><tr>{head}</tr>{''.join(settings_rows)}</table></body></html>\n")

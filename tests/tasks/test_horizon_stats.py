@@ -7,56 +7,37 @@ import math
 import numpy as np
 import pytest
 
+from ppo_rlhf.study.stats import pooled_bootstrap
 from ppo_rlhf.tasks.horizon_stats import (
     crossover_horizon,
     mean_explained_variance,
+    seed_problem_interval,
     success_at_tokens,
     success_table,
-    two_level_bootstrap,
-    two_level_samples,
 )
 
 
-def reference_two_level(values: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
-    """The two-level bootstrap written out draw by draw: seeds for every draw first, then, for each draw and each of
-    its seeds in turn, that seed's problems."""
-    rng = np.random.default_rng(seed)
-    n_seeds, n_problems = values.shape
-    seeds = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
-    problems = rng.integers(0, n_problems, size=(n_boot, n_seeds, n_problems))
-    means = []
-    for b in range(n_boot):
-        cells = [values[seeds[b, i], problems[b, i, j]] for i in range(n_seeds) for j in range(n_problems)]
-        means.append(sum(cells) / len(cells))
-    return np.array(means)
-
-
-def test_the_pooled_bootstrap_is_the_reference_computation_and_repeats_with_its_seed():
+def test_the_interval_is_the_studys_pooled_bootstrap_over_seeds_and_problems():
     values = np.random.default_rng(3).integers(0, 2, size=(3, 17)).astype(float)
-    ours = two_level_samples(values, n_boot=1200, seed=7)  # more than one block of draws
-    assert np.allclose(ours, reference_two_level(values, 1200, 7), rtol=0, atol=1e-12)
-    assert two_level_bootstrap(values, 1200, 7) == two_level_bootstrap(values, 1200, 7)
-    assert two_level_bootstrap(values, 1200, 7) != two_level_bootstrap(values, 1200, 8)
+    mean, lo, hi = pooled_bootstrap(values[:, :, None], n_boot=1200, seed=7)
+    assert seed_problem_interval(values, 1200, 7) == {"mean": mean, "lo": lo, "hi": hi}
+    assert seed_problem_interval(values, 1200, 7) != seed_problem_interval(values, 1200, 8)
 
 
-def test_the_two_level_interval_has_the_known_spread_of_seeds_and_problems():
-    # 8 seeds whose runs differ (true means 0.3 .. 0.65) and 300 problems each: the bootstrap mean's variance is
-    # var_between / S + mean(var_within) / (S P) (population variances: the bootstrap draws from the sample itself)
+def test_a_problem_shared_by_every_seed_counts_once_not_once_per_seed():
+    # 3 seeds that agree on every problem (a problem is easy or hard for all of them): the seeds add nothing, so the
+    # interval is the one of 200 problems answered once, about 2 x 1.96 x sd(problems) / sqrt(200) wide. Drawing
+    # problems within each seed separately would shrink it by sqrt(3) (as if 600 problems had been answered).
     rng = np.random.default_rng(0)
-    means = np.linspace(0.3, 0.65, 8)
-    values = (rng.random((8, 300)) < means[:, None]).astype(float)
-    n_seeds, n_problems = values.shape
-    expected_sd = math.sqrt(values.mean(1).var() / n_seeds + values.var(1).mean() / (n_seeds * n_problems))
-    samples = two_level_samples(values, n_boot=20000, seed=1)
-    assert samples.std() == pytest.approx(expected_sd, rel=0.03)
-    interval = two_level_bootstrap(values, n_boot=20000, seed=1)
-    assert interval["mean"] == pytest.approx(values.mean())
-    assert interval["lo"] == pytest.approx(values.mean() - 1.96 * expected_sd, abs=0.15 * expected_sd)
-    assert interval["hi"] == pytest.approx(values.mean() + 1.96 * expected_sd, abs=0.15 * expected_sd)
-    # seeds alone (each run the same on every problem): the exact distribution of the mean of 3 draws from
-    # {0.2, 0.5, 0.8}, whose 2.5% and 97.5% points are its ends (each has probability 1/27 > 2.5%)
+    one_seed = (rng.random(200) < 0.5).astype(float)
+    values = np.repeat(one_seed[None, :], 3, axis=0)
+    interval = seed_problem_interval(values, 20000, 1)
+    expected_width = 2 * 1.96 * one_seed.std() / math.sqrt(200)
+    assert interval["hi"] - interval["lo"] == pytest.approx(expected_width, rel=0.12)
+    # seeds alone (each run the same on every problem): means of 3 draws from {0.2, 0.5, 0.8}; the interval's ends
+    # are the extremes, each drawn with probability 1/27 > 2.5%
     constant = np.repeat([[0.2], [0.5], [0.8]], 5, axis=1)
-    assert two_level_bootstrap(constant, 4000, 2) == pytest.approx({"mean": 0.5, "lo": 0.2, "hi": 0.8})
+    assert seed_problem_interval(constant, 4000, 2) == pytest.approx({"mean": 0.5, "lo": 0.2, "hi": 0.8})
 
 
 def test_success_table_averages_each_problems_replies_per_model():
