@@ -111,9 +111,9 @@ def plan(task: str, out: Path, base_for: Any, overrides: dict[str, Any], horizon
         base = base_for(instance)
         first_seed = int(overrides.get("seed", base.get("seed", 1)))
         configs[h] = {}
-        for variant in variants:
-            tuned = (chosen or {}).get(h, {}).get(variant, {})
-            for k in range(seeds):
+        for k in range(seeds):  # seed 0 of every variant first: a comparison stopped part-way is balanced
+            for variant in variants:
+                tuned = (chosen or {}).get(h, {}).get(variant, {})
                 cfg = build_config(TrainConfig, base, overrides, VARIANTS[variant], tuned,
                                    {"group_size": GROUP_SIZE, "seed": first_seed + k,
                                     "prompts": str(out / f"h{h}" / "data" / "train.jsonl"),
