@@ -27,6 +27,7 @@ DASHBOARD = [
 GATE_LINE = ("ev_gate", "gate", "{:.0f}")
 # a multi-turn run's episodes (docs/multi-turn.md), shown after `ev` when the stats have them
 EPISODE_LINE = [
+    ("env_reward", "env_r", "{:+.2f}"),
     ("turns", "turns", "{:.2f}"),
     ("tool_calls", "tools", "{:.2f}"),
     ("tool_errors", "tool_err", "{:.2f}"),

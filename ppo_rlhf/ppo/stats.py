@@ -11,9 +11,10 @@ from ppo_rlhf.parallel.distributed import Dist
 from ppo_rlhf.ppo.experience import Experience
 from ppo_rlhf.ppo.objectives import explained_variance, kl_k3, masked_sum
 
-# a multi-turn run's batch means: turns, tool calls and tool errors per episode, the share of the trajectory's tokens
-# after the prompt that are observations (masked)
-EPISODE_STATS = ("turns", "tool_calls", "tool_errors", "masked_share")
+# a multi-turn run's batch means: the environment's reward summed over an episode's turns (the rewards that are not
+# in "score", which holds the reward functions' and models'), turns, tool calls and tool errors per episode, the share
+# of the trajectory's tokens after the prompt that are observations (masked)
+EPISODE_STATS = ("env_reward", "turns", "tool_calls", "tool_errors", "masked_share")
 # the order of an iteration's numbers in history.jsonl; "phase" is "critic-warmup" or "policy", "kl_used" names the
 # estimator and placement of "kl" (mean over replies of the summed per-token estimate at pi_old), e.g. "k1 in reward"
 HISTORY_ORDER = ("iteration", "phase", "score", "rm_raw", "kl", "kl_used", "len", "fin", *EPISODE_STATS, "ent",
@@ -50,7 +51,8 @@ def episode_means(episodes: list[Any], experience: Experience, dist: Dist) -> di
     process's episodes."""
     after_prompt = experience.reply_lengths.float()
     masked = after_prompt - experience.action_mask.sum(1).cpu()
-    means = {"turns": float(np.mean([e.turns for e in episodes])),
+    means = {"env_reward": float(np.mean([sum(e.rewards) for e in episodes])),
+             "turns": float(np.mean([e.turns for e in episodes])),
              "tool_calls": float(np.mean([e.tool_calls for e in episodes])),
              "tool_errors": float(np.mean([e.tool_errors for e in episodes])),
              "masked_share": float(masked.sum() / after_prompt.sum())}

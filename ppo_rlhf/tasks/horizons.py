@@ -59,9 +59,9 @@ from ppo_rlhf.tasks.horizon_stats import (
     N_BOOT,
     crossover_horizon,
     mean_explained_variance,
+    seed_problem_interval,
     success_at_tokens,
     success_table,
-    seed_problem_interval,
 )
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.lock import hold
@@ -241,7 +241,8 @@ def horizon_numbers(comparison: Comparison, h: int) -> dict[str, Any]:
 
 def best_difference(h: int, variants: dict[str, dict[str, Any]], records: list[dict]) -> dict[str, Any] | None:
     """The best critic variant (highest pooled final success) minus the best critic-free one, in points, with its
-    95% interval: the (seed k, problem p) cells of one minus the same cells of the other, resampled over seeds and problems, crossed."""
+    95% interval: the (seed k, problem p) cells of one minus the same cells of the other, resampled over seeds and
+    problems, crossed."""
     critic = [name for name, v in variants.items() if v["critic"]]
     free = [name for name, v in variants.items() if not v["critic"]]
     if not critic or not free:
@@ -330,7 +331,8 @@ def report_html(comparison: Comparison, numbers: list[dict[str, Any]], text: str
             "<img src='critic_horizon.png' alt='held-out success against sampled tokens, per horizon'>"
             f"<pre>{html.escape(text)}</pre>"
             "<p>Intervals: 95% intervals of a bootstrap over seeds and problems, crossed (every draw takes the "
-            "problems once for all seeds, the seeds independently; differences paired by seed and problem). Equal tokens: each run's held-out success interpolated "
+            "problems once for all seeds, the seeds independently; differences paired by seed and problem). "
+            "Equal tokens: each run's held-out success interpolated "
             "linearly between its evaluated checkpoints at the fewest policy tokens any run of the horizon sampled."
             "</p><h2>Settings of every run (from its config.yaml)</h2>"
             f"<table border='1' cellspacing='0'><tr>{head}</tr>{''.join(settings_rows)}</table></body></html>\n")

@@ -165,6 +165,8 @@ def test_an_environment_alone_gives_the_rewards(policy, tmp_path):
                          environment_factory=Counter)
     trainer.train()
     assert all(row["score"] == 0 and math.isfinite(row["pg_loss"]) for row in trainer.history)
+    # the history shows what the environment paid, which `score` (the reward functions' share) does not
+    assert all(row["env_reward"] > 0 for row in trainer.history)
     loop = trainer.loop
     assert (loop.reward_mean, loop.reward_std) == (0.0, 1.0)
     experience = loop.score(loop.rollout(loop.next_prompts()))

@@ -29,9 +29,9 @@ def test_token_table_of_critic_free_estimators_names_the_estimator():
 def test_the_dashboard_line_shows_a_multi_turn_runs_episodes():
     stats = {"iteration": 3, "score": 0.5, "ev": 0.25, "time_total": 9.0, "time_gen": 2.0, "time_score": 1.0,
              "time_update": 6.0}
-    episodes = {"turns": 2.25, "tool_calls": 1.0, "tool_errors": 0.125, "masked_share": 0.4}
+    episodes = {"env_reward": 0.375, "turns": 2.25, "tool_calls": 1.0, "tool_errors": 0.125, "masked_share": 0.4}
     line = dashboard_line({**stats, **episodes})
-    assert "ev +0.25  vclip -  turns 2.25  tools 1.00  tool_err 0.12  masked 0.40  (9s" in line
+    assert "ev +0.25  vclip -  env_r +0.38  turns 2.25  tools 1.00  tool_err 0.12  masked 0.40  (9s" in line
     assert "turns" not in dashboard_line(stats)  # a single-turn run's line is as before
 
 
