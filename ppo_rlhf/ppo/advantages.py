@@ -1,10 +1,10 @@
 """How an iteration turns rewards into advantages: one strategy per `advantage_estimator`.
 
-Each is called with the per-token `rewards` (section 8.6's shaped reward), the normalised `values` (0 without a
-critic), the per-reply `scores`, the per-token `kl` and the reply-token `mask`, and `beta`, the KL coefficient *in
-the reward* (0 when the KL is a loss term, `kl_in: loss`), and returns (advantages used by the policy loss, raw
-advantages before any whitening, returns = the value targets), all [B, L-1]. Where the KL goes is the trainer's
-choice (`TrainConfig.kl_placement`), the same for every estimator.
+Each is called with the batch's `ShapedRewards` (section 8.6's shaped reward, built once by the trainer: GAE reads
+its per-token rewards, the critic-free estimators its per-reply totals) and the normalised `values` (0 without a
+critic), and returns (advantages used by the policy loss, raw advantages before any whitening, returns = the value
+targets), all [B, L-1]. Where the KL goes is the trainer's choice (`TrainConfig.kl_placement`: its beta in the
+record is 0 when the KL is a loss term, `kl_in: loss`), the same for every estimator.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ppo_rlhf.parallel.distributed import Dist
 from ppo_rlhf.ppo.objectives import (
+    ShapedRewards,
     broadcast_to_tokens,
     explained_variance,
     gae,
@@ -24,7 +25,6 @@ from ppo_rlhf.ppo.objectives import (
     masked_sum,
     masked_whiten,
     rloo_advantages,
-    sequence_rewards,
     turn_level_gae,
     whiten_with,
 )
@@ -45,8 +45,7 @@ def masked_whiten_over(dist: Dist, x: Tensor, mask: Tensor, shift_mean: bool = T
 class Advantages(Protocol):
     needs_critic: bool  # GAE learns a value model; the group estimators use the other replies to a prompt instead
 
-    def __call__(self, rewards: Tensor, values: Tensor, scores: Tensor, kl: Tensor, mask: Tensor,
-                 beta: float) -> tuple[Tensor, Tensor, Tensor]: ...
+    def __call__(self, shaped: ShapedRewards, values: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
 
     def stats(self) -> dict[str, float]:
         """What the last call chose, for the history (empty for the estimators that choose nothing)."""
@@ -69,7 +68,8 @@ class GAEAdvantages:
         self.length_alpha = length_alpha
         self.estimate = turn_level_gae if turn_level else gae
 
-    def __call__(self, rewards, values, scores, kl, mask, beta):
+    def __call__(self, shaped, values):
+        rewards, mask = shaped.per_token, shaped.mask
         lam = self.lam if self.length_alpha is None else length_adaptive_lam(mask.sum(1), self.length_alpha)
         raw, returns = self.estimate(rewards, values, mask, gamma=self.gamma, lam=lam)
         if self.length_alpha is not None or self.critic_lam != self.lam:
@@ -89,10 +89,10 @@ class RLOOAdvantages:
     def __init__(self, group_size: int):
         self.group_size = group_size
 
-    def __call__(self, rewards, values, scores, kl, mask, beta):
-        totals = sequence_rewards(scores, kl, mask, beta)
-        per_reply = broadcast_to_tokens(self.per_reply(totals), mask)
-        return per_reply, per_reply, broadcast_to_tokens(totals, mask)
+    def __call__(self, shaped, values):
+        totals = shaped.sequence_totals
+        per_reply = broadcast_to_tokens(self.per_reply(totals), shaped.mask)
+        return per_reply, per_reply, broadcast_to_tokens(totals, shaped.mask)
 
     def per_reply(self, totals: Tensor) -> Tensor:
         return rloo_advantages(totals, self.group_size)
@@ -113,10 +113,10 @@ class GRPOAdvantages:
     def __init__(self, group_size: int, eps: float):
         self.group_size, self.eps = group_size, eps
 
-    def __call__(self, rewards, values, scores, kl, mask, beta):
-        totals = sequence_rewards(scores, kl, mask, beta)
-        per_reply = broadcast_to_tokens(grpo_advantages(totals, self.group_size, self.eps), mask)
-        return per_reply, per_reply, broadcast_to_tokens(totals, mask)
+    def __call__(self, shaped, values):
+        totals = shaped.sequence_totals
+        per_reply = broadcast_to_tokens(grpo_advantages(totals, self.group_size, self.eps), shaped.mask)
+        return per_reply, per_reply, broadcast_to_tokens(totals, shaped.mask)
 
     def stats(self) -> dict[str, float]:
         return {}
@@ -142,12 +142,12 @@ class EVGatedAdvantages:
         self.critic, self.group, self.dist = critic, group, dist
         self.gate = float("nan")  # no batch yet
 
-    def __call__(self, rewards, values, scores, kl, mask, beta):
-        advantages, raw, returns = self.critic(rewards, values, scores, kl, mask, beta)
-        ev = self.dist.sum(explained_variance(values, returns, mask)) / self.dist.world_size
+    def __call__(self, shaped, values):
+        advantages, raw, returns = self.critic(shaped, values)
+        ev = self.dist.sum(explained_variance(values, returns, shaped.mask)) / self.dist.world_size
         self.gate = float(critic_is_trusted(ev))
         if not self.gate:
-            advantages = raw = self.group(rewards, values, scores, kl, mask, beta)[0]
+            advantages = raw = self.group(shaped, values)[0]
         return advantages, raw, returns
 
     def stats(self) -> dict[str, float]:

@@ -9,6 +9,7 @@ so garbage there never leaks into a result.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -283,18 +284,38 @@ def last_token_index(mask: Tensor) -> Tensor:
     return last
 
 
+@dataclass(frozen=True)
+class ShapedRewards:
+    """Section 8.6's KL-shaped reward of a batch, built once (`shape_rewards`) for whichever advantage estimator
+    reads it: GAE the per-token rewards, the critic-free estimators one total per reply, both from the same scores,
+    KL and beta. The total is what the per-token rewards add up to, unless the trainer whitened those
+    (`whiten_rewards`, which only GAE reads)."""
+
+    per_token: Tensor  # [B, T] -beta * KL_t, the score at the last token, a turn reward at each turn's end; 0 off mask
+    scores: Tensor  # [B] each reply's score (a multi-turn environment's turn rewards added)
+    kl: Tensor  # [B, T] the kl_estimator's KL_t (`kl_estimate`)
+    mask: Tensor  # [B, T] 1 on the tokens the policy chose
+    beta: float  # the KL coefficient in the reward: 0 with `kl_in: loss`
+
+    @property
+    def sequence_totals(self) -> Tensor:
+        """[B] one reward per reply: its score minus beta times its summed per-token KL."""
+        return self.scores.to(self.kl.dtype) - self.beta * masked_sum(self.kl, self.mask, dim=1)
+
+
 @torch.no_grad()
-def per_token_rewards(
-    scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, beta: float, estimator: str = "k1"
-) -> tuple[Tensor, Tensor]:
-    """Section 8.6's shaped reward: -beta * KL_t on every reply token, plus the score on the last one, with KL_t the
-    `estimator` of `kl_estimate` (k1 = log pi_old - log pi_ref, the chapter's). Returns (rewards, kl), both 0 where
-    mask == 0. beta = 0 leaves the KL out of the rewards (`kl_in: loss`)."""
-    kl = kl_estimate(logprobs, ref_logprobs, estimator, mask)
-    rewards = -beta * kl
-    rows = torch.arange(rewards.shape[0], device=rewards.device)
-    rewards[rows, last_token_index(mask)] += scores.to(rewards.dtype)
-    return rewards, kl
+def shape_rewards(scores: Tensor, kl: Tensor, mask: Tensor, beta: float,
+                  env_rewards: Tensor | None = None) -> ShapedRewards:
+    """Section 8.6's shaped reward: -beta * KL_t on every reply token, plus the score on the last one; a multi-turn
+    environment's `env_rewards` ([B, T], each turn's reward at its last policy token) are added where they stand and
+    to the reply's score. beta = 0 leaves the KL out of the rewards (`kl_in: loss`)."""
+    per_token = _zero_masked(-beta * kl, mask)
+    rows = torch.arange(per_token.shape[0], device=per_token.device)
+    per_token[rows, last_token_index(mask)] += scores.to(per_token.dtype)
+    if env_rewards is not None:
+        turn_rewards = _zero_masked(env_rewards, mask)
+        per_token, scores = per_token + turn_rewards, scores + turn_rewards.sum(1)
+    return ShapedRewards(per_token=per_token, scores=scores, kl=kl, mask=mask, beta=beta)
 
 
 @torch.no_grad()
@@ -351,12 +372,6 @@ class AdaptiveKLController:
 # ------------------------------------------------------------------ critic-free advantage estimators (Chapter 6)
 
 ESTIMATORS = ("gae", "rloo", "grpo", "ev-gated")
-
-
-def sequence_rewards(scores: Tensor, kl: Tensor, mask: Tensor, beta: float) -> Tensor:
-    """[B] one reward per reply for the critic-free estimators: the (normalised) score minus beta times the
-    reply's summed per-token KL. The same total the per-token rewards of `per_token_rewards` add up to."""
-    return scores.to(kl.dtype) - beta * masked_sum(kl, mask, dim=1)
 
 
 def _groups(rewards: Tensor, group_size: int) -> Tensor:

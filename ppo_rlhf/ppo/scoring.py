@@ -95,7 +95,7 @@ class Scoring:
         assert self.critic is not None
         critic = self.critic
         (values,) = per_token_in_chunks(lambda ids, att: (critic.values(ids, att),), rollout, score_size(self.cfg))
-        last = last_token_index(rollout.action_mask.to(values.device))  # where the score goes in per_token_rewards
+        last = last_token_index(rollout.action_mask.to(values.device))  # where the score goes in shape_rewards
         return values.gather(1, last[:, None]).squeeze(1).float().cpu()
 
     def measure_reward_norm(self, sample: Callable[[list[int]], Rollout], n_prompts: int) -> dict[str, float]:

@@ -21,6 +21,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -44,8 +45,8 @@ from ppo_rlhf.ppo.objectives import (
     clipped_value_loss,
     kl_estimate,
     normalise_loss,
-    per_token_rewards,
     policy_token_weights,
+    shape_rewards,
 )
 from ppo_rlhf.ppo.ptx import ptx_data, ptx_nll, ptx_targets
 from ppo_rlhf.ppo.scoring import Scoring
@@ -245,19 +246,16 @@ class PPOLoop:
         scores = self.scoring.normalised(raw)
         if cfg.eos_rule:
             scores = torch.where(rollout.finished.to(dev), scores, torch.full_like(scores, cfg.unfinished_score))
-        reward_beta = self.reward_beta  # 0 with kl_in: loss
-        rewards, kl = per_token_rewards(scores, old_logprobs, ref_logprobs, act, reward_beta, cfg.kl_kind)  # 3.
-        totals = scores  # the critic-free estimators' score of a reply: a multi-turn environment's rewards added
-        if rollout.env_rewards is not None:  # each turn's reward at its last policy token
-            env_rewards = rollout.env_rewards.to(dev)
-            rewards, totals = rewards + env_rewards * act, scores + (env_rewards * act).sum(1)
-        if cfg.whiten_rewards:
-            rewards = masked_whiten_over(self.dist, rewards, act, shift_mean=False)
-        advantages, raw_advantages, returns = self.advantages(rewards, old_values, totals, kl, act, reward_beta)  # 4.
+        kl = kl_estimate(old_logprobs, ref_logprobs, cfg.kl_kind, act)
+        env_rewards = rollout.env_rewards.to(dev) if rollout.env_rewards is not None else None  # multi-turn
+        shaped = shape_rewards(scores, kl, act, self.reward_beta, env_rewards)  # 3.
+        if cfg.whiten_rewards:  # GAE's per-token rewards only; the per-reply totals stay as shaped
+            shaped = replace(shaped, per_token=masked_whiten_over(self.dist, shaped.per_token, act, shift_mean=False))
+        advantages, raw_advantages, returns = self.advantages(shaped, old_values)  # 4.
         recorded = rollout.logprobs.to(dev) if rollout.logprobs is not None else None  # what generate sampled with
         sampled = rollout_fields(rollout) | {"action_mask": act, "logprobs": recorded, "entropy": entropy}
         return Experience(**sampled, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, old_values=old_values,
-                          raw_scores=raw, scores=scores, rewards=rewards, kl=kl, advantages=advantages,
+                          raw_scores=raw, scores=scores, rewards=shaped.per_token, kl=kl, advantages=advantages,
                           raw_advantages=raw_advantages, returns=returns,
                           tis_weights=policy_token_weights(old_logprobs, recorded, cfg.tis_cap))
 

@@ -9,11 +9,12 @@ import torch
 
 from ppo_rlhf.ppo.advantages import GAEAdvantages, RLOOAdvantages
 from ppo_rlhf.ppo.objectives import (
+    ShapedRewards,
     clipped_policy_loss,
     clipped_value_loss,
     gae,
     kl_estimate,
-    per_token_rewards,
+    shape_rewards,
     turn_index,
     turn_level_gae,
 )
@@ -29,10 +30,14 @@ REF_LOGPROBS = t(-2.0, -3.0, -1.0, -1.0, -2.5, -1.5, -7.0).unsqueeze(0)  # KL k1
 SCORE, BETA, LAM = t(1.0), 0.1, 0.5
 
 
-def worked_rewards() -> torch.Tensor:
-    rewards, kl = per_token_rewards(SCORE, LOGPROBS, REF_LOGPROBS, MASK, BETA)
+def worked_shaping() -> ShapedRewards:
+    kl = kl_estimate(LOGPROBS, REF_LOGPROBS, "k1", MASK)
     assert torch.allclose(kl, t(1.0, 1.0, 0, 0, 1.0, 1.0, 0).unsqueeze(0))
-    return rewards
+    return shape_rewards(SCORE, kl, MASK, BETA)
+
+
+def worked_rewards() -> torch.Tensor:
+    return worked_shaping().per_token
 
 
 def test_the_score_lands_on_the_last_policy_token():
@@ -119,11 +124,11 @@ def test_a_single_reply_gives_the_chapters_numbers_bit_for_bit():
 def test_gae_advantages_strategy_whitens_over_policy_tokens_only():
     from ppo_rlhf.parallel.distributed import Dist
 
-    rewards = worked_rewards().float()
+    shaped = worked_shaping()
     cases = ((False, t(0.075, 0.15, 0, 0, 0.1, 0.2, 0)), (True, t(0.2, 0.2, 0, 0, 0.2, 0.2, 0)))
     for turn_level, raw_expected in cases:
         strategy = GAEAdvantages(1.0, LAM, Dist(), turn_level=turn_level)
-        whitened, raw, _ = strategy(rewards, VALUES.float(), SCORE.float(), None, MASK.float(), BETA)
+        whitened, raw, _ = strategy(shaped, VALUES)
         assert torch.allclose(raw.double(), raw_expected.unsqueeze(0), atol=1e-6)
         assert whitened[0, 2:4].abs().sum() == 0 and whitened[0, 6] == 0
 
@@ -141,7 +146,8 @@ def test_losses_kl_and_rloo_never_read_the_masked_tokens():
                                mask)
     assert value.loss.item() == pytest.approx(0.5 * (0.075**2 + 0.15**2 + 0.1**2 + 0.2**2) / 4)
     # RLOO over whole trajectories: the summed KL counts the 4 policy tokens only
-    rloo, _, returns = RLOOAdvantages(2)(None, None, t(1.0, 0.0), kl * 0 + t(1, 1, 0, 0, 1, 1, 0), mask, BETA)
+    shaped = shape_rewards(t(1.0, 0.0), kl * 0 + t(1, 1, 0, 0, 1, 1, 0), mask, BETA)
+    rloo, _, returns = RLOOAdvantages(2)(shaped, None)
     assert returns[0, 0].item() == pytest.approx(1.0 - 0.4) and rloo[0, 0].item() == pytest.approx(1.0)
 
 
@@ -156,7 +162,8 @@ def test_the_worked_example_of_docs_multi_turn_is_this_computation():
     assert [row[1] for row in rows] == ["turn 1", "turn 1", "tool", "tool", "turn 2", "turn 2", "padding"]
     for name, given in (("mask", MASK), ("V", VALUES), ("logpi", LOGPROBS), ("logref", REF_LOGPROBS)):
         assert torch.equal(columns[name], given), name
-    rewards, kl = per_token_rewards(SCORE, LOGPROBS, REF_LOGPROBS, MASK, BETA)
+    shaped = worked_shaping()
+    kl, rewards = shaped.kl, shaped.per_token
     advantages, returns = gae(rewards, VALUES, MASK, gamma=1.0, lam=LAM)
     turn_advantages, turn_returns = turn_level_gae(rewards, VALUES, MASK, gamma=1.0, lam=LAM)
     for name, computed in (("kl", kl), ("reward", rewards), ("A", advantages), ("return", returns),

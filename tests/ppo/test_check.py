@@ -85,19 +85,21 @@ def test_masks_fail_when_eos_is_dropped(setup, monkeypatch):
 
 
 def test_score_position_fails_with_the_score_on_the_first_reply_token(setup, monkeypatch):
-    import ppo_rlhf.ppo.trainer as trainer
-    from ppo_rlhf.ppo.objectives import per_token_rewards
+    from dataclasses import replace
 
-    def score_on_first(scores, logprobs, ref_logprobs, mask, beta, estimator="k1"):
-        rewards, kl = per_token_rewards(scores, logprobs, ref_logprobs, mask, beta, estimator)
-        rewards = rewards + 0.0
+    import ppo_rlhf.ppo.trainer as trainer
+    from ppo_rlhf.ppo.objectives import shape_rewards
+
+    def score_on_first(scores, kl, mask, beta, env_rewards=None):
+        shaped = shape_rewards(scores, kl, mask, beta, env_rewards)
+        rewards = shaped.per_token + 0.0
         rows = torch.arange(len(scores))
         last = mask.shape[1] - 1 - mask.flip(1).argmax(1)
         rewards[rows, last] -= scores
         rewards[rows, mask.argmax(1)] += scores
-        return rewards, kl
+        return replace(shaped, per_token=rewards)
 
-    monkeypatch.setattr(trainer, "per_token_rewards", score_on_first)
+    monkeypatch.setattr(trainer, "shape_rewards", score_on_first)
     assert statuses(setup)["score-position"] == "FAIL"
 
 

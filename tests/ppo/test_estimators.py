@@ -13,7 +13,7 @@ from ppo_rlhf.errors import UsageError
 from ppo_rlhf.parallel.distributed import Dist
 from ppo_rlhf.ppo.advantages import EVGatedAdvantages, GAEAdvantages, RLOOAdvantages
 from ppo_rlhf.ppo.checkpoint import latest_checkpoint
-from ppo_rlhf.ppo.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, sequence_rewards
+from ppo_rlhf.ppo.objectives import broadcast_to_tokens, grpo_advantages, rloo_advantages, shape_rewards
 from ppo_rlhf.ppo.schedules import lr_lambda
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.ppo.trainer import PPOLoop
@@ -48,10 +48,23 @@ def test_grpo_group_normalisation_exact():
 def test_sequence_reward_and_broadcast():
     mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
     kl = torch.tensor([[9.0, 0.5, 0.25, 9.0], [9.0, 9.0, 1.0, 9.0]])  # garbage off the mask is ignored
-    totals = sequence_rewards(torch.tensor([1.0, 2.0]), kl, mask, beta=0.1)
+    totals = shape_rewards(torch.tensor([1.0, 2.0]), kl, mask, beta=0.1).sequence_totals
     assert torch.allclose(totals, torch.tensor([1.0 - 0.075, 2.0 - 0.1]))
     spread = broadcast_to_tokens(torch.tensor([3.0, -1.0]), mask)
     assert torch.equal(spread, torch.tensor([[0.0, 3.0, 3.0, 0.0], [0.0, 0.0, -1.0, 0.0]]))
+
+
+def test_gae_and_rloo_read_one_shaped_record_alike():
+    """One ShapedRewards feeds both kinds of estimator: with gamma = lambda = 1 and no values, GAE's return at a
+    reply's first token is the sum of its per-token rewards, RLOO's return its sequence total; they are equal."""
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
+    kl = torch.tensor([[0.5, 0.25, 0.125, 9.0], [9.0, 1.0, 0.5, 0.25]])
+    shaped = shape_rewards(torch.tensor([1.0, -2.0]), kl, mask, beta=0.2)
+    _, _, gae_returns = GAEAdvantages(1.0, 1.0, Dist())(shaped, torch.zeros(2, 4))
+    _, _, rloo_returns = RLOOAdvantages(2)(shaped, None)
+    expected = torch.tensor([1.0 - 0.2 * 0.875, -2.0 - 0.2 * 1.75])
+    first_tokens = [0, 1], [0, 1]
+    assert torch.allclose(gae_returns[first_tokens], expected) and torch.allclose(rloo_returns[first_tokens], expected)
 
 
 def test_groups_must_divide():
@@ -65,10 +78,8 @@ def ev_gated(values: list[list[float]]) -> tuple[EVGatedAdvantages, tuple[torch.
     """4 replies of 2 tokens in groups of 2, scores 1, 0, 0, 1 at the last token, no KL; gamma = lambda = 1, so a
     token's GAE return is its reply's score and its raw advantage the score minus its value."""
     estimator = EVGatedAdvantages(GAEAdvantages(1.0, 1.0, Dist()), RLOOAdvantages(2), Dist())
-    scores, mask = torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.ones(4, 2)
-    rewards = torch.zeros(4, 2)
-    rewards[:, 1] = scores
-    return estimator, estimator(rewards, torch.tensor(values), scores, torch.zeros(4, 2), mask, 0.0)
+    shaped = shape_rewards(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.zeros(4, 2), torch.ones(4, 2), beta=0.0)
+    return estimator, estimator(shaped, torch.tensor(values))
 
 
 def test_ev_gate_uses_the_critic_while_it_explains_the_batch():
@@ -96,9 +107,8 @@ def test_ev_gate_falls_back_to_the_group_baseline_when_the_critic_explains_nothi
 
 def test_ev_gate_stays_shut_when_the_returns_do_not_vary():
     estimator = EVGatedAdvantages(GAEAdvantages(1.0, 1.0, Dist()), RLOOAdvantages(2), Dist())
-    rewards = torch.tensor([[0.0, 1.0], [0.0, 1.0]])
-    advantages, _, _ = estimator(rewards, torch.full((2, 2), 0.5), torch.ones(2), torch.zeros(2, 2),
-                                 torch.ones(2, 2), 0.0)
+    shaped = shape_rewards(torch.ones(2), torch.zeros(2, 2), torch.ones(2, 2), beta=0.0)  # rewards 0, 1 per reply
+    advantages, _, _ = estimator(shaped, torch.full((2, 2), 0.5))
     # every return is 1: the explained variance is nan (no variance to explain), the critic is not trusted
     assert estimator.stats() == {"ev_gate": 0.0} and torch.equal(advantages, torch.zeros(2, 2))
 
@@ -167,7 +177,7 @@ def test_critic_free_run_and_resume(setup, tmp_path, estimator):
     batch = trainer.score(rollout)
     act = batch.action_mask
     # one advantage per reply, on every reply token, from the sequence rewards of its group
-    per_reply = sequence_rewards(batch.scores, batch.kl, act, trainer.reward_beta)
+    per_reply = shape_rewards(batch.scores, batch.kl, act, trainer.reward_beta).sequence_totals
     # (GRPO: from the scores alone; its KL penalty is a loss term, test_grpo_kl_is_a_loss_term_not_a_reward)
     expected = (rloo_advantages(per_reply, 2) if estimator == "rloo"
                 else grpo_advantages(batch.scores, 2, cfg.grpo_eps))
@@ -247,12 +257,12 @@ def test_grpo_kl_is_a_loss_term_not_a_reward(setup, tmp_path):
     scores, mask = torch.tensor([0.5, 0.5]), torch.ones(2, 2)
     kl = torch.tensor([[0.5, 0.5], [0.5, 0.6]])  # summed: 1.0 and 1.1
     # GRPO's default is kl_in: loss, so the beta the estimator sees (the one in the reward) is 0
-    grpo, _, _ = GRPOAdvantages(2, 1e-6)(None, None, scores, kl, mask, 0.0)
-    rloo, _, _ = RLOOAdvantages(2)(None, None, scores, kl, mask, 0.05)
+    grpo, _, _ = GRPOAdvantages(2, 1e-6)(shape_rewards(scores, kl, mask, beta=0.0), None)
+    rloo, _, _ = RLOOAdvantages(2)(shape_rewards(scores, kl, mask, beta=0.05), None)
     assert torch.equal(grpo, torch.zeros(2, 2))
     assert torch.allclose(rloo[:, 0], torch.tensor([0.005, -0.005]), atol=1e-6)
     # kl_in: reward would fold it in, and the group std blows the tiny KL difference up to a full-size advantage
-    folded, _, _ = GRPOAdvantages(2, 1e-6)(None, None, scores, kl, mask, 0.05)
+    folded, _, _ = GRPOAdvantages(2, 1e-6)(shape_rewards(scores, kl, mask, beta=0.05), None)
     assert torch.allclose(folded[:, 0], torch.tensor([0.7071, -0.7071]), atol=1e-3)
 
     cfg = config(setup, tmp_path / "run", advantage_estimator="grpo", group_size=2, beta=0.3)

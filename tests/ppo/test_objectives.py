@@ -17,14 +17,15 @@ from ppo_rlhf.ppo.objectives import (
     cpi_objective,
     explained_variance,
     gae,
+    kl_estimate,
     kl_k1,
     kl_k3,
     last_token_index,
     masked_mean,
     masked_var,
     masked_whiten,
-    per_token_rewards,
     probability_ratio,
+    shape_rewards,
 )
 
 t = lambda *values: torch.tensor(values, dtype=torch.float64)  # noqa: E731
@@ -88,13 +89,30 @@ def test_gae_worked_rows_8_6():
     assert advantages[0, 3].item() == 0 and returns[0, 3].item() == 0
 
 
-def test_per_token_rewards_put_the_score_on_the_last_reply_token():
+def test_shaped_rewards_put_the_score_on_the_last_reply_token():
     mask = t([0, 1, 1, 0], [0, 1, 1, 1])
     logprobs, ref_logprobs = t([5, -1.0, -2.0, 7], [5, -1.0, -1.0, -3.0]), t([1, -1.5, -2.0, 0], [1, -1.0, -1.5, -3.0])
-    rewards, kl = per_token_rewards(t(0.843, -1.0), logprobs, ref_logprobs, mask, beta=0.1)
+    kl = kl_estimate(logprobs, ref_logprobs, "k1", mask)
+    shaped = shape_rewards(t(0.843, -1.0), kl, mask, beta=0.1)
     assert last_token_index(mask).tolist() == [2, 3]
-    assert torch.allclose(kl, t([0, 0.5, 0, 0], [0, 0, 0.5, 0]))
-    assert torch.allclose(rewards, t([0, -0.05, 0.843, 0], [0, 0, -0.05, -1.0]))
+    assert torch.allclose(shaped.kl, t([0, 0.5, 0, 0], [0, 0, 0.5, 0]))
+    assert torch.allclose(shaped.per_token, t([0, -0.05, 0.843, 0], [0, 0, -0.05, -1.0]))
+    # the critic-free estimators' reward of each reply, from the same pieces: score - beta * summed KL
+    assert torch.allclose(shaped.sequence_totals, t(0.843 - 0.05, -1.0 - 0.05))
+
+
+def test_one_shaped_record_gives_per_token_and_per_reply_rewards_that_agree():
+    """GAE's per-token rewards and the critic-free estimators' per-reply totals add up to the same number, with a
+    multi-turn environment's turn rewards too; KL and env rewards off the mask (9, -7) are read by neither."""
+    mask = t([1, 1, 0, 1, 0], [0, 1, 1, 1, 1])
+    kl = t([0.5, 0.25, 9.0, 1.0, 9.0], [9.0, 0.1, 0.2, 0.3, 0.4])
+    env_rewards = t([0, 0.3, -7.0, 0, 0], [0, 0, 0.2, 0, 0])
+    shaped = shape_rewards(t(1.0, -0.5), kl, mask, beta=0.2, env_rewards=env_rewards)
+    by_hand = t(1.0 + 0.3 - 0.2 * 1.75, -0.5 + 0.2 - 0.2 * 1.0)
+    assert torch.allclose(shaped.sequence_totals, by_hand)
+    assert torch.allclose(shaped.per_token.sum(1), by_hand)
+    assert torch.equal(shaped.per_token[mask == 0], torch.zeros(3, dtype=torch.float64))
+    assert shaped.per_token[0, 3].item() == pytest.approx(1.0 - 0.2)  # the score at the last reply token
 
 
 def test_kl_estimators():

@@ -13,7 +13,7 @@ import torch
 from ppo_rlhf.config import build_config
 from ppo_rlhf.parallel.distributed import current
 from ppo_rlhf.ppo.advantages import GAEAdvantages
-from ppo_rlhf.ppo.objectives import clipped_policy_loss, gae, kl_estimate, length_adaptive_lam
+from ppo_rlhf.ppo.objectives import clipped_policy_loss, gae, kl_estimate, length_adaptive_lam, shape_rewards
 from ppo_rlhf.ppo.toy import clip_variants
 from ppo_rlhf.ppo.train_config import TrainConfig
 from ppo_rlhf.ppo.trainer import PPOLoop, trainable_parameters
@@ -119,14 +119,14 @@ def test_toy_table_shows_each_variant_on_the_same_token():
 
 
 def test_decoupled_lambda_by_hand():
-    rewards, values = torch.tensor([[0.0, 0.0, 1.0]]), torch.full((1, 3), 0.5)
-    mask = torch.ones(1, 3)
+    values, mask = torch.full((1, 3), 0.5), torch.ones(1, 3)
+    shaped = shape_rewards(torch.ones(1), torch.zeros(1, 3), mask, beta=0.0)  # rewards (0, 0, 1)
     # deltas: (0, 0, 0.5); lambda 0.5: A = (0.125, 0.25, 0.5); lambda 1: A = (0.5, 0.5, 0.5), returns = A + V = 1
-    _, raw, returns = GAEAdvantages(1.0, 0.5, current(), critic_lam=1.0)(rewards, values, None, None, mask, 0.0)
+    _, raw, returns = GAEAdvantages(1.0, 0.5, current(), critic_lam=1.0)(shaped, values)
     assert torch.allclose(raw, torch.tensor([[0.125, 0.25, 0.5]]))
     assert torch.allclose(returns, torch.ones(1, 3))
     # default critic_lam = lam: one lambda for both
-    _, raw, returns = GAEAdvantages(1.0, 0.5, current())(rewards, values, None, None, mask, 0.0)
+    _, raw, returns = GAEAdvantages(1.0, 0.5, current())(shaped, values)
     assert torch.allclose(returns, raw + values)
 
 
@@ -141,7 +141,7 @@ def test_length_adaptive_lambda_by_hand():
     mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     mask[1, 2] = 1.0  # a 1-token reply: lambda floored at 0
     strategy = GAEAdvantages(1.0, 1.0, current(), length_alpha=2 / 3)  # length 3: lambda 1 - 1/2 = 0.5
-    _, raw, returns = strategy(rewards, values, None, None, mask, 0.0)
+    _, raw, returns = strategy(shape_rewards(torch.ones(2), torch.zeros(2, 3), mask, beta=0.0), values)
     assert torch.allclose(raw[0], torch.tensor([0.125, 0.25, 0.5])) and torch.allclose(returns[0], torch.ones(3))
 
 
