@@ -196,3 +196,11 @@ def test_the_merged_copy_never_records_log_pi_old():
     with pytest.raises(UsageError, match="old_logprobs: recompute"):
         PPOConfig(generation_merged_copy=True, old_logprobs="generation")
     assert PPOConfig(generation_merged_copy=True).old_logprobs == "recompute"
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_whiten_rewards_is_refused_where_no_estimator_would_read_it(estimator):
+    # rloo and grpo take each reply's total reward; the whitened per-token rewards are GAE's alone
+    with pytest.raises(UsageError, match="whiten_rewards whitens the per-token rewards GAE reads"):
+        build_config(TrainConfig, {"advantage_estimator": estimator, "group_size": 2, "whiten_rewards": True})
+    assert build_config(TrainConfig, {"advantage_estimator": "ev-gated", "group_size": 2, "whiten_rewards": True})

@@ -180,7 +180,8 @@ class TrainConfig:
     (in expectation on the policy's own samples) k1's gradient is zero, so it is refused there; k2's is the gradient of
     KL(pi || pi_ref) and k3's the gradient of KL(pi_ref || pi)."""
     whiten_rewards: bool = False
-    """Whiten the per-token rewards before GAE (detail 7; optional, off)."""
+    """Whiten the per-token rewards before GAE (detail 7; optional, off). GAE's alone (gae, ev-gated's critic part):
+    rloo and grpo read each reply's total and refuse it."""
     # --- advantages and losses
     gamma: Annotated[float, UNIT_INTERVAL] = 1.0
     """Discount in GAE."""
@@ -383,6 +384,9 @@ class TrainConfig:
         require(not self.multi_turn or self.generation_backend == "hf",
                 "multi-turn episodes (environment, tools) need generation_backend: hf (the vLLM backend samples whole "
                 "replies in its own process: it cannot stop at a tool call and append the observation)")
+        require(self.has_value_model or not self.whiten_rewards,
+                "whiten_rewards whitens the per-token rewards GAE reads; rloo and grpo use each reply's total "
+                "reward and would ignore it (advantage_estimator gae or ev-gated, or whiten_rewards: false)")
         require(self.has_value_model or (self.critic_lam is None and self.lam_length_alpha is None),
                 "critic_lam and lam_length_alpha are GAE's lambdas (advantage_estimator gae or ev-gated)")
         require(not (self.kl_placement == "loss" and self.kl_kind == "k1"),
