@@ -118,7 +118,7 @@ def choose(scored: list[dict]) -> dict:
     return max(close, key=lambda cell: (cell["replies_per_step"], cell["score"]))  # max: the first of equals
 
 
-def screening_result(results: dict[str, dict], evaluation: dict, trl_precision: str) -> dict:
+def screening_result(results: dict[str, dict], evaluation: dict) -> dict:
     """OUT/screening.json from the cells' side.json results (by cell name) and the validation evaluation."""
     summaries = {s["model"]: s for s in evaluation["summary"]}
     start = evaluation["summary"][0]["accuracy"]["mean"]  # the start model: summarize_task puts it first
@@ -132,9 +132,12 @@ def screening_result(results: dict[str, dict], evaluation: dict, trl_precision: 
             sides[side] = {"cells": scored, "chosen": chosen["name"], "chosen_settings": chosen["settings"],
                            "chosen_score": chosen["score"],
                            "learns": 100 * (chosen["score"] - start) >= LEARNS_POINTS - 1e-9}
-    timed_precision = None
+    timed_precision = screened_precision = None
     if "trl-lora" in sides:
         timed_precision = "bf16-weights" if sides["trl-lora"]["learns"] else "bf16"
+        # as its cells ran (their side.json), not as this process was asked
+        screened_precision = ",".join(sorted({results[c["name"]]["settings"]["precision"]
+                                              for c in sides["trl-lora"]["cells"]}))
     result = {"plan": "bench/plans/peer_grpo_rematch.md", "level": LEVEL, "seed": SEED,
               "validation": {"problems": evaluation["settings"]["n_heldout"],
                              "split": evaluation["settings"]["split"], "replies": EVAL_REPLIES,
@@ -142,21 +145,25 @@ def screening_result(results: dict[str, dict], evaluation: dict, trl_precision: 
                              "max_new_tokens": evaluation["settings"]["max_new_tokens"],
                              "dtype": evaluation["settings"]["dtype"], "seed": evaluation["settings"]["seed"]},
               "budget_s": BUDGET_S, "checkpoint_every_s": CHECKPOINT_EVERY_S, "tie_points": TIE_POINTS,
-              "trl_precision_screened": trl_precision, "trl_precision_timed": timed_precision,
+              "trl_precision_screened": screened_precision, "trl_precision_timed": timed_precision,
               "start_score": start, "sides": sides}
     return {**result, "paste": paste_lines(result)}
 
 
 def setting_text(settings: dict) -> str:
-    return ", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
-                     for key, value in settings.items())
+    """"policy_lr 1e-4, batch_size 16": the plan's spelling."""
+    def spelled(value) -> str:
+        return f"{value:.0e}".replace("e-0", "e-") if isinstance(value, float) and value < 1e-3 else f"{value:g}"
+
+    return ", ".join(f"{key} {spelled(value)}" for key, value in settings.items())
 
 
 def paste_lines(screening: dict) -> list[str]:
     """The plan's "Screening result" section: every cell's validation score, then each side's choice."""
     validation = screening["validation"]
+    trl = screening["trl_precision_screened"]
     lines = [f"Screening by `bench/peer_grpo_screen.py` (seed {screening['seed']}, {screening['budget_s']:.0f} s a "
-             f"cell, TRL in {screening['trl_precision_screened']}); validation: the first {validation['problems']} "
+             f"cell{f', TRL in {trl}' if trl else ''}); validation: the first {validation['problems']} "
              f"of {screening['level']}'s training problems, {validation['replies']} replies a problem at temperature "
              f"{validation['temperature']:g}, {validation['dtype']}, the mean of each cell's last two checkpoints. "
              f"Start model: {screening['start_score']:.1%}.", "",
@@ -232,7 +239,7 @@ def main() -> None:
         if missing or not (out / "validation" / "task_eval.json").is_file():
             parser.error(f"--report-only: {out} has no finished {', '.join(missing) or 'validation evaluation'}")
         results = {n: json.loads((out / "eval" / n / "side.json").read_text()) for n in names}
-        finish(out, results, json.loads((out / "validation" / "task_eval.json").read_text()), args.trl_precision)
+        finish(out, results, json.loads((out / "validation" / "task_eval.json").read_text()))
         return
     out.mkdir(parents=True, exist_ok=True)
     model, data = start_model(args, out), write_screening_data(out / "data")
@@ -241,11 +248,11 @@ def main() -> None:
           f"the first {VALIDATION}), TRL in {args.trl_precision}", flush=True)
     results = {cell["name"]: run_side(side, args, out, model, data, "float32", cell["name"], cell["settings"])
                for side in sides for cell in cells(side)}
-    finish(out, results, validate(args, out, names), args.trl_precision)
+    finish(out, results, validate(args, out, names))
 
 
-def finish(out: Path, results: dict[str, dict], evaluation: dict, trl_precision: str) -> None:
-    screening = screening_result(results, evaluation, trl_precision)
+def finish(out: Path, results: dict[str, dict], evaluation: dict) -> None:
+    screening = screening_result(results, evaluation)
     (out / "screening.json").write_text(json.dumps(screening, indent=1) + "\n")
     print("\n".join(["", "For the plan's \"Screening result\" section:", "", *screening["paste"], ""]))
     print(f"wrote {out / 'screening.json'}")

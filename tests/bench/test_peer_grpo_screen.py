@@ -98,8 +98,9 @@ def made_up_screening(trl_scores: list[float]) -> tuple[dict, dict]:
     results, summaries = {}, [summary("start", 0.20)]
     for side, scores in (("ours-ppo", [0.30, 0.35, 0.40, 0.45, 0.50, 0.55]), ("trl-lora", trl_scores)):
         for c, score in zip(screen.cells(side), scores):
-            results[c["name"]] = {"steps": 20, "seconds": 601.0, "checkpoints": [
-                {"iteration": 10, "seconds": 300.5}, {"iteration": 20, "seconds": 601.0}]}
+            checkpoints = [{"iteration": 10, "seconds": 300.5}, {"iteration": 20, "seconds": 601.0}]
+            results[c["name"]] = {"steps": 20, "seconds": 601.0, "checkpoints": checkpoints,
+                                  "settings": {"precision": "bf16-weights"}}
             summaries += [summary(f"{c['name']} step 10", score - 0.01), summary(f"{c['name']} step 20", score + 0.01)]
     settings = {"n_heldout": 150, "split": "train", "temperature": 0.7, "max_new_tokens": 64, "dtype": "float32",
                 "seed": 1234}
@@ -109,10 +110,11 @@ def made_up_screening(trl_scores: list[float]) -> tuple[dict, dict]:
 def test_the_screening_json_holds_every_cell_and_the_choice(tmp_path, capsys):
     # TRL's best is 2e-4 at batch 8 (41%); 1e-4 at batch 32 (39.5%) ties with it and has the larger batch
     results, evaluation = made_up_screening([0.25, 0.30, 0.35, 0.395, 0.41, 0.20])
-    screen.finish(tmp_path, results, evaluation, "bf16-weights")
+    screen.finish(tmp_path, results, evaluation)
     written = json.loads((tmp_path / "screening.json").read_text())
     assert written["validation"]["split"] == "train" and written["validation"]["problems"] == 150
     assert written["start_score"] == pytest.approx(0.20) and written["seed"] == 11
+    assert written["trl_precision_screened"] == "bf16-weights" and "TRL in bf16-weights" in written["paste"][0]
     ours, trl = written["sides"]["ours-ppo"], written["sides"]["trl-lora"]
     assert [c["score"] for c in ours["cells"]] == pytest.approx([0.30, 0.35, 0.40, 0.45, 0.50, 0.55])
     assert ours["chosen"] == "ours-ppo_lr2e-04_b32" and ours["chosen_settings"] == {
@@ -122,14 +124,14 @@ def test_the_screening_json_holds_every_cell_and_the_choice(tmp_path, capsys):
     assert all(c["steps"] == 20 and c["settings"] for c in ours["cells"] + trl["cells"])
     printed = capsys.readouterr().out
     assert written["paste"][0] in printed and len([line for line in written["paste"] if line.startswith("| ")]) == 14
-    assert ("- **trl-lora** chosen: learning_rate 0.0001, per_device_train_batch_size 32, num_generations 8 (39.5%; "
+    assert ("- **trl-lora** chosen: learning_rate 1e-4, per_device_train_batch_size 32, num_generations 8 (39.5%; "
             "ties within 2 points go to the larger batch)") in written["paste"]
     assert any("`--trl-precision bf16-weights`" in line for line in written["paste"])
 
 
 def test_trl_keeps_its_default_precision_when_its_chosen_cell_does_not_learn():
     results, evaluation = made_up_screening([0.21, 0.22, 0.25, 0.29, 0.23, 0.24])  # best 29%: 9 points up
-    written = screen.screening_result(results, evaluation, "bf16-weights")
+    written = screen.screening_result(results, evaluation)
     assert not written["sides"]["trl-lora"]["learns"] and written["trl_precision_timed"] == "bf16"
 
 
