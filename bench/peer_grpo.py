@@ -50,6 +50,9 @@ saving by this script only.
     trl-tuned       learning_rate 1e-5, max_completion_length 64, temperature 0.7, gradient_checkpointing False
     trl-lora        trl-tuned with LoRA r16/alpha 32 on the 7 linear layers (ours) and learning_rate 1e-4
 
+--screening OUT/screening.json (bench/peer_grpo_screen.py, the rematch's screening) puts the settings it chose over
+the screened sides' own (ours-ppo, trl-lora); each side's side.json keeps them ("cell_settings").
+
 Tuning budget, written here before any run (the same for both trainers): each trainer's documented defaults plus at
 most two more settings, every one fixed above from documentation or earlier runs of this repository, none chosen
 after seeing a result of this benchmark; each run once (seed 1) for --budget-s seconds; a trainer's result is the
@@ -570,6 +573,8 @@ def main() -> None:
     parser.add_argument("--trl-precision", default="bf16", choices=["bf16", "fp32", "bf16-weights"],
                         help="TRL's: bf16 (bf16=True, autocast over fp32 weights, its default), fp32, bf16-weights")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--screening", type=Path,
+                        help="bench/peer_grpo_screen.py's screening.json: the settings it chose, per screened side")
     parser.add_argument("--omp-wait-policy", default="unset", choices=["unset", "passive"],
                         help="OpenMP's wait policy for every side and the evaluation: unset (libgomp's default, what "
                              "users run; for a quiet machine) or passive (OMP_WAIT_POLICY=PASSIVE, for a shared one)")
@@ -601,6 +606,9 @@ def main() -> None:
         results = {side: json.loads((out / "eval" / side / "side.json").read_text()) for side in sides}
         finish(args, out, results, json.loads((out / "evaluation" / "task_eval.json").read_text()))
         return
+    if args.screening and not args.screening.is_file():
+        parser.error(f"--screening: no file {args.screening}")
+    chosen = screened_settings(args.screening) if args.screening else {}
     out.mkdir(parents=True, exist_ok=True)
     model, data, dtype = prepare(args, out)
     print(f"peer_grpo: {LEVEL}, start model {model}, sides {', '.join(sides)}, budget {args.budget_s:.0f} s a side"
@@ -608,8 +616,15 @@ def main() -> None:
           f"{args.checkpoint_every_s:.0f} s, TRL {TRL_VERSION} in {args.trl_precision}, {args.heldout} held-out "
           f"problems, OMP_WAIT_POLICY {'PASSIVE' if args.omp_wait_policy == 'passive' else 'unset'}"
           f"{' (dry run)' if args.dry_run else ''}", flush=True)
-    results = {side: run_side(side, args, out, model, data, dtype) for side in sides}
+    for side in (s for s in sides if s in chosen):
+        print(f"  {side}: the screening's {chosen[side]} ({args.screening})", flush=True)
+    results = {side: run_side(side, args, out, model, data, dtype, settings=chosen.get(side)) for side in sides}
     finish(args, out, results, evaluate(args, out, sides))
+
+
+def screened_settings(screening: Path) -> dict[str, dict]:
+    """Per screened side, the settings its screening chose (over the side's own in SIDES)."""
+    return {side: found["chosen_settings"] for side, found in json.loads(screening.read_text())["sides"].items()}
 
 
 def finish(args, out: Path, results: dict[str, dict], evaluation: dict) -> None:

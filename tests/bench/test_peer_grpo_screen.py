@@ -129,6 +129,17 @@ def test_the_screening_json_holds_every_cell_and_the_choice(tmp_path, capsys):
     assert any("`--trl-precision bf16-weights`" in line for line in written["paste"])
 
 
+def test_the_timed_runs_read_the_choice_back(tmp_path):
+    """bench/peer_grpo.py --screening OUT/screening.json: each screened side's chosen settings, over its own."""
+    import peer_grpo
+
+    results, evaluation = made_up_screening([0.25, 0.30, 0.35, 0.395, 0.41, 0.20])
+    screen.finish(tmp_path, results, evaluation)
+    assert peer_grpo.screened_settings(tmp_path / "screening.json") == {
+        "ours-ppo": {"policy_lr": 2e-4, "value_lr": 2e-4, "batch_size": 32, "group_size": 2},
+        "trl-lora": {"learning_rate": 1e-4, "per_device_train_batch_size": 32, "num_generations": 8}}
+
+
 def test_trl_keeps_its_default_precision_when_its_chosen_cell_does_not_learn():
     results, evaluation = made_up_screening([0.21, 0.22, 0.25, 0.29, 0.23, 0.24])  # best 29%: 9 points up
     written = screen.screening_result(results, evaluation)
