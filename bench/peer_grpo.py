@@ -50,6 +50,9 @@ saving by this script only.
     trl-tuned       learning_rate 1e-5, max_completion_length 64, temperature 0.7, gradient_checkpointing False
     trl-lora        trl-tuned with LoRA r16/alpha 32 on the 7 linear layers (ours) and learning_rate 1e-4
 
+--screening OUT/screening.json (bench/peer_grpo_screen.py, the rematch's screening) puts the settings it chose over
+the screened sides' own (ours-ppo, trl-lora); each side's side.json keeps them ("cell_settings").
+
 Tuning budget, written here before any run (the same for both trainers): each trainer's documented defaults plus at
 most two more settings, every one fixed above from documentation or earlier runs of this repository, none chosen
 after seeing a result of this benchmark; each run once (seed 1) for --budget-s seconds; a trainer's result is the
@@ -180,7 +183,8 @@ def run_ours(args) -> dict:
 
     importlib.import_module("ppo_rlhf.ppo.trainer")  # its imports (peft, ...) before the clock, as TRL's side does
     clock = Clock(args.budget_s, args.checkpoint_every_s, args.max_steps)
-    settings = {**read_yaml(PRESET), **SIDES[args.side]["settings"], **(DRY_OURS if args.dry_run else {})}
+    settings = {**read_yaml(PRESET), **SIDES[args.side]["settings"], **json.loads(args.settings),
+                **(DRY_OURS if args.dry_run else {})}
     if args.dry_run and settings.get("group_size", 1) > 1:
         settings["group_size"] = 2
     settings.update(policy_model=args.model, prompts=args.data, out=args.run, overwrite=True, quiet=True,
@@ -209,11 +213,12 @@ def run_ours(args) -> dict:
 
 # ------------------------------------------------------------------------------------------------- TRL
 def trl_settings(args) -> dict:
-    """GRPOConfig's arguments of a TRL side: its documented defaults, changed only by the side's settings."""
+    """GRPOConfig's arguments of a TRL side: its documented defaults, changed only by the side's settings (and a
+    screening cell's, bench/peer_grpo_screen.py)."""
     return {"output_dir": args.run, "use_cpu": True, "bf16": args.trl_precision != "fp32", "seed": args.seed,
             "report_to": [], "save_strategy": "no", "logging_steps": 1, "disable_tqdm": True,
             "reward_weights": REWARD_WEIGHTS, **({"max_steps": args.max_steps} if args.max_steps else {}),
-            **SIDES[args.side]["settings"], **(DRY_TRL if args.dry_run else {})}
+            **SIDES[args.side]["settings"], **json.loads(args.settings), **(DRY_TRL if args.dry_run else {})}
 
 
 def run_trl(args) -> dict:
@@ -278,12 +283,19 @@ def run_trl(args) -> dict:
 def prepare(args, out: Path) -> tuple[str, Path, str]:
     """(the start model's folder, the training problems file, the evaluation dtype) in our venv."""
     sys.path.insert(0, str(ROOT))
-    from ppo_rlhf.models.loading import resolve_model_path
     from ppo_rlhf.tasks.arithmetic import write_task
 
     train, _ = write_task(LEVEL, out / "data", overwrite=True)
+    return start_model(args, out), train, "float32" if args.dry_run else args.eval_dtype
+
+
+def start_model(args, out: Path) -> str:
+    """The start model's folder: SmolLM2 offline, or (--dry-run) a tiny random model saved under OUT."""
+    sys.path.insert(0, str(ROOT))
+    from ppo_rlhf.models.loading import resolve_model_path
+
     if not args.dry_run:
-        return resolve_model_path("smollm2"), train, args.eval_dtype
+        return resolve_model_path("smollm2")
     sys.path.insert(0, str(ROOT / "tests"))
     import tiny
 
@@ -291,19 +303,26 @@ def prepare(args, out: Path) -> tuple[str, Path, str]:
     if not (folder / "config.json").is_file():
         tokenizer = tiny.tiny_tokenizer()
         tiny.save_tiny(tiny.tiny_causal_lm(tokenizer), tokenizer, folder)
-    return str(folder), train, "float32"
+    return str(folder)
 
 
-def run_side(side: str, args, out: Path, model: str, data: Path, dtype: str) -> dict:
-    """One side in its own process; its result is OUT/eval/SIDE/side.json (kept: a finished side is not run again)."""
-    eval_dir = out / "eval" / side
+def run_side(side: str, args, out: Path, model: str, data: Path, dtype: str, name: str = "",
+             settings: dict | None = None) -> dict:
+    """One side in its own process; its result is OUT/eval/NAME/side.json (kept: a finished side is not run again).
+    `name`: its folders' name (default: the side's); `settings`: over the side's own (a screening cell's,
+    bench/peer_grpo_screen.py)."""
+    name, settings = name or side, settings or {}
+    eval_dir = out / "eval" / name
     result_file = eval_dir / "side.json"
     if result_file.is_file():
         done = json.loads(result_file.read_text())
         if done.get("omp_wait_policy", "passive") != args.omp_wait_policy:  # runs before the option were passive
-            raise SystemExit(f"{side} was run with --omp-wait-policy {done.get('omp_wait_policy', 'passive')} in "
+            raise SystemExit(f"{name} was run with --omp-wait-policy {done.get('omp_wait_policy', 'passive')} in "
                              f"{out}; use another --out to run it {args.omp_wait_policy}")
-        print(f"  {side}: done before, {result_file}")
+        if done.get("cell_settings", {}) != settings:
+            raise SystemExit(f"{name} was run with the settings {done.get('cell_settings', {})} in {out}, not "
+                             f"{settings}; use another --out")
+        print(f"  {name}: done before, {result_file}")
         return done
     shutil.rmtree(eval_dir, ignore_errors=True)  # an unfinished earlier try
     (eval_dir / "checkpoints").mkdir(parents=True)
@@ -313,11 +332,11 @@ def run_side(side: str, args, out: Path, model: str, data: Path, dtype: str) -> 
     (eval_dir / "config.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in sampler.items()))
     python = GRPO_PY if SIDES[side]["trainer"] == "trl" else OURS_PY
     command = [str(python), __file__, "--side", side, "--model", model, "--data", str(data),
-               "--run", str(out / "runs" / side), "--eval-dir", str(eval_dir), "--budget-s", str(args.budget_s),
+               "--run", str(out / "runs" / name), "--eval-dir", str(eval_dir), "--budget-s", str(args.budget_s),
                "--checkpoint-every-s", str(args.checkpoint_every_s), "--max-steps", str(args.max_steps),
-               "--seed", str(args.seed), "--trl-precision", args.trl_precision,
+               "--seed", str(args.seed), "--trl-precision", args.trl_precision, "--settings", json.dumps(settings),
                *(["--dry-run"] if args.dry_run else [])]
-    log = out / "logs" / f"{side}.log"
+    log = out / "logs" / f"{name}.log"
     log.parent.mkdir(exist_ok=True)
     started = time.perf_counter()
     with open(log, "w") as handle:
@@ -327,11 +346,11 @@ def run_side(side: str, args, out: Path, model: str, data: Path, dtype: str) -> 
     line = next((line for line in reversed(lines) if line.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
         print("\n".join(lines[-40:]), file=sys.stderr)
-        raise SystemExit(f"{side} failed (exit {proc.returncode}); its log: {log}")
+        raise SystemExit(f"{name} failed (exit {proc.returncode}); its log: {log}")
     result = {"side": side, "trainer": SIDES[side]["trainer"], "omp_wait_policy": args.omp_wait_policy,
-              **json.loads(line[len("RESULT "):])}
+              **({"cell_settings": settings} if settings else {}), **json.loads(line[len("RESULT "):])}
     result_file.write_text(json.dumps(result, indent=1))
-    print(f"  {side}: {result['steps']} steps, {result['seconds']:.0f} s, {result['tokens']} reply tokens, peak RSS "
+    print(f"  {name}: {result['steps']} steps, {result['seconds']:.0f} s, {result['tokens']} reply tokens, peak RSS "
           f"{result['peak_rss_gb']:.2f} GB, {len(result['checkpoints'])} checkpoints "
           f"(process {time.perf_counter() - started:.0f} s)", flush=True)
     return result
@@ -538,6 +557,7 @@ def main() -> None:
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--eval-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--settings", default="{}", help=argparse.SUPPRESS)  # JSON over the side's own (a cell's)
     parser.add_argument("--out", default="runs/peer_grpo", help="folder for data, runs, checkpoints, results")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, from {', '.join(SIDES)}")
     parser.add_argument("--budget-s", type=float, default=1800.0, help="training seconds per side")
@@ -553,6 +573,8 @@ def main() -> None:
     parser.add_argument("--trl-precision", default="bf16", choices=["bf16", "fp32", "bf16-weights"],
                         help="TRL's: bf16 (bf16=True, autocast over fp32 weights, its default), fp32, bf16-weights")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--screening", type=Path,
+                        help="bench/peer_grpo_screen.py's screening.json: the settings it chose, per screened side")
     parser.add_argument("--omp-wait-policy", default="unset", choices=["unset", "passive"],
                         help="OpenMP's wait policy for every side and the evaluation: unset (libgomp's default, what "
                              "users run; for a quiet machine) or passive (OMP_WAIT_POLICY=PASSIVE, for a shared one)")
@@ -584,6 +606,9 @@ def main() -> None:
         results = {side: json.loads((out / "eval" / side / "side.json").read_text()) for side in sides}
         finish(args, out, results, json.loads((out / "evaluation" / "task_eval.json").read_text()))
         return
+    if args.screening and not args.screening.is_file():
+        parser.error(f"--screening: no file {args.screening}")
+    chosen = screened_settings(args.screening) if args.screening else {}
     out.mkdir(parents=True, exist_ok=True)
     model, data, dtype = prepare(args, out)
     print(f"peer_grpo: {LEVEL}, start model {model}, sides {', '.join(sides)}, budget {args.budget_s:.0f} s a side"
@@ -591,8 +616,15 @@ def main() -> None:
           f"{args.checkpoint_every_s:.0f} s, TRL {TRL_VERSION} in {args.trl_precision}, {args.heldout} held-out "
           f"problems, OMP_WAIT_POLICY {'PASSIVE' if args.omp_wait_policy == 'passive' else 'unset'}"
           f"{' (dry run)' if args.dry_run else ''}", flush=True)
-    results = {side: run_side(side, args, out, model, data, dtype) for side in sides}
+    for side in (s for s in sides if s in chosen):
+        print(f"  {side}: the screening's {chosen[side]} ({args.screening})", flush=True)
+    results = {side: run_side(side, args, out, model, data, dtype, settings=chosen.get(side)) for side in sides}
     finish(args, out, results, evaluate(args, out, sides))
+
+
+def screened_settings(screening: Path) -> dict[str, dict]:
+    """Per screened side, the settings its screening chose (over the side's own in SIDES)."""
+    return {side: found["chosen_settings"] for side, found in json.loads(screening.read_text())["sides"].items()}
 
 
 def finish(args, out: Path, results: dict[str, dict], evaluation: dict) -> None:
