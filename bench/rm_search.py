@@ -356,7 +356,7 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
                       model_dir: Path, deadline: float | None = None) -> dict:
     """Train `setting` for `epochs` epochs on its TRAIN pairs, measured on `heldout_split` pairs (gold margin
     HELDOUT_MARGIN) before, during the first pass and after each epoch; the word baseline on the same pairs."""
-    from ppo_rlhf.study.reward_model import train_reward_model
+    from ppo_rlhf.study.reward_model import RewardModelTraining, train_reward_model
     from ppo_rlhf.study.word_baseline import word_margins
 
     seed = pool.settings["seed"]
@@ -393,11 +393,13 @@ def train_and_measure(pool: Pool, setting: dict, epochs: int, heldout_split: str
                 raise BudgetSpent(f"stopped after epoch {ended} of {epochs}: the budget was spent")
 
     try:
-        info = train_reward_model(train_path, base=pool.settings["model"], out_dir=model_dir, epochs=epochs,
-                                  lr=setting["lr"], batch_size=batch_size, lora_rank=setting["rank"],
-                                  lora_layers=setting["layers"], seed=seed, heldout_source=heldout_path,
-                                  dtype=pool.settings["dtype"], shuffle_pairs=setting["batches"] == "shuffled",
-                                  on_heldout=on_heldout, length_head=setting["length_head"] == "on")
+        training = RewardModelTraining(base=pool.settings["model"], epochs=epochs, lr=setting["lr"],
+                                       batch_size=batch_size, lora_rank=setting["rank"], lora_layers=setting["layers"],
+                                       seed=seed, dtype=pool.settings["dtype"],
+                                       shuffle_pairs=setting["batches"] == "shuffled",
+                                       length_head=setting["length_head"] == "on")
+        info = train_reward_model(train_path, out_dir=model_dir, training=training, heldout_source=heldout_path,
+                                  on_heldout=on_heldout)
         record["train_loss"] = info["train_loss"]
         record["length_head"] = info["length_head"]
     except BudgetSpent as stop:

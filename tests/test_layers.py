@@ -1,6 +1,7 @@
 """The package's layers (docs/DESIGN.md, "Layers"): a module imports only from its own layer or the ones below, and
 no two modules import each other, however indirectly. Read from the source with `ast`, so that the imports inside
-functions (the lazy ones, which keep `--help` free of torch) and under `TYPE_CHECKING` count too."""
+functions (the lazy ones, which keep `--help` free of torch) and under `TYPE_CHECKING` count too. Also read with
+`ast`: no function of the package is longer than MAX_FUNCTION_LINES."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ppo_rlhf"
+MAX_FUNCTION_LINES = 60  # from `def` to its last line: a longer one is several steps, each of which wants a name
 
 # bottom to top; a module's layer is that of its first name under ppo_rlhf ("" is ppo_rlhf/__init__.py)
 LAYERS: list[tuple[str, ...]] = [
@@ -83,3 +85,11 @@ def test_no_import_cycles():
         if module not in state:
             walk(module, [module])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_no_function_is_longer_than_max_function_lines():
+    long = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for path in sorted(PACKAGE.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n" + "\n".join(long)

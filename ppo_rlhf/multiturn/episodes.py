@@ -23,7 +23,7 @@ from ppo_rlhf.errors import UsageError, UserCodeFailed, require
 from ppo_rlhf.models.chat import chat_prompt_ids, prompt_messages, template_has_tools
 from ppo_rlhf.models.padding import right_pad
 from ppo_rlhf.models.rollout import Replies, Rollout
-from ppo_rlhf.multiturn.calls import call_tool, first_tool_call, guarded, opens_tool_call, tool_schemas
+from ppo_rlhf.multiturn.calls import ToolCall, call_tool, first_tool_call, guarded, opens_tool_call, tool_schemas
 
 
 @dataclass
@@ -143,53 +143,18 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
     tool name to its "file.py:function"), for the line that stops the run when it fails."""
     names = names or {}
     of = f" of {names['environment']}" if names.get("environment") else ""
-    factory = f"environment factory {names['environment']}" if of else "environment_factory"
     require(bool(tools) or environment_factory is not None, "a multi-turn rollout needs tools or an environment")
     observations = Observations(tokenizer, eos)
-    # the template's own tool format where it has one (the prompt describes the tools), else the prompt's words
-    described = tool_schemas(tools) if tools and template_has_tools(tokenizer) else None
-    episodes, prompts = [], list(prompts)
-    for i, (prompt, row) in enumerate(zip(prompts, columns)):
-        env = None
-        if environment_factory is not None:
-            env = guarded(f"{factory} (turn 0)", environment_factory, timeout=limits.timeout)
-            prompts[i] = _reset(env, prompt, row, limits.timeout, of)
-        episodes.append(Episode(chat_prompt_ids(tokenizer, prompts[i], described), env))
+    prompts, episodes = _start_episodes(tokenizer, list(prompts), columns, limits, tools, environment_factory, names,
+                                        of)
     for turn in range(1, limits.max_turns + 1):
-        active = [e for e in episodes if not e.done]
-        caps = [min(limits.max_new_tokens, limits.max_episode_tokens - len(e.tokens)) for e in active]
-        for episode, cap in zip(active, caps):
-            episode.done = cap <= 0
-        active, caps = [e for e in active if not e.done], [c for c in caps if c > 0]
+        active, caps = _with_room(episodes, limits)
         if not active:
             break
         replies = sample([e.prompt_ids + e.tokens for e in active], max(caps))
         for i, (episode, cap) in enumerate(zip(active, caps)):
-            tokens = replies.ids[i][:cap]
-            text = tokenizer.decode(tokens, skip_special_tokens=True)
-            call = first_tool_call(text) if tools else None
-            if call is not None:  # the turn ends at its first call
-                tokens = tokens[: _cut_at(tokenizer, tokens, call.end)]
-                text = tokenizer.decode(tokens, skip_special_tokens=True)
-            episode.append(tokens, True, replies.logprobs[i][: len(tokens)], replies.entropies[i][: len(tokens)])
-            episode.turns, episode.answer, episode.answer_ids = turn, text, tokens
-            episode.ended_with_eos = bool(tokens) and tokens[-1] in eos
-            if call is None and tools and not episode.ended_with_eos and len(tokens) == cap and opens_tool_call(text):
-                episode.cut_calls += 1
-            observation, role = None, "tool"
-            if call is not None:
-                if episode.tool_calls >= limits.max_tool_calls:
-                    episode.done = True
-                else:
-                    episode.tool_calls += 1
-                    observation, error = call_tool(call, tools, turn, limits.timeout, names.get(call.name))
-                    episode.tool_errors += error
-            elif episode.env is not None:
-                observation, reward, episode.done = _step(episode.env, text, turn, limits.timeout, of)
-                episode.rewards[-1] += reward or 0.0
-                role = "user"
-            else:
-                episode.done = True
+            call = _record_turn(episode, tokenizer, replies, i, cap, turn, eos, bool(tools))
+            observation, role = _answer_turn(episode, call, turn, limits, tools, names, of)
             if episode.done or turn == limits.max_turns:
                 episode.done = True
                 continue
@@ -200,6 +165,72 @@ def run_episodes(sample: Sample, tokenizer, prompts: list, columns: list[dict[st
             else:
                 episode.append(ids, False)
     return _layout(tokenizer, prompts, columns, episodes)
+
+
+def _start_episodes(tokenizer, prompts: list, columns: list[dict[str, Any]], limits: EpisodeLimits,
+                    tools: dict[str, Callable], environment_factory: Callable | None, names: dict[str, str],
+                    of: str) -> tuple[list, list[Episode]]:
+    """(the prompts, each with its environment's first observation; an episode per prompt): every environment is
+    made and reset before the first turn, since its observation is part of the prompt the policy first sees."""
+    factory = f"environment factory {names['environment']}" if of else "environment_factory"
+    # the template's own tool format where it has one (the prompt describes the tools), else the prompt's words
+    described = tool_schemas(tools) if tools and template_has_tools(tokenizer) else None
+    episodes = []
+    for i, (prompt, row) in enumerate(zip(prompts, columns)):
+        env = None
+        if environment_factory is not None:
+            env = guarded(f"{factory} (turn 0)", environment_factory, timeout=limits.timeout)
+            prompts[i] = _reset(env, prompt, row, limits.timeout, of)
+        episodes.append(Episode(chat_prompt_ids(tokenizer, prompts[i], described), env))
+    return prompts, episodes
+
+
+def _with_room(episodes: list[Episode], limits: EpisodeLimits) -> tuple[list[Episode], list[int]]:
+    """(the episodes that take another turn, each one's token cap for it): an unfinished episode with no token left
+    under max_episode_tokens is done here, so that no turn is sampled for it."""
+    active = [e for e in episodes if not e.done]
+    caps = [min(limits.max_new_tokens, limits.max_episode_tokens - len(e.tokens)) for e in active]
+    for episode, cap in zip(active, caps):
+        episode.done = cap <= 0
+    return [e for e in active if not e.done], [c for c in caps if c > 0]
+
+
+def _record_turn(episode: Episode, tokenizer, replies: Replies, i: int, cap: int, turn: int, eos: list[int],
+                 has_tools: bool) -> ToolCall | None:
+    """Append reply `i` to the episode as its policy turn, cut after its first tool call (the tool's result, not the
+    policy, says what comes after the call); returns that call, if any."""
+    tokens = replies.ids[i][:cap]
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    call = first_tool_call(text) if has_tools else None
+    if call is not None:  # the turn ends at its first call
+        tokens = tokens[: _cut_at(tokenizer, tokens, call.end)]
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+    episode.append(tokens, True, replies.logprobs[i][: len(tokens)], replies.entropies[i][: len(tokens)])
+    episode.turns, episode.answer, episode.answer_ids = turn, text, tokens
+    episode.ended_with_eos = bool(tokens) and tokens[-1] in eos
+    if call is None and has_tools and not episode.ended_with_eos and len(tokens) == cap and opens_tool_call(text):
+        episode.cut_calls += 1
+    return call
+
+
+def _answer_turn(episode: Episode, call: ToolCall | None, turn: int, limits: EpisodeLimits,
+                 tools: dict[str, Callable], names: dict[str, str], of: str) -> tuple[str | None, str]:
+    """(the observation after the turn, its chat role): the tool's result for a call, else the environment's step
+    (its reward added at the turn's last token); None where the turn ends the episode (done set)."""
+    if call is not None:
+        if episode.tool_calls >= limits.max_tool_calls:
+            episode.done = True
+            return None, "tool"
+        episode.tool_calls += 1
+        observation, error = call_tool(call, tools, turn, limits.timeout, names.get(call.name))
+        episode.tool_errors += error
+        return observation, "tool"
+    if episode.env is not None:
+        observation, reward, episode.done = _step(episode.env, episode.answer, turn, limits.timeout, of)
+        episode.rewards[-1] += reward or 0.0
+        return observation, "user"
+    episode.done = True
+    return None, "tool"
 
 
 def cut_call_warning(episodes: list[Episode], max_new_tokens: int) -> str | None:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from ppo_rlhf.config import (
     NON_NEGATIVE,
@@ -55,6 +55,9 @@ from ppo_rlhf.utils.device import DtypeName
 from ppo_rlhf.utils.files import atomic_write_text
 from ppo_rlhf.utils.lock import hold
 from ppo_rlhf.utils.paths import check_model_name
+
+if TYPE_CHECKING:  # the reward model's module is imported where used (import_stage_modules)
+    from ppo_rlhf.study.reward_model import RewardModelTraining
 
 
 # The defaults are `make demo`, sized for the study's result (>= 1,500 training and >= 200 held-out
@@ -495,11 +498,19 @@ def reward_model_stage(cfg: DemoConfig, stages: Stages, pairs_key: str, pairs: P
 
     return stages.run("reward model", stage_settings(cfg, "reward model"), [pairs_key], reward_dir / "rm_info.json",
                       lambda _: print(reward_model_line(train_reward_model(
-                          pairs, base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=cfg.seed,
-                          lr=cfg.rm_lr, batch_size=cfg.rm_batch_size, lora_layers=cfg.rm_lora_layers,
-                          lora_rank=cfg.rm_lora_rank, shuffle_pairs=cfg.rm_shuffle_pairs,
-                          heldout_source=heldout_pairs, dtype=cfg.dtype, length_head=cfg.rm_length_head,
-                          length_tolerance=cfg.pair_length_tolerance))))
+                          pairs, out_dir=reward_dir, training=reward_model_training(cfg, cfg.seed),
+                          heldout_source=heldout_pairs))))
+
+
+def reward_model_training(cfg: DemoConfig, seed: int) -> RewardModelTraining:
+    """The demo's reward-model settings (--rm-*, the model, the dtype) with `seed`: the demo's proxy and every proxy
+    of --overoptimisation train alike."""
+    from ppo_rlhf.study.reward_model import RewardModelTraining
+
+    return RewardModelTraining(base=cfg.model, epochs=cfg.rm_epochs, lr=cfg.rm_lr, batch_size=cfg.rm_batch_size,
+                               lora_rank=cfg.rm_lora_rank, lora_layers=cfg.rm_lora_layers, seed=seed, dtype=cfg.dtype,
+                               shuffle_pairs=cfg.rm_shuffle_pairs, length_head=cfg.rm_length_head,
+                               length_tolerance=cfg.pair_length_tolerance)
 
 
 def ppo_stages(cfg: DemoConfig, stages: Stages, reward_key: str, reward_dir: Path, ppo_prompts: Path, sign: int

@@ -17,9 +17,10 @@ summary and the text, so that they can be tested on made-up records.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -400,61 +401,78 @@ def evaluate_runs(
     With `checkpoints` "kl:..." every summary row of a checkpoint names the KL targets it was picked for
     ("kl_targets"; kl_spacing.py).
     """
+    dirs, configs, prompts = checked_inputs(run_dirs, prompts_path, (proxy, gold), replies_per_prompt, batch_size,
+                                            length_sign)
+    by_name = {run_name(d): d for d in dirs}
+    settings = _common_settings(configs, proxy, by_name)
+    selected = {name: select_checkpoints(d, checkpoints) for name, d in by_name.items()}
+    device = str(resolve_device(device))
+    # what a record depends on besides its model: records made otherwise are never reused
+    record_settings = {**settings, "gold": gold, "replies_per_prompt": replies_per_prompt, "seed": seed,
+                       "batch_size": batch_size, "device": device, "kl": KL_ESTIMATE, "judges": list(JUDGES),
+                       "length_sign": length_sign}
+    score = functools.partial(score_models, settings=settings, gold=gold, prompts=prompts, prompts_path=prompts_path,
+                              device=device, batch_size=batch_size, replies_per_prompt=replies_per_prompt, seed=seed,
+                              length_sign=length_sign, model_keys=model_keys or {})
+    records = model_records(selected, Path(out_dir), record_settings, prompts, model_keys or {}, score)
+
+    norms = standardize_records(records, settings["unfinished_score"])
+    summary = summarize(records)
+    if checkpoints.startswith("kl:"):
+        mark_kl_targets(summary, selected, by_name, checkpoints)
+    examples = before_after(records, n_examples)
+    result = {
+        "settings": {**record_settings, "prompts": str(Path(prompts_path).resolve()),  # absolute, like every saved path
+                     "n_prompts": len(prompts), "checkpoints": checkpoints,
+                     "runs": {name: str(d.resolve()) for name, d in zip(configs, dirs)}},
+        "norms": norms, "summary": summary, "examples": examples, "records": records,
+    }
+    write_evaluation(Path(out_dir), result, len(prompts) * replies_per_prompt)
+    return result
+
+
+def checked_inputs(run_dirs: Sequence[str | Path], prompts_path: str | Path, judges: tuple[str | None, ...],
+                   replies_per_prompt: int, batch_size: int, length_sign: int
+                   ) -> tuple[list[Path], dict[str, dict[str, Any]], list]:
+    """(the run folders, their configs, the prompts): every argument, file and judge checked before the slow imports
+    and model loads, so that bad input stops in one line before minutes of loading."""
     require(len(run_dirs) > 0, "give at least one run directory")
     require(replies_per_prompt >= 1, f"--replies-per-prompt must be >= 1, got {replies_per_prompt}")
     require(batch_size >= 1, f"--batch-size must be >= 1, got {batch_size}")
     require(length_sign in (1, -1), f"length_sign must be 1 or -1, got {length_sign}")
     dirs = [Path(d) for d in run_dirs]
     configs = read_run_configs(dirs)
-    prompts = read_prompts(prompts_path)  # every input is checked before the slow imports and model loads
-    for judge in (proxy, gold):
+    prompts = read_prompts(prompts_path)
+    for judge in judges:
         if judge is not None:
             check_judge_spec(judge, rewards=True)
-    settings = _common_settings(configs, proxy, {run_name(d): d for d in dirs})
-    selected = {run_name(d): select_checkpoints(d, checkpoints) for d in dirs}
-    run_dirs_by_name = {run_name(d): d for d in dirs}
+    return dirs, configs, prompts
 
-    device = str(resolve_device(device))
-    # what a record depends on besides its model: records made otherwise are never reused
-    record_settings = {**settings, "gold": gold, "replies_per_prompt": replies_per_prompt, "seed": seed,
-                       "batch_size": batch_size, "device": device, "kl": KL_ESTIMATE, "judges": list(JUDGES),
-                       "length_sign": length_sign}
-    out_dir = Path(out_dir)
+
+def model_records(selected: dict[str, list[tuple[int, Path]]], out_dir: Path, record_settings: dict[str, Any],
+                  prompts: list, model_keys: dict[str | None, str],
+                  score: Callable[[list[tuple[str | None, int | None, Path | None]]], dict[str, list[dict]]]
+                  ) -> list[dict]:
+    """The records of the start model, then of each selected checkpoint in order: a model's stored ones in out_dir
+    where its key is unchanged (stored_records: sampling again would give the same), the others' from `score`."""
     jobs: list[tuple[str | None, int | None, Path | None]] = [(None, None, None)]
     jobs += [(run, i, folder) for run, found in selected.items() for i, folder in found]
-    stored = stored_records(out_dir, record_settings, prompts, model_keys or {})
+    stored = stored_records(out_dir, record_settings, prompts, model_keys)
     reused = [model_label(run, iteration) for run, iteration, _ in jobs if model_label(run, iteration) in stored]
     if reused:
         print(f"reusing the stored records of {len(reused)} of {len(jobs)} models (keys unchanged): "
               + ", ".join(reused))
     pending = [job for job in jobs if model_label(job[0], job[1]) not in stored]
-    new_records = score_models(pending, settings, gold, prompts, prompts_path, device, batch_size,
-                               replies_per_prompt, seed, length_sign, model_keys or {}) if pending else {}
-    by_label = stored | new_records
-    records = [record for run, iteration, _ in jobs for record in by_label[model_label(run, iteration)]]
+    by_label = stored | (score(pending) if pending else {})
+    return [record for run, iteration, _ in jobs for record in by_label[model_label(run, iteration)]]
 
-    norms = standardize_records(records, settings["unfinished_score"])
-    summary = summarize(records)
-    if checkpoints.startswith("kl:"):
-        mark_kl_targets(summary, selected, run_dirs_by_name, checkpoints)
-    examples = before_after(records, n_examples)
-    result = {
-        "settings": {
-            **record_settings,
-            "prompts": str(Path(prompts_path).resolve()),  # absolute, like every saved path
-            "n_prompts": len(prompts),
-            "checkpoints": checkpoints,
-            "runs": {name: str(d.resolve()) for name, d in zip(configs, dirs)},
-        },
-        "norms": norms,
-        "summary": summary,
-        "examples": examples,
-        "records": records,
-    }
+
+def write_evaluation(out_dir: Path, result: dict[str, Any], n_replies: int) -> None:
+    """out_dir/evaluation.json (everything, the records included: a later run reuses them) and evaluation.txt (the
+    summary and examples in words)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "evaluation.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    (out_dir / "evaluation.txt").write_text(format_evaluation(summary, examples, len(prompts) * replies_per_prompt))
-    return result
+    (out_dir / "evaluation.txt").write_text(format_evaluation(result["summary"], result["examples"], n_replies))
 
 
 # ---------------------------------------------------------------- command line

