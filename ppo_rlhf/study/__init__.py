@@ -1,4 +1,6 @@
 """The chapter's offline study (`ppo-rlhf demo`): prompts, preference pairs labelled by a gold judge (`prompts`,
-`pairs`, `judges`), the proxy reward model (`reward_model`, `word_baseline`), the held-out evaluation with bootstrap
-intervals (`evaluate`, `stats`), the findings in words and the report (`findings`, `report`), the end-to-end `demo`
-and the estimator `compare`."""
+`pairs`, `judges`, `judge_specs`), the proxy reward model and its yardsticks (`reward_model`, `length_bias`,
+`word_baseline`, `ensemble`), the optimisation arms (`arms`), the held-out evaluation with bootstrap intervals
+(`evaluate`, `sampling`, `stats`, `curves`), the findings in words and the report (`findings`, `report`), the
+end-to-end `demo`, the over-optimisation turn predicted and measured (`overoptimisation`, `gao`) and the estimator
+`compare`. docs/DESIGN.md has a line for each."""
