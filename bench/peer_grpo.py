@@ -51,7 +51,9 @@ saving by this script only.
     trl-lora        trl-tuned with LoRA r16/alpha 32 on the 7 linear layers (ours) and learning_rate 1e-4
 
 --screening OUT/screening.json (bench/peer_grpo_screen.py, the rematch's screening) puts the settings it chose over
-the screened sides' own (ours-ppo, trl-lora); each side's side.json keeps them ("cell_settings").
+the screened sides' own (ours-ppo, trl-lora), and puts trl-lora's chosen cell on ours-grpo (its learning rate; its
+replies per step as ours' batch): the equal-settings side follows TRL's choice. Each side's side.json keeps them
+("cell_settings").
 
 Tuning budget, written here before any run (the same for both trainers): each trainer's documented defaults plus at
 most two more settings, every one fixed above from documentation or earlier runs of this repository, none chosen
@@ -623,8 +625,16 @@ def main() -> None:
 
 
 def screened_settings(screening: Path) -> dict[str, dict]:
-    """Per screened side, the settings its screening chose (over the side's own in SIDES)."""
-    return {side: found["chosen_settings"] for side, found in json.loads(screening.read_text())["sides"].items()}
+    """Per screened side, the settings its screening chose (over the side's own in SIDES); and ours-grpo, the
+    equal-settings side, at trl-lora's chosen cell: its learning rate, and its replies per optimiser step as ours'
+    batch (one optimiser step a batch, TRL's num_generations replies a prompt)."""
+    chosen = {side: found["chosen_settings"] for side, found in json.loads(screening.read_text())["sides"].items()}
+    if "trl-lora" in chosen:
+        trl = chosen["trl-lora"]
+        replies = trl["per_device_train_batch_size"]
+        chosen["ours-grpo"] = {"policy_lr": trl["learning_rate"], "batch_size": replies, "minibatch_size": replies,
+                               "group_size": trl["num_generations"]}
+    return chosen
 
 
 def finish(args, out: Path, results: dict[str, dict], evaluation: dict) -> None:

@@ -137,7 +137,9 @@ def test_the_timed_runs_read_the_choice_back(tmp_path):
     screen.finish(tmp_path, results, evaluation)
     assert peer_grpo.screened_settings(tmp_path / "screening.json") == {
         "ours-ppo": {"policy_lr": 2e-4, "value_lr": 2e-4, "batch_size": 32, "group_size": 2},
-        "trl-lora": {"learning_rate": 1e-4, "per_device_train_batch_size": 32, "num_generations": 8}}
+        "trl-lora": {"learning_rate": 1e-4, "per_device_train_batch_size": 32, "num_generations": 8},
+        # the equal-settings side follows TRL's chosen cell: its rate, its 32 replies a step (4 prompts x 8)
+        "ours-grpo": {"policy_lr": 1e-4, "batch_size": 32, "minibatch_size": 32, "group_size": 8}}
 
 
 def test_trl_keeps_its_default_precision_when_its_chosen_cell_does_not_learn():
