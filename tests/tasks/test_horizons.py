@@ -72,7 +72,9 @@ def test_compare_horizons_runs_every_seed_resumes_and_writes_the_json(tmp_path, 
     assert main(args) == 0  # the same command continues
     printed = capsys.readouterr().out
     assert printed.count("done already, skipping") == 2 + 2  # the two finished runs and both horizons' data
-    assert "[train h2 ppo-turn_s0] done already" in printed and "[train h2 rloo_s0] ..." in printed
+    # seed 0 of every variant first: a comparison stopped part-way has the same seeds of each variant
+    assert "[train h2 ppo-turn_s0] done already" in printed and "[train h2 rloo_s0] done already" in printed
+    assert "[train h2 ppo-turn_s1] ..." in printed
 
     result = json.loads((out / "critic_horizon.json").read_text())
     assert set(result) == {"task", "horizons", "seeds", "rows", "best_critic_minus_best_free", "crossover_horizon"}
