@@ -1,7 +1,7 @@
 """The rematch's screening (bench/plans/peer_grpo_rematch.md, "Tuning budget"): each screened side's learning rate and
 batch chosen on a validation slice of add-tiny's training problems, before any timed run.
 
-    .venv/bin/python bench/peer_grpo_screen.py --dry-run --out /tmp/screen      # tiny random models, one step a cell
+    .venv/bin/python bench/peer_grpo_screen.py --dry-run --out /tmp/screen  # tiny random models, 2 cells a side, a step
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 .venv/bin/python bench/peer_grpo_screen.py --out runs/rematch_screen
                                                                # 12 cells x 600 s and their evaluation (quiet machine)
 
@@ -217,8 +217,8 @@ def main() -> None:
     parser.add_argument("--eval-batch", type=int, default=32, help="replies generated at once in the evaluation")
     parser.add_argument("--report-only", action="store_true",
                         help="write screening.json and print the choice again from OUT's finished cells and evaluation")
-    parser.add_argument("--dry-run", action="store_true", help=f"tiny random models, one step a cell, the first "
-                        f"{DRY_VALIDATION} validation problems (tests/bench/test_peer_grpo_screen.py)")
+    parser.add_argument("--dry-run", action="store_true", help="tiny random models, one step in 2 cells a side, "
+                        f"the first {DRY_VALIDATION} validation problems (tests/bench/test_peer_grpo_screen.py)")
     parser.add_argument("--validate", help=argparse.SUPPRESS)  # the evaluation's process: these cells
     args = parser.parse_args()
     # bench/peer_grpo.py's run_side reads these: the plan's, not options
@@ -233,7 +233,10 @@ def main() -> None:
     unknown = [s for s in sides if s not in GRID]
     if unknown:
         parser.error(f"--sides: unknown {', '.join(unknown)}; choose from {', '.join(GRID)}")
-    names = [cell["name"] for side in sides for cell in cells(side)]
+    # a dry run steps each side's first and last cell (lowest rate and smaller batch, highest rate and larger batch):
+    # both of a side's batch settings and its rate reach the trainer, at a third of the grid's processes
+    run_cells = {side: [cells(side)[0], cells(side)[-1]] if args.dry_run else cells(side) for side in sides}
+    names = [cell["name"] for side in sides for cell in run_cells[side]]
     if args.report_only:
         missing = [n for n in names if not (out / "eval" / n / "side.json").is_file()]
         if missing or not (out / "validation" / "task_eval.json").is_file():
@@ -247,7 +250,7 @@ def main() -> None:
           f"{', one step each: dry run' if args.dry_run else ''}), trained on {data} (the training problems less "
           f"the first {VALIDATION}), TRL in {args.trl_precision}", flush=True)
     results = {cell["name"]: run_side(side, args, out, model, data, "float32", cell["name"], cell["settings"])
-               for side in sides for cell in cells(side)}
+               for side in sides for cell in run_cells[side]}
     finish(out, results, validate(args, out, names))
 
 

@@ -151,9 +151,9 @@ def test_trl_keeps_its_default_precision_when_its_chosen_cell_does_not_learn():
 SKIP = trl_installed()
 
 
-def test_dry_run_every_cell_steps_and_is_scored_on_the_validation_slice(tmp_path):
-    """Every cell of ours (and of TRL's, where bench/.venv-grpo has TRL) takes one step with its settings and its
-    checkpoint is scored on the first validation problems."""
+def test_dry_run_steps_two_cells_a_side_and_scores_them_on_the_validation_slice(tmp_path):
+    """The first and last cell of ours (and of TRL's, where bench/.venv-grpo has TRL) take one step with their
+    settings (both batches, two rates) and their checkpoints are scored on the first validation problems."""
     sides = ["ours-ppo"] + (["trl-lora"] if SKIP is None else [])
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "peer_grpo_screen.py"), "--dry-run", "--out",
@@ -164,6 +164,8 @@ def test_dry_run_every_cell_steps_and_is_scored_on_the_validation_slice(tmp_path
     assert written["validation"]["split"] == "train" and written["validation"]["problems"] == screen.DRY_VALIDATION
     assert not (tmp_path / "data" / "heldout.jsonl").exists()
     for side in sides:
+        assert [c["name"] for c in written["sides"][side]["cells"]] == [screen.cells(side)[0]["name"],
+                                                                          screen.cells(side)[-1]["name"]]
         for c in written["sides"][side]["cells"]:
             run = json.loads((tmp_path / "eval" / c["name"] / "side.json").read_text())
             assert run["steps"] == 1 and run["cell_settings"] == c["settings"] and 0 <= c["score"] <= 1
