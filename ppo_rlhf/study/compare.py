@@ -134,6 +134,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     comparison.add_argument("--screen", action="store_true", default=None,
                             help="with --horizons: first choose each variant's settings on a validation split of the "
                                  "training instances, written to OUT/screen/chosen.json")
+    comparison.add_argument("--archive", metavar="DIR",
+                            help="with --horizons: keep every finished run (its config, history and held-out records, "
+                                 "not its checkpoints) in DIR too, and take the runs DIR holds as done: a comparison "
+                                 "that spans machines")
     add_config_arguments(parser, TrainConfig, title="training: {}")  # --out is the parent folder of the runs
 
 
@@ -142,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     task_only = [flag for flag, value in (("--variants", args.variants), ("--checkpoints", args.checkpoints),
                                           ("--heldout", args.heldout), ("--horizons", args.horizons),
                                           ("--seeds", args.seeds), ("--json-out", args.json_out),
-                                          ("--screen", args.screen)) if value is not None]
+                                          ("--screen", args.screen), ("--archive", args.archive))
+                 if value is not None]
     require(not task_only, f"{', '.join(task_only)}: only with --task")
     names = set(TrainConfig.__dataclass_fields__)
     base = read_yaml(args.config) if args.config else {}

@@ -385,6 +385,11 @@ class Stages:
         """Seconds of this demo's stages (when each last ran)."""
         return {name: self.records[name]["seconds"] for name in self.names}
 
+    def adopt(self, name: str, record: dict) -> None:
+        """Take a stage finished elsewhere (its outputs copied here) as this folder's: `run` skips it when its key is
+        the same (`tasks.horizon_archive.restore`)."""
+        self._save(name, record)
+
     def _save(self, name: str, record: dict) -> None:
         self.records[name] = record
         atomic_write_text(self.record_file, json.dumps(self.records, indent=1) + "\n")

@@ -2,4 +2,4 @@
 `command`), the multi-turn calc-steps (`calc_steps`) and the environment tasks with a horizon knob (`horizon`:
 `key_door`, `guess_number`), the held-out accuracy of a run's checkpoints (`evaluate`), the task's `demo` and
 `report`, the estimator `compare` and its comparison over horizons (`horizons`, `comparison`, `screen`,
-`horizon_stats`). docs/DESIGN.md has a line for each."""
+`horizon_stats`, `horizon_archive`). docs/DESIGN.md has a line for each."""

@@ -118,8 +118,9 @@ def variant_configs(base: dict[str, Any], overrides: dict[str, Any], out: Path, 
 
 def train_in_process(cfg: TrainConfig, config_file: Path, continuing: bool) -> dict[str, Any]:
     """`python -m ppo_rlhf train` of one variant in a child process (its output passes through); returns and writes
-    to RUN_DIR/process.json its wall seconds and peak resident memory (MiB). A killed variant (`continuing`, its run
-    directory started) continues from its latest checkpoint: then both numbers are of the continuation only."""
+    to RUN_DIR/process.json its wall seconds, peak resident memory (MiB) and the CPU's matrix flags. A killed variant
+    (`continuing`, its run directory started) continues from its latest checkpoint: then both numbers are of the
+    continuation only."""
     run_dir = Path(cfg.out)
     atomic_write_text(config_file, to_yaml(cfg))
     if continuing and (run_dir / "config.yaml").is_file():
@@ -141,8 +142,10 @@ def train_in_process(cfg: TrainConfig, config_file: Path, continuing: bool) -> d
         raise RunError(f"training {run_dir.name} ended with exit code {code} (its messages are above)")
     # ru_maxrss is in KiB on Linux (bytes on macOS)
     peak = usage.ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    from ppo_rlhf.models.precision import cpu_matrix_flags  # lazy: torch
+
     measured = {"wall_s": round(time.perf_counter() - start, 1), "peak_rss_mib": round(peak, 1),
-                "continued": bool(continuing)}
+                "continued": bool(continuing), "cpu_flags": cpu_matrix_flags()}  # machines differ between sittings
     atomic_write_text(run_dir / "process.json", json.dumps(measured, indent=1) + "\n")
     return measured
 
@@ -343,7 +346,8 @@ def run(args: argparse.Namespace) -> int:
     tasks/horizons.py when --horizons is; its parser is `ppo_rlhf.study.compare`'s)."""
     given, variants, n_heldout = task_arguments(args)
     horizon_only = [flag for flag, value in (("--seeds", args.seeds), ("--json-out", args.json_out),
-                                             ("--screen", args.screen)) if value is not None]
+                                             ("--screen", args.screen), ("--archive", args.archive))
+                    if value is not None]
     require(not horizon_only, f"{', '.join(horizon_only)}: only with --horizons")
     base = read_yaml(args.config) if args.config else preset(args.task)
     out = given.pop("out", f"runs/compare-{args.task}")

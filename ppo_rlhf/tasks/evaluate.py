@@ -163,12 +163,16 @@ EPISODE_SHARED = {"max_turns": 4, "max_tool_calls": 4, "max_episode_tokens": 512
 
 def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | None = 200,
                        replies_per_prompt: int = 1, checkpoints: str = "all", seed: int = 1234, batch_size: int = 32,
-                       device: str = "auto", split: Split = "heldout") -> dict[str, Any]:
+                       device: str = "auto", split: Split = "heldout", models: str = "all") -> dict[str, Any]:
     """The start policy and the chosen checkpoints of each run (e.g. PPO, RLOO and GRPO from one start) on
     `n_heldout` held-out problems of `level` (None: all), in the runs' dtype, temperature and reply cap (a multi-turn
     task: and episode limits), which they must share. Returns {"settings", "summary", "records"}; writes nothing.
-    `split` "train": the first n_heldout training problems instead (a validation split: `tasks.screen`)."""
+    `split` "train": the first n_heldout training problems instead (a validation split: `tasks.screen`).
+    `models` "start" or "checkpoints": only those records, and no summary (it pairs every model with the start's
+    records: `summarize_task` over the parts put together; each model samples from the same seed, so the parts are
+    the records one evaluation of them all would give)."""
     require(len(run_dirs) > 0, "give at least one run directory")
+    require(models in ("all", "start", "checkpoints"), f"models must be all, start or checkpoints; got {models!r}")
     require(replies_per_prompt >= 1, f"replies_per_prompt must be >= 1, got {replies_per_prompt}")
     require(batch_size >= 1, f"batch_size must be >= 1, got {batch_size}")
     runs = {run_name(Path(d)): Path(d) for d in run_dirs}
@@ -180,7 +184,8 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
         values = {repr(config.get(key, default)) for config in configs.values()}
         require(len(values) == 1, f"the runs differ in {key} ({', '.join(sorted(values))}); evaluate them apart")
         settings[key] = next(iter(configs.values())).get(key, default)
-    selected = {name: select_checkpoints(d, checkpoints, full_models=True) for name, d in runs.items()}
+    selected = ({} if models == "start" else
+                {name: select_checkpoints(d, checkpoints, full_models=True) for name, d in runs.items()})
     rows = problems(level, split, n_heldout)  # all checked before torch and the models load
 
     from ppo_rlhf.models.loading import load_causal_lm, load_policy_adapter, load_tokenizer
@@ -192,7 +197,8 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
     base = settings["policy_model"]
     tokenizer = load_tokenizer(base)
     records: list[dict] = []
-    jobs = [(None, None, None)] + [(name, i, folder) for name, found in selected.items() for i, folder in found]
+    jobs: list[tuple[str | None, int | None, Path | None]] = [(None, None, None)] * (models != "checkpoints")
+    jobs += [(name, i, folder) for name, found in selected.items() for i, folder in found]
     for name, iteration, folder in jobs:
         reference = None
         if folder is None:
@@ -209,4 +215,4 @@ def evaluate_task_runs(run_dirs: list[str | Path], level: str, n_heldout: int | 
                          "replies_per_prompt": replies_per_prompt, "seed": seed,
                          "runs": {name: str(d.resolve()) for name, d in runs.items()},
                          "checkpoints": checkpoints},
-            "summary": summarize_task(records), "records": records}
+            "summary": summarize_task(records) if models == "all" else None, "records": records}

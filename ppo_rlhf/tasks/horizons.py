@@ -11,7 +11,8 @@ Layout, under OUT (default runs/compare-NAME-horizons):
 
   hH/data/                       the instance's training and held-out problems (`write_task`)
   hH/runs/VARIANT_sK/            run K of VARIANT (its config.yaml, history.jsonl, checkpoints, process.json)
-  hH/evaluation/task_eval.json   the start model and every run's --checkpoints on the held-out problems
+  hH/evaluation/VARIANT_sK.json  its --checkpoints' records on the held-out problems (start.json: the start model's)
+  hH/evaluation/task_eval.json   all of them put together, with each model's summary
   screen/chosen.json             with --screen: each variant's settings chosen on the training instances
                                  (`ppo_rlhf.tasks.screen`), written before any held-out run starts
   critic_horizon.html, .png      the report: held-out success against sampled tokens per horizon (one curve per
@@ -20,9 +21,11 @@ Layout, under OUT (default runs/compare-NAME-horizons):
                                  critic's explained variance, and the runs' settings as their config.yaml saved them
   critic_horizon.json            the schema of docs/multi-turn.md (--json-out to write it elsewhere)
 
-Every training run, evaluation and the screen are stages (`demo.Stages`, OUT/stages.json): a killed comparison run
-again with the same command skips the finished runs and continues the one that was running from its latest
-checkpoint; the report is written again from the stored results every time.
+Every run (trained, then evaluated), the start model's evaluation and the screen are stages (`demo.Stages`,
+OUT/stages.json): a killed comparison run again with the same command skips the finished runs and continues the one
+that was running from its latest checkpoint; the report is written again from the stored results every time. With
+--archive DIR the finished stages are also kept in DIR, a few small files each (`tasks.horizon_archive`), and a
+comparison on another machine with the same DIR starts from them.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from ppo_rlhf.tasks.compare import (
 )
 from ppo_rlhf.tasks.comparison import Comparison
 from ppo_rlhf.tasks.demo import preset
+from ppo_rlhf.tasks.horizon_archive import keep, restore
 from ppo_rlhf.tasks.horizon_stats import (
     N_BOOT,
     crossover_horizon,
@@ -127,9 +131,11 @@ def plan(task: str, out: Path, base_for: Any, overrides: dict[str, Any], horizon
 def compare_horizons(task: str, out: str | Path, base_for: Any, overrides: dict[str, Any], horizons: list[int],
                      seeds: int = 3, variants: list[str] | None = None, checkpoints: str | None = None,
                      n_heldout: int | None = 200, replies_per_prompt: int = 1, eval_seed: int = 1234,
-                     json_out: str | Path | None = None, screen: bool = False) -> dict[str, Any]:
+                     json_out: str | Path | None = None, screen: bool = False,
+                     archive: str | Path | None = None) -> dict[str, Any]:
     """Train and evaluate every (horizon, variant, seed) (`--screen`: after choosing each variant's settings on the
-    training instances), write the report and the JSON; returns the JSON's content."""
+    training instances), write the report and the JSON; returns the JSON's content. `archive`: a folder that keeps
+    every finished run and evaluation (`tasks.horizon_archive`), and from which those not done here are taken."""
     out = Path(out).resolve()
     variants = variants or list(HORIZON_VARIANTS)
     comparison = plan(task, out, base_for, overrides, horizons, seeds, variants)  # every check before any work
@@ -139,6 +145,10 @@ def compare_horizons(task: str, out: str | Path, base_for: Any, overrides: dict[
     with hold(out, "compare folder"):
         out.mkdir(parents=True, exist_ok=True)
         stages = Stages(out)
+        if archive is not None:
+            archive = Path(archive).resolve()
+            restored = restore(stages, out, archive)
+            print(f"taken from the archive {archive}: {', '.join(restored) if restored else 'nothing new'}")
         data_keys = {}
         for h, instance in comparison.instances.items():
             data = out / f"h{h}" / "data"
@@ -153,39 +163,79 @@ def compare_horizons(task: str, out: str | Path, base_for: Any, overrides: dict[
             chosen = screen_variants(comparison, stages, data_keys, base_for, overrides)
             comparison = plan(task, out, base_for, overrides, horizons, seeds, variants, chosen)
         for h in horizons:
-            run_horizon(comparison, h, stages, data_keys[h], checkpoints, n_heldout, replies_per_prompt, eval_seed)
+            run_horizon(comparison, h, stages, data_keys[h], checkpoints, n_heldout, replies_per_prompt, eval_seed,
+                        archive)
         result = write_report(comparison, json_path)
         print(stages.total_line())
     return result
 
 
 def run_horizon(comparison: Comparison, h: int, stages: Stages, data_key: str, checkpoints: str,
-                n_heldout: int | None, replies_per_prompt: int, eval_seed: int) -> None:
-    """Train every run of horizon h (each its own stage), then evaluate them all on the same held-out problems."""
+                n_heldout: int | None, replies_per_prompt: int, eval_seed: int, archive: Path | None = None) -> None:
+    """Every run of horizon h in one stage each: trained, then its checkpoints evaluated on the held-out problems (a
+    run's records are its result: its checkpoints are not read again); the start model in a stage of its own; then
+    evaluation/task_eval.json put together from them. With `archive`, each finished stage is kept there too."""
     folder = comparison.out / f"h{h}"
-    keys = []
-    for (variant, k), cfg in comparison.configs[h].items():
-        settings = {key: v for key, v in dataclasses.asdict(cfg).items() if key not in ("out", "prompts", "device")}
-        final = Path(cfg.out) / "checkpoints" / f"iter_{cfg.iterations:06d}"
-
-        def work(continuing: bool, cfg: TrainConfig = cfg, name: str = run_label(variant, k)) -> None:
-            cfg.check_files()
-            train_in_process(cfg, folder / "configs" / f"{name}.yaml", continuing)
-
-        keys.append(stages.run(f"train h{h} {run_label(variant, k)}", settings, [data_key], final, work))
-    eval_file = folder / "evaluation" / "task_eval.json"
+    evaluation = {"n_heldout": n_heldout, "replies_per_prompt": replies_per_prompt, "seed": eval_seed,
+                  "checkpoints": checkpoints, "batch_size": EVAL_BATCH}
     configs = list(comparison.configs[h].values())
 
-    def evaluate(_: bool) -> None:
+    def evaluated(run_dirs: list[str | Path], models: str) -> dict[str, Any]:
         from ppo_rlhf.tasks.evaluate import evaluate_task_runs  # lazy: torch
 
-        result = evaluate_task_runs([cfg.out for cfg in configs], comparison.instances[h], n_heldout,
-                                    replies_per_prompt, checkpoints, eval_seed, EVAL_BATCH, configs[0].device)
-        atomic_write_text(eval_file, json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+        return evaluate_task_runs(run_dirs, comparison.instances[h], n_heldout, replies_per_prompt, checkpoints,
+                                  eval_seed, EVAL_BATCH, configs[0].device, models=models)
 
-    stages.run(f"evaluation h{h}", {"n_heldout": n_heldout, "replies_per_prompt": replies_per_prompt,
-                                    "seed": eval_seed, "checkpoints": checkpoints, "batch_size": EVAL_BATCH},
-               keys, eval_file, evaluate)
+    def kept(name: str, files: list[Path]) -> None:
+        if archive is not None:
+            keep(stages, name, comparison.out, archive, [path.relative_to(comparison.out) for path in files])
+
+    for (variant, k), cfg in comparison.configs[h].items():
+        label, run_dir = run_label(variant, k), Path(cfg.out)
+        settings = {key: v for key, v in dataclasses.asdict(cfg).items() if key not in ("out", "prompts", "device")}
+        records = folder / "evaluation" / f"{label}.json"
+
+        def work(continuing: bool, cfg: TrainConfig = cfg, label: str = label, records: Path = records) -> None:
+            trained = (Path(cfg.out) / "checkpoints" / f"iter_{cfg.iterations:06d}").is_dir()
+            if not (continuing and trained and (Path(cfg.out) / "process.json").is_file()):  # else: killed in eval
+                cfg.check_files()
+                train_in_process(cfg, folder / "configs" / f"{label}.yaml", continuing)
+            write_json(records, evaluated([cfg.out], "checkpoints"))
+
+        stages.run(f"run h{h} {label}", {**settings, "evaluation": evaluation}, [data_key], records, work)
+        kept(f"run h{h} {label}", [run_dir / name for name in ("config.yaml", "history.jsonl", "process.json")]
+             + [records])
+    start = folder / "evaluation" / "start.json"
+    stages.run(f"evaluate h{h} start", {**evaluation, "settings": start_settings(configs[0])}, [data_key], start,
+               lambda _: write_json(start, evaluated([configs[0].out], "start")))
+    kept(f"evaluate h{h} start", [start])
+    write_json(folder / "evaluation" / "task_eval.json", joined_evaluation(start, [
+        folder / "evaluation" / f"{run_label(variant, k)}.json" for variant, k in comparison.configs[h]]))
+
+
+def start_settings(cfg: TrainConfig) -> dict[str, Any]:
+    """The start model's evaluation settings every run shares (`evaluate.SHARED`, `EPISODE_SHARED`)."""
+    from ppo_rlhf.tasks.evaluate import EPISODE_SHARED, SHARED
+
+    return {key: getattr(cfg, key) for key in (*SHARED, *EPISODE_SHARED)}
+
+
+def joined_evaluation(start: Path, parts: list[Path]) -> dict[str, Any]:
+    """The start model's records and every run's, as one evaluation of them all ({"settings", "summary",
+    "records"}; the settings name every run)."""
+    from ppo_rlhf.tasks.evaluate import summarize_task
+
+    first = json.loads(start.read_text())
+    records, runs = list(first["records"]), dict[str, str]()
+    for part in parts:
+        evaluation = json.loads(part.read_text())
+        records += evaluation["records"]
+        runs |= evaluation["settings"]["runs"]
+    return {"settings": {**first["settings"], "runs": runs}, "summary": summarize_task(records), "records": records}
+
+
+def write_json(path: Path, content: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(content, indent=1, ensure_ascii=False) + "\n")
 
 
 # ---------------------------------------------------------------- the numbers, from the stored results
@@ -373,5 +423,5 @@ def run(args: argparse.Namespace) -> int:
     out = given.pop("out", f"runs/compare-{args.task}-horizons")
     compare_horizons(args.task, out, lambda instance: config or preset(instance), given, parse_horizons(args.horizons),
                      args.seeds or 3, variants, args.checkpoints, n_heldout, args.replies_per_prompt or 1,
-                     args.eval_seed, args.json_out, bool(args.screen))
+                     args.eval_seed, args.json_out, bool(args.screen), args.archive)
     return 0

@@ -73,8 +73,8 @@ def test_compare_horizons_runs_every_seed_resumes_and_writes_the_json(tmp_path, 
     printed = capsys.readouterr().out
     assert printed.count("done already, skipping") == 2 + 2  # the two finished runs and both horizons' data
     # seed 0 of every variant first: a comparison stopped part-way has the same seeds of each variant
-    assert "[train h2 ppo-turn_s0] done already" in printed and "[train h2 rloo_s0] done already" in printed
-    assert "[train h2 ppo-turn_s1] ..." in printed
+    assert "[run h2 ppo-turn_s0] done already" in printed and "[run h2 rloo_s0] done already" in printed
+    assert "[run h2 ppo-turn_s1] ..." in printed
 
     result = json.loads((out / "critic_horizon.json").read_text())
     assert set(result) == {"task", "horizons", "seeds", "rows", "best_critic_minus_best_free", "crossover_horizon"}
@@ -105,5 +105,62 @@ def test_compare_horizons_runs_every_seed_resumes_and_writes_the_json(tmp_path, 
 
     assert main([*args, "--json-out", str(tmp_path / "elsewhere.json")]) == 0  # nothing trained again
     printed = capsys.readouterr().out
-    assert "[train h4 rloo_s1] done already" in printed and "[evaluation h4] done already" in printed
+    assert "[run h4 rloo_s1] done already" in printed and "[evaluate h4 start] done already" in printed
     assert json.loads((tmp_path / "elsewhere.json").read_text()) == result
+
+
+def test_an_archived_comparison_continues_on_a_fresh_machine_without_training_again(tmp_path, tiny_model_dirs,
+                                                                                    monkeypatch, capsys):
+    # two comparisons side by side (one variant each, their own folders) keep their runs in one archive; a third
+    # folder with both variants (a fresh machine: no checkpoints) trains nothing and reports from the archive
+    monkeypatch.setattr(horizons, "horizon_task", lambda task, horizon: "add-tiny")
+    archive = tmp_path / "archive"
+    common = ["compare", "--task", "add-tiny", "--horizons", "2", "--seeds", "1", "--archive", str(archive),
+              "--policy-model", str(tiny_model_dirs["policy"]), "--iterations", "2", "--batch-size", "4",
+              "--minibatch-size", "2", "--max-new-tokens", "4", "--reward-norm-samples", "4", "--lora-rank", "2",
+              "--dtype", "float32", "--device", "cpu", "--quiet", "--report-to", "none", "--heldout", "4",
+              "--checkpoint-every", "1", "--checkpoints", "1,2", "--seed", "5"]
+    for variant in ("ppo-turn", "rloo"):
+        assert main([*common, "--variants", variant, "--out", str(tmp_path / variant)]) == 0
+    assert sorted(path.name for path in (archive / "stages").iterdir()) == [
+        "evaluate_h2_start.json", "run_h2_ppo-turn_s0.json", "run_h2_rloo_s0.json"]
+    assert not list(archive.rglob("checkpoints"))
+    capsys.readouterr()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("an archived run is not trained again")
+
+    monkeypatch.setattr(horizons, "train_in_process", no_training)
+    monkeypatch.setattr("ppo_rlhf.tasks.evaluate.evaluate_task_runs", no_training)
+    both = tmp_path / "both"
+    assert main([*common, "--variants", "ppo-turn,rloo", "--out", str(both)]) == 0
+    printed = capsys.readouterr().out
+    # the data are written again (seeded, a second); the runs and the start model's evaluation are the archive's
+    assert "taken from the archive" in printed and printed.count("done already, skipping") == 3
+    assert "[data h2] ..." in printed
+    result = json.loads((both / "critic_horizon.json").read_text())
+    alone = {variant: json.loads((tmp_path / variant / "critic_horizon.json").read_text())["rows"][0]
+             for variant in ("ppo-turn", "rloo")}
+    assert {row["variant"]: row for row in result["rows"]} == alone
+    assert result["best_critic_minus_best_free"][0]["critic_variant"] == "ppo-turn"
+
+
+def test_a_comparisons_evaluation_in_parts_is_one_evaluation_of_every_model(tmp_path, tiny_model_dirs, monkeypatch):
+    # each run is evaluated when it finishes and the start model on its own: put together, the records and summaries
+    # are those of one evaluation of the start model and every checkpoint (each model samples from the same seed)
+    from ppo_rlhf.tasks.evaluate import evaluate_task_runs
+
+    monkeypatch.setattr(horizons, "horizon_task", lambda task, horizon: "add-tiny")
+    out = tmp_path / "cmp"
+    assert main(["compare", "--task", "add-tiny", "--horizons", "2", "--seeds", "1", "--variants", "ppo,grpo",
+                 "--out", str(out), "--policy-model", str(tiny_model_dirs["policy"]), "--iterations", "2",
+                 "--batch-size", "4", "--minibatch-size", "2", "--max-new-tokens", "4", "--reward-norm-samples", "4",
+                 "--lora-rank", "2", "--dtype", "float32", "--device", "cpu", "--quiet", "--report-to", "none",
+                 "--heldout", "4", "--checkpoint-every", "1", "--checkpoints", "1,2", "--seed", "5"]) == 0
+    joined = json.loads((out / "h2" / "evaluation" / "task_eval.json").read_text())
+    runs = [out / "h2" / "runs" / name for name in ("ppo_s0", "grpo_s0")]
+    whole = json.loads(json.dumps(evaluate_task_runs(runs, "add-tiny", 4, 1, "1,2", 1234, horizons.EVAL_BATCH,
+                                                     "cpu")))
+    assert [r["model"] for r in joined["records"]] == [r["model"] for r in whole["records"]]
+    assert joined["records"] == whole["records"] and joined["summary"] == whole["summary"]
+    assert joined["settings"] == whole["settings"]
