@@ -284,11 +284,11 @@ def run_trl(args) -> dict:
 # ---------------------------------------------------------------------------------------------- parent
 def prepare(args, out: Path) -> tuple[str, Path, str]:
     """(the start model's folder, the training problems file, the evaluation dtype) in our venv."""
-    sys.path.insert(0, str(ROOT))
+    model = start_model(args, out)  # (it puts the repository on sys.path)
     from ppo_rlhf.tasks.arithmetic import write_task
 
     train, _ = write_task(LEVEL, out / "data", overwrite=True)
-    return start_model(args, out), train, "float32" if args.dry_run else args.eval_dtype
+    return model, train, "float32" if args.dry_run else args.eval_dtype
 
 
 def start_model(args, out: Path) -> str:
@@ -370,12 +370,16 @@ def side_env(wait_policy: str) -> dict:
     return env
 
 
-def evaluate(args, out: Path, sides: list[str]) -> dict:
-    """Every checkpoint of every side and the start model, one `ppo-rlhf task evaluate` call (same problems, seed)."""
-    folder = out / "evaluation"
+def evaluate(args, out: Path, sides: list[str], folder_name: str = "evaluation", split: str = "heldout",
+             problems: int | None = None, replies: int | None = None) -> dict:
+    """Every checkpoint of every side and the start model, one `ppo-rlhf task evaluate` call (same problems, seed):
+    --heldout held-out problems, --eval-replies each; or `split` "train": the first `problems` training problems
+    (bench/peer_grpo_screen.py's validation slice), `replies` each. Written to OUT/FOLDER_NAME/task_eval.json."""
+    folder = out / folder_name
     command = [str(OURS_PY), "-m", "ppo_rlhf", "task", "evaluate", *(str(out / "eval" / s) for s in sides),
-               "--level", LEVEL, "--heldout", str(args.heldout), "--out", str(folder), "--checkpoints", "all",
-               "--batch-size", str(args.eval_batch), "--replies-per-prompt", str(args.eval_replies)]
+               "--level", LEVEL, "--split", split, "--heldout", str(args.heldout if problems is None else problems),
+               "--out", str(folder), "--checkpoints", "all", "--batch-size", str(args.eval_batch),
+               "--replies-per-prompt", str(args.eval_replies if replies is None else replies)]
     print("  " + " ".join(command[1:]), flush=True)
     proc = subprocess.run(command, capture_output=True, text=True, env=side_env(args.omp_wait_policy), cwd=ROOT)
     if proc.returncode != 0:

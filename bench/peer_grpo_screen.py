@@ -16,7 +16,7 @@ the same clock), its settings over the side's own:
 Data: the validation slice is the first VALIDATION of add-tiny's training problems in the bench's seeded order
 (`problems(LEVEL, "train", VALIDATION)`, the first lines of bench/peer_grpo.py's OUT/data/train.jsonl); the cells train
 on the other training problems (OUT/data/screen_train.jsonl). The held-out problems are never read: no held-out file
-is written, and the evaluation asks for the training split (`evaluate_task_runs(split="train")`).
+is written, and the evaluation asks for the training split (`ppo-rlhf task evaluate --split train`).
 
 Score: a cell's checkpoints are at the first step past CHECKPOINT_EVERY_S and at the stop (its last two), each
 answering the validation problems, EVAL_REPLIES replies at temperature 0.7, reply cap 64, fp32, one sampling seed for
@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from peer_grpo import LEVEL, OURS_PY, run_side, side_env, start_model  # noqa: E402
+from peer_grpo import LEVEL, evaluate, run_side, start_model  # noqa: E402
 
 from ppo_rlhf.tasks.arithmetic import problems  # noqa: E402  (torch-free)
 
@@ -185,25 +184,10 @@ def paste_lines(screening: dict) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- running
 def validate(args, out: Path, names: list[str]) -> dict:
-    """Every checkpoint of the cells `names` and the start model on the validation slice, in our venv's process (one
-    `evaluate_task_runs(split="train")` call: the same problems and sampling seed for all)."""
-    command = [str(OURS_PY), __file__, "--out", str(out), "--validate", ",".join(names),
-               "--eval-batch", str(args.eval_batch), *(["--dry-run"] if args.dry_run else [])]
-    proc = subprocess.run(command, capture_output=True, text=True, env=side_env(args.omp_wait_policy), cwd=ROOT)
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], proc.stderr[-5000:], file=sys.stderr)
-        raise SystemExit(f"the validation evaluation failed (exit {proc.returncode})")
-    return json.loads((out / "validation" / "task_eval.json").read_text())
-
-
-def validation_process(args, out: Path) -> None:
-    from ppo_rlhf.tasks.evaluate import evaluate_task_runs
-    from ppo_rlhf.utils.files import atomic_write_text
-
-    result = evaluate_task_runs([out / "eval" / name for name in args.validate.split(",")], LEVEL,
-                                DRY_VALIDATION if args.dry_run else VALIDATION, EVAL_REPLIES, "all",
-                                batch_size=args.eval_batch, split="train")
-    atomic_write_text(out / "validation" / "task_eval.json", json.dumps(result, indent=1) + "\n")
+    """Every checkpoint of the cells `names` and the start model on the validation slice: bench/peer_grpo.py's
+    evaluation (one `ppo-rlhf task evaluate --split train` call: the same problems and sampling seed for all)."""
+    return evaluate(args, out, names, "validation", "train", DRY_VALIDATION if args.dry_run else VALIDATION,
+                    EVAL_REPLIES)
 
 
 def main() -> None:
@@ -219,16 +203,12 @@ def main() -> None:
                         help="write screening.json and print the choice again from OUT's finished cells and evaluation")
     parser.add_argument("--dry-run", action="store_true", help="tiny random models, one step in 2 cells a side, "
                         f"the first {DRY_VALIDATION} validation problems (tests/bench/test_peer_grpo_screen.py)")
-    parser.add_argument("--validate", help=argparse.SUPPRESS)  # the evaluation's process: these cells
     args = parser.parse_args()
     # bench/peer_grpo.py's run_side reads these: the plan's, not options
     args.budget_s, args.checkpoint_every_s, args.seed, args.max_steps = BUDGET_S, CHECKPOINT_EVERY_S, SEED, 0
     if args.dry_run:
         args.max_steps, args.eval_batch, args.trl_precision = 1, 8, "fp32"
     out = Path(args.out)
-    if args.validate:
-        validation_process(args, out)
-        return
     sides = args.sides.split(",")
     unknown = [s for s in sides if s not in GRID]
     if unknown:

@@ -43,8 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     evaluate.add_argument("--level", required=True, help=f"the task: {', '.join(TASKS)} (calc-steps: multi-turn "
                           "episodes with its calculator tool)")
     evaluate.add_argument("--out", required=True, help="folder for task_eval.json (every reply and the summary)")
-    evaluate.add_argument("--heldout", type=NON_NEGATIVE_INT, default=200,
-                          help=f"held-out problems (0 = all of them; calc-steps: {calc_steps.POOL['heldout']})")
+    evaluate.add_argument("--heldout", type=NON_NEGATIVE_INT, default=200, metavar="N",
+                          help=f"problems evaluated (0 = all of them; calc-steps: {calc_steps.POOL['heldout']} "
+                               "held-out)")
+    evaluate.add_argument("--split", choices=("heldout", "train"), default="heldout",
+                          help="heldout (default), or train: the first N training problems, a validation split for "
+                               "choosing settings without reading the held-out ones")
     evaluate.add_argument("--replies-per-prompt", type=POSITIVE_INT, default=1, help="replies sampled per problem")
     evaluate.add_argument("--checkpoints", default="all", help='"all", "latest" or iterations like 10,20')
     evaluate.add_argument("--batch-size", type=POSITIVE_INT, default=32, help="replies generated at once")
@@ -97,7 +101,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     out = Path(args.out)
     require(not out.exists() or out.is_dir(), f"--out {out} is a file, not a folder")
     result = evaluate_task_runs(args.runs, args.level, args.heldout or None, args.replies_per_prompt, args.checkpoints,
-                               args.seed, args.batch_size, args.device)
+                               args.seed, args.batch_size, args.device, split=args.split)
     atomic_write_text(out / "task_eval.json", json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     for s in result["summary"]:
         acc, change = s["accuracy"], s["accuracy_change"]

@@ -90,6 +90,13 @@ def test_the_shipped_task_config_trains_through_the_cli(tiny_model_dirs, tmp_pat
     result = json.loads((tmp_path / "eval" / "task_eval.json").read_text())
     assert [s["model"] for s in result["summary"]] == [START, "run step 2"] and len(result["records"]) == 8
     assert main([*evaluate[:-1], "add-huge"]) == 2  # checked before any model loads
+    # --split train: the first training problems instead (a validation split; bench/peer_grpo_screen.py's)
+    assert main([*evaluate[:4], str(tmp_path / "validation"), *evaluate[5:], "--split", "train"]) == 0
+    validation = json.loads((tmp_path / "validation" / "task_eval.json").read_text())
+    assert validation["settings"]["split"] == "train"
+    asked = {record["prompt"] for record in validation["records"]}
+    assert asked == {row["prompt"] for row in problems("add-tiny", "train", 4)}
+    assert not asked & {record["prompt"] for record in result["records"]}
 
 
 def test_a_plain_model_folder_is_a_checkpoint_too(tiny_model_dirs, tokenizer, tmp_path):
