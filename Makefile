@@ -78,11 +78,12 @@ demo-full: $(STAMP) $(GARAK)
 	    echo "copying the finished demo $(RUNS) to $(FULL_RUNS): --full reuses its stages"; cp -a $(RUNS) $(FULL_RUNS); fi
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --full --out $(FULL_RUNS)
 
-# The suite without the optional vLLM environment (its tests: `make test-vllm`; .ci/run runs both).
+# The suite without the optional vLLM environment (its tests: `make test-vllm`; .ci/run runs both). It must stay under
+# 15 minutes: the 25 slowest tests are printed at the end, so that every run says where its time went.
 test: $(STAMP) venv-grpo
 	$(BIN)/ruff check ppo_rlhf tests bench examples
 	$(BIN)/python -m mypy
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not vllm"
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not vllm" --durations=25
 
 # The tests marked vllm, on a real vLLM CPU engine from $(VLLM_VENV) (they skip, saying why, where it did not install).
 test-vllm: $(STAMP) venv-vllm
