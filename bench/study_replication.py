@@ -14,10 +14,14 @@ pool's folder is a `make demo` folder up to its reward model (`ppo-rlhf demo --o
 
 Per pool (rm_info.json of its reward model): training and held-out pairs, the proxy's held-out accuracy, word
 counts' (a bag-of-words logistic regression on the same training pairs), RM - words with its 95% interval that
-resamples held-out prompts, similar-length accuracy and the score-length correlation. Pooled: the mean of the
-pools' RM - words and a Student-t 95% interval over pools (`study.stats.unit_interval`): a pool is to this claim
-what a training seed is to a learning curve, and the prompts within one pool say nothing about another. Writes
-OUT/study_replication.json (`bench/results/study_replication.json` is a copy of the measured run's).
+resamples held-out prompts, similar-length accuracy and the score-length correlation, and the CPU flags of the
+machine that measured it. Pooled: the mean of the pools' RM - words and a Student-t 95% interval over pools
+(`study.stats.unit_interval`): a pool is to this claim what a training seed is to a learning curve, and the prompts
+within one pool say nothing about another. Writes OUT/study_replication.json (`bench/results/study_replication.json`
+is a copy of the measured run's).
+
+`--archive DIR` (a replication that spans machines, whose disks may not outlive a sitting): each finished pool's row
+is also kept in DIR/pool_SEED.json, and a pool whose row DIR holds is taken from there, not sampled again.
 """
 
 from __future__ import annotations
@@ -40,11 +44,12 @@ METHOD = ("mean of the pools' RM - words; 95% Student-t interval over pools (n -
 
 
 def pool_row(data_seed: int, rm_info: dict) -> dict:
-    """One pool's numbers, from its reward model's rm_info.json."""
+    """One pool's numbers, from its reward model's rm_info.json, and this machine's CPU flags."""
     heldout = rm_info["heldout"]
     mean, lo, hi = heldout["rm_minus_words"]
     similar = heldout["similar_length"]["accuracy"]
-    return {"data_seed": data_seed, "pairs": rm_info["train_pairs"], "heldout_pairs": rm_info["heldout_pairs"],
+    return {"data_seed": data_seed, "cpu_flags": cpu_matrix_flags().split(), "pairs": rm_info["train_pairs"],
+            "heldout_pairs": rm_info["heldout_pairs"],
             "rm_accuracy": heldout["all"]["accuracy"][0], "words_accuracy": heldout["words"]["accuracy"][0],
             "rm_minus_words": mean, "ci95": [lo, hi], "score_length_corr": heldout["reply_length_corr"],
             "similar_length_accuracy": None if similar is None else similar[0],
@@ -80,6 +85,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--data-seeds", default="1,2,3", help="comma-separated data seeds, one pool each")
     parser.add_argument("--out", default="runs/replication", help="folder: OUT/pool_SEED/ per pool, and the summary")
     parser.add_argument("--report-only", action="store_true", help="summarise the finished pools, run nothing")
+    parser.add_argument("--archive", help="folder that keeps each finished pool's row (DIR/pool_SEED.json); a pool "
+                                          "found there is not sampled again")
     args = parser.parse_args(ours)
     try:
         seeds = [int(part) for part in args.data_seeds.split(",") if part.strip()]
@@ -95,10 +102,16 @@ def main(argv: list[str]) -> int:
         print(f"ppo-rlhf demo settings: {error}", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
+    archive = Path(args.archive).resolve() if args.archive else None
     pools = []
     for data_seed in seeds:
         folder = out / f"pool_{data_seed}"
         info_file = folder / "reward_model" / "rm_info.json"
+        kept = archive / f"pool_{data_seed}.json" if archive else None
+        if kept is not None and kept.is_file():
+            pools.append(json.loads(kept.read_text()))
+            print(f"== pool {data_seed}: from the archive {kept}", flush=True)
+            continue
         if not args.report_only:
             try:
                 cfg = build_config(DemoConfig, given, {"out": str(folder), "data_seed": data_seed})
@@ -114,6 +127,8 @@ def main(argv: list[str]) -> int:
                   file=sys.stderr)
             return 2
         pools.append(pool_row(data_seed, json.loads(info_file.read_text())))
+        if kept is not None:
+            atomic_write_text(kept, json.dumps(pools[-1], indent=1) + "\n")
     settings = {key: value for key, value in given.items() if key != "out"}
     result = summary(pools, cpu_matrix_flags().split(), settings)
     atomic_write_text(out / "study_replication.json", json.dumps(result, indent=1) + "\n")

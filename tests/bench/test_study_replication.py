@@ -46,6 +46,16 @@ def test_two_pools_and_their_pooled_difference(tmp_path, monkeypatch, tokenizer,
     # a second call skips the finished stages and summarises the same pools
     assert study_replication.main(["--data-seeds", "1,2", "--out", str(out), "--report-only"]) == 0
     assert json.loads((out / "study_replication.json").read_text())["pools"] == result["pools"]
+    # --archive keeps each pool's row; another machine (a fresh OUT) takes them from there and samples nothing
+    archive = tmp_path / "archive"
+    assert study_replication.main(["--data-seeds", "1,2", "--out", str(out), "--archive", str(archive),
+                                   "--report-only"]) == 0
+    assert sorted(path.name for path in archive.iterdir()) == ["pool_1.json", "pool_2.json"]
+    monkeypatch.setattr(study_replication, "data_stages", lambda *a: pytest.fail("an archived pool was sampled"))
+    fresh = tmp_path / "fresh"
+    assert study_replication.main(["--data-seeds", "1,2", "--out", str(fresh), "--archive", str(archive)]) == 0
+    assert json.loads((fresh / "study_replication.json").read_text())["pools"] == result["pools"]
+    assert all(pool["cpu_flags"] == result["cpu_flags"] for pool in result["pools"])
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
