@@ -1,7 +1,7 @@
 """The study's optimisation arms: what each PPO run of the demo maximises.
 
     proxy   the reward model trained on gold-labelled pairs (Gao et al.'s setting: what a learned reward buys)
-    gold    the gold judge itself: the ceiling, how far gold can move on held-out prompts at each KL
+    gold    the gold judge itself: meant as the ceiling, how far gold can move on held-out prompts at each KL
     length  word counts, signed as the training pairs prefer: the "length detector" baseline (the proxy's
             margin correlates with length, and word counts rank held-out pairs about as well as it does)
 

@@ -6,7 +6,8 @@
   3. reward model  a Bradley-Terry proxy trained on those pairs (LoRA + score head on the policy's backbone), its
                    held-out accuracy, length correlation and learning curve
   4. PPO           three arms on the same prompts and settings (study/arms.py): the proxy reward model (`seeds` runs),
-                   the gold judge itself (the ceiling) and word counts (the length detector), at each of `betas`
+                   the gold judge itself (meant as the ceiling) and word counts (the length detector), at each of
+                   `betas`
   5. evaluation    start model and, per run, the first checkpoint past each KL target and the last (kl_spacing.py),
                    on held-out prompts: proxy, gold judge and length (when it runs again, a model whose key is
                    unchanged keeps its stored records: only new checkpoints sample)
@@ -143,9 +144,9 @@ class DemoConfig:
     """Train the reward model against a learned length term (logit + w * length gap, reward_model.py), dropped from
     the saved model: its score head learns what length does not explain (as ODIN does)."""
     arms: str = "proxy,gold"
-    """Optimisation arms, comma-separated (study/arms.py): proxy (the reward model), gold (the gold judge itself: the
-    ceiling) and length (word counts: the length detector). Same prompts, normalisation and PPO settings each. The
-    demo runs the first two within the hour; the full preset adds the length arm."""
+    """Optimisation arms, comma-separated (study/arms.py): proxy (the reward model), gold (the gold judge itself: meant
+    as the ceiling) and length (word counts: the length detector). Same prompts, normalisation and PPO settings each.
+    The demo runs the first two within the hour; the full preset adds the length arm."""
     seeds: PositiveInt = 1
     """PPO runs of the proxy arm, seeds seed, seed + 1, ...: the evaluation pools them (the other arms run once)."""
     iterations: PositiveInt = 16

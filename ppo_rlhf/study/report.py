@@ -96,7 +96,9 @@ def _number(value: Any) -> float:
 # What each dashboard number is, in words, and its unit (the y-axis label); keys as in dashboard.DASHBOARD.
 PANELS: dict[str, tuple[str, str]] = {
     "score": ("Reward score (normalised, EOS rule)", "start-policy sd"),
-    "rm_raw": ("Reward score, raw", "reward-model units"),
+    # each run's own reward (proxy, gold judge, word counts): units that differ between arms (a word count is ~40,
+    # a reward model's score ~1), so the panel shows each run's change since its first iteration
+    "rm_raw": ("Raw reward, change from iteration 0", "the run's own reward's units"),
     "kl": ("KL from the reference policy", "nats per reply"),
     "len": ("Reply length", "tokens"),
     "fin": ("Replies that ended with EOS", "share of replies"),
@@ -166,6 +168,8 @@ def dashboard_figure(histories: dict[str, list[dict]]) -> Figure:
         logged = False
         for k, (name, history) in enumerate(histories.items()):
             y = [_number(row.get(key)) for row in history]
+            if key == "rm_raw":
+                y = [v - next((u for u in y if not math.isnan(u)), math.nan) for v in y]
             logged |= not all(math.isnan(v) for v in y)
             axis.plot(_iterations(history), y, label=name, **run_style(k))
         if not logged:  # e.g. the value model's numbers of critic-free runs: say so rather than leave a blank panel
@@ -238,7 +242,7 @@ def dress_change_axis(axis, judge: str, xlabel: str, legend_title: str) -> None:
 
 
 ARM_COLOURS = {"proxy": "tab:blue", "gold": "tab:orange", "length": "tab:green"}
-ARM_LEGEND = {"proxy": "PPO on the proxy reward model", "gold": "PPO on the gold judge (ceiling)",
+ARM_LEGEND = {"proxy": "PPO on the proxy reward model", "gold": "PPO on the gold judge itself",
               "length": "PPO on word counts (length detector)"}
 
 
@@ -269,8 +273,9 @@ def arms_figure(curves: list[dict], start_kl: float) -> Figure:
 
 
 def seeds_figure(summary: list[dict], runs: list[str]) -> Figure:
-    """Gold and proxy change against KL for each seed's run of the main arm, every evaluated checkpoint (bars: 95%
-    over that seed's prompts): how far the seeds agree."""
+    """Gold and proxy change against KL for each seed's run of the main arm, from the start model at (0, 0) through
+    every evaluated checkpoint (bars: 95% over that seed's prompts): how far the seeds agree. (Without the start a
+    seed with one checkpoint past its first KL target was a lone point, where the other figures draw a line.)"""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(12, 4.6), layout="constrained")
@@ -278,10 +283,11 @@ def seeds_figure(summary: list[dict], runs: list[str]) -> Figure:
     for axis, judge in zip(axes, ("gold", "proxy")):
         for k, name in enumerate(runs):
             points = sorted((s for s in summary if s["run"] == name), key=lambda s: s["kl"])
-            changes = [s[f"{judge}_change"] for s in points]
+            changes = [{"mean": 0.0, "lo": 0.0, "hi": 0.0}] + [s[f"{judge}_change"] for s in points]  # the start
             means = [c["mean"] for c in changes]
             errors = [[m - c["lo"] for m, c in zip(means, changes)], [c["hi"] - m for m, c in zip(means, changes)]]
-            axis.errorbar([s["kl"] for s in points], means, yerr=errors, capsize=3, label=name, **run_style(k))
+            axis.errorbar([0.0] + [s["kl"] for s in points], means, yerr=errors, capsize=3, label=name,
+                          **run_style(k))
         axis.axhline(0.0, color="grey", linewidth=0.8)
         axis.set_xlabel("KL to the start model (nats per reply, held-out replies)")
         axis.set_ylabel("score change (start-model sd)")
@@ -505,8 +511,10 @@ def _evaluation_blocks(evaluation: dict[str, Any], out_dir: Path) -> list[Block]
     if settings:
         kl = f" KL: the {settings['kl']}." if "kl" in settings else ""  # (older evaluations do not say)
         proxy, gold = (shown_spec(settings.get(judge), out_dir) for judge in ("proxy", "gold"))
-        blocks.append(("p", f"{settings.get('n_prompts')} held-out prompts x {settings.get('replies_per_prompt')} "
-                            f"replies per model, sampling seed {settings.get('seed')}; proxy {proxy}, gold {gold}"
+        replies = settings.get("replies_per_prompt")
+        blocks.append(("p", f"{settings.get('n_prompts')} held-out prompts x {replies} "
+                            f"repl{'y' if replies == 1 else 'ies'} per model, sampling seed {settings.get('seed')}; "
+                            f"proxy {proxy}, gold {gold}"
                             ". Scores in start-model standard deviations; changes are paired with the start model's "
                             "reply to the same prompt; their 95% intervals resample prompts (all replies of a drawn "
                             f"prompt together).{kl}"))

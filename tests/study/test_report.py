@@ -15,6 +15,7 @@ from ppo_rlhf.study.report import (
     learning_curve_figure,
     overoptimisation_figure,
     read_history,
+    seeds_figure,
     write_report,
 )
 
@@ -360,3 +361,27 @@ def test_paths_nan_correlations_and_empty_replies_are_explained(tmp_path):
     text = format_evaluation([one_finished, dict(same_length, run="r", iteration=1)], evaluation["examples"], 8)
     assert "length correlation n/a (only 1 finished reply; it needs 2)" in text and "nan" not in text
     assert "(empty reply)" in text
+
+
+def test_the_raw_reward_panel_shows_each_runs_change_in_its_own_units(tmp_path):
+    # the length arm's reward is a word count (~35), a reward model's ~0.7: on one axis the latter was a flat line
+    histories = {"proxy": [{"iteration": i, "rm_raw": 0.7 + 0.1 * i} for i in range(3)],
+                 "length": [{"iteration": i, "rm_raw": math.nan if i == 0 else 35.0 + i} for i in range(3)]}
+    figure = dashboard_figure(histories)
+    (panel,) = [axis for axis in figure.axes if axis.get_title().endswith("[rm_raw]")]
+    assert panel.get_ylabel() == "the run's own reward's units" and "change from iteration 0" in panel.get_title()
+    proxy, length = (list(line.get_ydata()) for line in panel.get_lines())
+    np.testing.assert_allclose(proxy, [0.0, 0.1, 0.2])
+    assert math.isnan(length[0]) and length[1:] == [0.0, 1.0]  # from its first logged value
+
+
+def test_each_seed_starts_at_the_start_model(tmp_path):
+    # a seed with one evaluated checkpoint is a line from (0, 0), as in the other figures, not a lone point
+    change = {"mean": 0.4, "lo": 0.1, "hi": 0.7}
+    summary = [{"run": run, "kl": kl, "gold_change": change, "proxy_change": change}
+               for run, kl in (("proxy_s1", 1.5), ("proxy_s2", 0.8), ("proxy_s2", 2.0))]
+    figure = seeds_figure(summary, ["proxy_s1", "proxy_s2"])
+    for axis in figure.axes:
+        one, two = (container.lines[0] for container in axis.containers)  # each seed's errorbar: its data line
+        assert list(one.get_xdata()) == [0.0, 1.5] and list(one.get_ydata()) == [0.0, 0.4]
+        assert list(two.get_xdata()) == [0.0, 0.8, 2.0]
