@@ -15,11 +15,10 @@ from __future__ import annotations
 import gzip
 import json
 import re
-import shutil
 from pathlib import Path
 
 from ppo_rlhf.study.demo import Stages
-from ppo_rlhf.utils.files import atomic_write_text
+from ppo_rlhf.utils.files import atomic_write_bytes, atomic_write_text
 
 
 def record_file(archive: Path, name: str) -> Path:
@@ -30,17 +29,10 @@ def record_file(archive: Path, name: str) -> Path:
 def keep(stages: Stages, name: str, out: Path, archive: Path, files: list[Path]) -> None:
     """Copy a finished stage's `files` (paths relative to OUT) into the archive, gzipped, then its record (last: a
     record in the archive means every file it names is there)."""
-    for relative in files:
-        target = archive / f"{relative}.gz"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(target.name + ".tmp")
-        with (out / relative).open("rb") as source, gzip.GzipFile(temporary, "wb", mtime=0) as packed:
-            shutil.copyfileobj(source, packed)
-        temporary.replace(target)
+    for relative in files:  # (two comparisons sharing the archive write the start model's stage: each its own temp)
+        atomic_write_bytes(archive / f"{relative}.gz", gzip.compress((out / relative).read_bytes(), mtime=0))
     record = {"name": name, **stages.records[name], "files": [str(relative) for relative in files]}
-    target = record_file(archive, name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(target, json.dumps(record, indent=1) + "\n")
+    atomic_write_text(record_file(archive, name), json.dumps(record, indent=1) + "\n")
 
 
 def restore(stages: Stages, out: Path, archive: Path) -> list[str]:

@@ -21,11 +21,16 @@ def _temporary_sibling(path: Path) -> Path:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temporary sibling, fsync it, then rename it over `path`."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """`atomic_write_text` for bytes (the temporary sibling is this process's: writers side by side never share it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_sibling(path)
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    with open(tmp, "wb") as handle:
+        handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
