@@ -6,6 +6,7 @@ bench/peer_trl.py runs in its own venv (bench/.venv-trl)."""
 from __future__ import annotations
 
 import resource
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -65,7 +66,12 @@ def prepare_model(name: str, tokenizer_folder: str | None = None, cache: Path = 
         tmp = Path(tempfile.mkdtemp(dir=folder.parent))
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        tmp.rename(folder)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process (a second test worker) saved it first: keep theirs
+            if not (folder / "config.json").is_file():
+                raise
+            shutil.rmtree(tmp)
     return str(folder)
 
 
