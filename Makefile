@@ -84,14 +84,14 @@ demo-full: $(STAMP) $(GARAK)
 test: $(STAMP) venv-grpo
 	$(BIN)/ruff check ppo_rlhf tests bench examples
 	$(BIN)/python -m mypy
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not vllm" -n auto --dist worksteal --durations=25
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not vllm" -n auto --maxprocesses 4 --dist worksteal --durations=25
 
 # The tests marked vllm, on a real vLLM CPU engine from $(VLLM_VENV) (they skip, saying why, where it did not install).
 test-vllm: $(STAMP) venv-vllm
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m vllm
 
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not smoke" -n auto --dist worksteal
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not smoke" -n auto --maxprocesses 4 --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/python bench/limit.py
